@@ -1,0 +1,82 @@
+"""Root pytest configuration: device selection, tier markers, shared backend runs.
+
+Data flows one way: the device profile (``--device`` or detection) -> launches (one per
+distinct RunSpec per session, shared through ``backend_runs``) -> results -> the checks in
+tests/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.devices import KINDS, detect, device_status
+from harness.run_cache import RunCache
+
+TIER_MARKERS = ("neuron", "cuda")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption("--device", choices=KINDS, default=None,
+                    help="device for backend runs (default: neuron > cuda > cpu, first present)")
+    group.addoption("--steps", type=int, default=10, help="training steps per backend run")
+    group.addoption("--assets-dir", default=None,
+                    help="directory holding HF assets dirs (e.g. <dir>/Qwen3-4B-Instruct-2507)")
+    group.addoption("--workaround", action="append", default=[], metavar="SHIM",
+                    help="apply an opt-in workaround for a named upstream defect to every "
+                    "backend run (see harness/known_defects.py), e.g. hf_rope_init")
+    group.addoption("--trn2-runner", action="store_true",
+                    help="nightly Trainium runners: any skip, or an empty selection, fails")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tier tests whose device is missing, naming what is missing."""
+    for kind in TIER_MARKERS:
+        available, reason = device_status(kind)
+        if available:
+            continue
+        skip = pytest.mark.skip(reason=f"{kind} tier: {reason}")
+        for item in items:
+            if item.get_closest_marker(kind):
+                item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.getoption("--trn2-runner") and not session.items:
+        raise pytest.UsageError("--trn2-runner: the selection collected no test")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.config.getoption("--trn2-runner") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"--trn2-runner forbids skips; this test skipped: {reason}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("--trn2-runner") and session.testscollected == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def device_profile(pytestconfig: pytest.Config):
+    return detect(pytestconfig.getoption("--device"))
+
+
+@pytest.fixture(scope="session")
+def backend_runs(device_profile, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+    """``backend_runs.get(RunSpec(...))`` launches a run once per session and shares it."""
+    return RunCache(device_profile, tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def steps(pytestconfig: pytest.Config) -> int:
+    return pytestconfig.getoption("--steps")
+
+
+@pytest.fixture(scope="session")
+def workarounds(pytestconfig: pytest.Config) -> tuple[str, ...]:
+    return tuple(pytestconfig.getoption("--workaround"))

@@ -1,0 +1,35 @@
+"""Backend 3: native Qwen3 MoE with RoPE and the expert MLP as custom operators.
+
+The operators (harness/ops) are registered with torch.library: on neuron their
+implementation is an NKI kernel, elsewhere a torch kernel, so the registration, autograd and
+module swap run on every device. Eager, as on Trainium.
+
+``tiny``: the tiny MoE fixture's shape (fixtures/tiny_moe/config.json).
+``full``: Qwen3-30B-A3B's shape cut to 4 layers, 64 experts, top-4
+(fixtures/reference_configs/qwen3_30b_a3b_4l_64e_top4/config.json).
+"""
+
+from torchtitan.trainer import Trainer
+
+from harness.backends import paths
+from harness.backends.common import FULL, TINY, shared_fields
+from harness.backends.native_qwen3 import model_spec_from_hf
+from harness.backends.titan_native import FULL_ASSETS
+from harness.ops import use_custom_ops
+
+FULL_SHAPE = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
+
+
+def _config(model_dir, flavor: str, shape, hf_assets_path: str) -> Trainer.Config:
+    spec = model_spec_from_hf(model_dir, flavor=flavor)
+    spec.model = use_custom_ops(spec.model)
+    return Trainer.Config(model_spec=spec, **shared_fields(shape, hf_assets_path=hf_assets_path))
+
+
+def tiny() -> Trainer.Config:
+    return _config(paths.TINY_MOE, "tiny_moe", TINY, str(paths.TINY_MOE))
+
+
+def full() -> Trainer.Config:
+    # Random init only; the tokenizer is Qwen3's, from the Qwen3-4B-Instruct-2507 assets dir.
+    return _config(FULL_SHAPE, "30b_a3b_4l_64e_top4", FULL, FULL_ASSETS)

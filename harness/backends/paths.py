@@ -1,0 +1,10 @@
+"""Where the project's own fixtures live (nothing comes from the Hugging Face Hub)."""
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = REPO_ROOT / "fixtures"
+CORPUS = FIXTURES / "corpus"
+TOKENIZER = FIXTURES / "tokenizer"
+TINY_DENSE = FIXTURES / "tiny_dense"
+TINY_MOE = FIXTURES / "tiny_moe"

@@ -1,0 +1,111 @@
+"""Which device a run uses, and what each rank needs to run there.
+
+A ``DeviceProfile`` is everything that differs between neuron, cuda and cpu runs of the same
+backend: the process-group backend, how many ranks a node holds, the environment each rank
+needs, and the upstream shims it must install. Nothing downstream branches on the device
+name; it reads the profile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+KINDS = ("neuron", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    kind: str
+    process_group_backend: str
+    ranks_per_node: int
+    device_count: int
+    rank_env: dict[str, str] = field(default_factory=dict)
+    shims: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return (
+            f"{self.kind} ({self.device_count} device(s), {self.ranks_per_node} ranks/node, "
+            f"process group {self.process_group_backend})"
+        )
+
+
+def neuron_status() -> tuple[bool, str]:
+    """(available, reason). PyPI's torch-neuronx/nki are placeholders: they count as absent."""
+    try:
+        import torch_neuronx  # noqa: F401
+    except Exception as error:  # the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
+        return False, f"torch-neuronx is not importable ({type(error).__name__}: {error})"
+    if torch._C._get_privateuse1_backend_name() != "neuron":
+        return False, "torch-neuronx imported but no 'neuron' PrivateUse1 device is registered"
+    count = torch.neuron.device_count()  # type: ignore[attr-defined]
+    if count < 1:
+        return False, "the 'neuron' device is registered but reports 0 NeuronCores"
+    return True, f"{count} logical NeuronCores"
+
+
+def cuda_status() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False (no CUDA GPU or driver)"
+    return True, f"{torch.cuda.device_count()} CUDA device(s)"
+
+
+def device_status(kind: str) -> tuple[bool, str]:
+    if kind == "neuron":
+        return neuron_status()
+    if kind == "cuda":
+        return cuda_status()
+    if kind == "cpu":
+        return True, f"{os.cpu_count()} CPU cores"
+    raise ValueError(f"unknown device kind {kind!r}; choose one of {KINDS}")
+
+
+# Shims torchtitan 0.3.0 needs on CPU; see harness/upstream/.
+CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op")
+
+
+def profile_for(kind: str) -> DeviceProfile:
+    available, reason = device_status(kind)
+    if not available:
+        raise RuntimeError(f"device {kind!r} is not available here: {reason}")
+    if kind == "neuron":
+        count = torch.neuron.device_count()  # type: ignore[attr-defined]
+        return DeviceProfile(
+            kind="neuron",
+            process_group_backend="neuron",
+            ranks_per_node=count,
+            device_count=count,
+            rank_env={
+                "NEURON_LOGICAL_NC_CONFIG": os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"),
+                "TORCH_NEURONX_NEFF_CACHE_DIR": os.environ.get(
+                    "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")
+                ),
+            },
+        )
+    if kind == "cuda":
+        count = torch.cuda.device_count()
+        return DeviceProfile(
+            kind="cuda", process_group_backend="nccl", ranks_per_node=count, device_count=count
+        )
+    # Two ranks share the CPU: one intra-op thread each keeps them from fighting over cores
+    # and keeps float reductions in a fixed order (bit-identical seeded reruns).
+    return DeviceProfile(
+        kind="cpu",
+        process_group_backend="gloo",
+        ranks_per_node=2,
+        device_count=1,
+        rank_env={"OMP_NUM_THREADS": "1"},
+        shims=CPU_SHIMS,
+    )
+
+
+def detect(requested: str | None = None) -> DeviceProfile:
+    """The profile for ``requested``, or for the best device present (neuron > cuda > cpu)."""
+    if requested:
+        return profile_for(requested)
+    for kind in KINDS:
+        if device_status(kind)[0]:
+            return profile_for(kind)
+    raise AssertionError("unreachable: cpu is always available")

@@ -1,0 +1,44 @@
+"""The harness custom operators (harness/ops), through the torchtitan module subclasses the
+nki_moe backend builds: ``CustomOpCosSinRoPE`` and ``CustomOpGroupedExperts``.
+
+On "cpu"/"cuda" this runs the ops' torch kernels; on "neuron" the ops dispatch to the NKI
+kernels registered by harness.ops.neuron.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch.func import functional_call
+
+from harness.kernels.adapters.torchtitan import rope_max_seq_len
+
+
+def _on(device: str):
+    from harness.kernels.spec import torch_device
+
+    return torch_device(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _rope_module(dim: int, theta: float, max_seq_len: int, device: str):
+    from harness.ops.modules import CustomOpCosSinRoPE
+
+    return CustomOpCosSinRoPE.Config(dim=dim, max_seq_len=max_seq_len, theta=theta).build().to(_on(device))
+
+
+def rotary_embedding(inputs, params, device):
+    x, positions = inputs["x"], inputs["positions"]
+    module = _rope_module(x.shape[-1], params["theta"], rope_max_seq_len(positions), device)
+    y, _ = module(x, x, positions)
+    return {"y": y}
+
+
+def grouped_swiglu(inputs, params, device):
+    from harness.ops.modules import CustomOpGroupedExperts
+
+    x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
+    config = CustomOpGroupedExperts.Config(dim=w1.shape[2], hidden_dim=w1.shape[1], num_experts=w1.shape[0])
+    module = config.build().to(device=_on(device))
+    y = functional_call(module, {"w1_EFD": w1, "w2_EDF": w2, "w3_EFD": w3}, (x, inputs["num_tokens_per_expert"]))
+    return {"y": y}

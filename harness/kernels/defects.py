@@ -1,0 +1,211 @@
+"""Planted defects: deliberately broken implementations the checker must catch.
+
+Each ``Defect`` is an ``Implementation`` with one bug, the cases/dtypes on which it must be
+caught and the checks that must fail there. tests/kernels/test_checker_catches.py runs each
+through the same ``run`` as the real implementations and asserts it FAILS -- proof that every
+kind of assertion the conformance tests make (values, gradients, routing sets, dtype
+contracts, arbitration) can fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harness.kernels.spec import Implementation
+
+
+@dataclass(frozen=True, eq=False)
+class Defect:
+    name: str
+    op: str
+    impl: Implementation
+    catch_on: tuple[tuple[str, torch.dtype], ...]
+    failing_checks: tuple[str, ...]
+    description: str
+
+
+def _f32(dtype, device):
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _impl(name, run, compute=_f32, output_dtypes=None) -> Implementation:
+    return Implementation(name, "defect", f"planted defect {name}", ("cpu",), run, compute, output_dtypes=output_dtypes)
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def _rope_angles(x, positions, theta):
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    angle = positions.to(torch.float64)[..., None] * inv_freq
+    emb = torch.cat((angle, angle), dim=-1)
+    return emb.cos().float()[:, :, None, :], emb.sin().float()[:, :, None, :]
+
+
+def _rope(swap_sign: bool = False, keep_float32: bool = False):
+    def run(inputs, params, device):
+        x = inputs["x"]
+        cos, sin = _rope_angles(x, inputs["positions"], params["theta"])
+        xf = x.float()
+        half = x.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+        rotated = torch.cat((x2, -x1), dim=-1) if swap_sign else torch.cat((-x2, x1), dim=-1)
+        y = xf * cos + rotated * sin
+        return {"y": y if keep_float32 else y.type_as(x)}
+
+    return run
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+def _rmsnorm_eps_outside_sqrt(inputs, params, device):
+    x, weight = inputs["x"], inputs["weight"]
+    xf = x.float()
+    y = xf / (xf.pow(2).mean(-1, keepdim=True).sqrt() + params["eps"])
+    return {"y": (y * weight.float()).type_as(x)}
+
+
+# ---------------------------------------------------------------- router
+
+
+def _router(renormalise: bool = True, skip_best: bool = False, detach: bool = False):
+    def run(inputs, params, device):
+        x, gate = inputs["x"], inputs["gate_weight"]
+        logits = x.float() @ gate.float().t()
+        probs = F.softmax(logits.detach() if detach else logits, dim=-1)
+        k = params["top_k"]
+        values, ids = torch.topk(probs, k + 1 if skip_best else k, dim=-1)
+        if skip_best:
+            values, ids = values[:, 1:], ids[:, 1:]
+        if renormalise:
+            values = values / values.sum(-1, keepdim=True)
+        return {"weights": values, "ids": ids}
+
+    return run
+
+
+# ---------------------------------------------------------------- grouped SwiGLU
+
+
+def _swiglu_rows(inputs, shift: int = 0):
+    counts = inputs["num_tokens_per_expert"].tolist()
+    bounds, start = [], 0
+    for count in counts:
+        bounds.append((start, start + count))
+        start += count
+    if shift:
+        bounds = [(max(lo + shift, 0), min(hi + shift, start)) if hi > lo else (lo, hi) for lo, hi in bounds]
+    return bounds
+
+
+def _swiglu(swap_w1_w3: bool = False, shift_offsets: int = 0):
+    def run(inputs, params, device):
+        x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
+        if swap_w1_w3:
+            w1, w3 = w3, w1
+        rows = []
+        used = 0
+        for e, (lo, hi) in enumerate(_swiglu_rows(inputs, shift_offsets)):
+            part = x[lo:hi]
+            rows.append((F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t())
+            used = max(used, hi)
+        y = torch.cat(rows + [x[used:] * 0], dim=0)
+        return {"y": y.type_as(inputs["x"])}
+
+    return run
+
+
+class _SwigluSwappedWeightGrads(torch.autograd.Function):
+    """Correct forward; backward returns dw3 where dw1 belongs and vice versa."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, w3, counts):
+        ctx.save_for_backward(x, w1, w2, w3)
+        ctx.counts = counts
+        return _swiglu()({"x": x, "w1": w1, "w2": w2, "w3": w3, "num_tokens_per_expert": counts}, {}, "cpu")["y"]
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w1, w2, w3 = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            y = _swiglu()({"x": x, "w1": w1, "w2": w2, "w3": w3, "num_tokens_per_expert": ctx.counts}, {}, "cpu")["y"]
+            dx, dw1, dw2, dw3 = torch.autograd.grad(y, (x, w1, w2, w3), grad)
+        return dx, dw3, dw2, dw1, None
+
+
+def _swiglu_swapped_weight_grads(inputs, params, device):
+    args = (inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"], inputs["num_tokens_per_expert"])
+    return {"y": _SwigluSwappedWeightGrads.apply(*args)}
+
+
+# ---------------------------------------------------------------- cross-entropy
+
+
+def _ce(shift_labels: bool = False, mean: bool = False):
+    def run(inputs, params, device):
+        logits, labels = inputs["logits"].float(), inputs["labels"]
+        if shift_labels:  # the causal shift applied again to labels that are already aligned
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="mean" if mean else "sum"
+        )
+        return {"loss": loss}
+
+    return run
+
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        "rope_wrong_half_swap_sign", "rotary_embedding", _impl("rope_wrong_half_swap_sign", _rope(swap_sign=True)),
+        (("qwen3_4b_q", F32), ("qwen3_4b_q", BF16)), ("y", "grad_x"), "rotate_half returns [x2, -x1] instead of [-x2, x1]",
+    ),
+    Defect(
+        "rope_forgets_type_as", "rotary_embedding",
+        _impl("rope_forgets_type_as", _rope(keep_float32=True), output_dtypes=lambda d, dev: {"y": d}),
+        (("qwen3_4b_q", BF16),), ("dtype:y",), "returns the float32 result for a bfloat16 input",
+    ),
+    Defect(
+        "rmsnorm_eps_outside_sqrt", "rms_norm", _impl("rmsnorm_eps_outside_sqrt", _rmsnorm_eps_outside_sqrt),
+        (("bf16_extremes", F32), ("bf16_extremes", BF16)), ("y",), "x / (sqrt(mean(x^2)) + eps) instead of x / sqrt(mean(x^2) + eps)",
+    ),
+    Defect(
+        "router_without_renormalisation", "moe_router", _impl("router_without_renormalisation", _router(renormalise=False)),
+        (("qwen3_30b_a3b", F32), ("qwen3_30b_a3b", BF16)), ("weights",), "top-k probabilities not renormalised",
+    ),
+    Defect(
+        "router_skips_best_expert", "moe_router", _impl("router_skips_best_expert", _router(skip_best=True)),
+        (("qwen3_30b_64e_top4", F32), ("exact_ties", F32)), ("routing:ids",), "takes ranks 2..k+1 instead of 1..k",
+    ),
+    Defect(
+        "router_detached_logits", "moe_router", _impl("router_detached_logits", _router(detach=True)),
+        (("qwen3_30b_a3b", F32),), ("grad_x", "grad_gate_weight"), "softmax of detached logits: no gradient reaches the gate",
+    ),
+    Defect(
+        "swiglu_w1_w3_swapped", "grouped_swiglu", _impl("swiglu_w1_w3_swapped", _swiglu(swap_w1_w3=True)),
+        (("many_experts", F32), ("many_experts", BF16)), ("y",), "silu(x w3^T) * (x w1^T): gate and up projections swapped",
+    ),
+    Defect(
+        "swiglu_offsets_off_by_one", "grouped_swiglu", _impl("swiglu_offsets_off_by_one", _swiglu(shift_offsets=1)),
+        (("empty_first_last", F32),), ("y",), "expert row ranges shifted by one row",
+    ),
+    Defect(
+        "swiglu_backward_swaps_w1_w3_grads", "grouped_swiglu",
+        _impl("swiglu_backward_swaps_w1_w3_grads", _swiglu_swapped_weight_grads),
+        (("many_experts", F32),), ("grad_w1", "grad_w3"), "correct forward; backward returns dw3 for w1 and dw1 for w3",
+    ),
+    Defect(
+        "ce_label_shift_off_by_one", "cross_entropy", _impl("ce_label_shift_off_by_one", _ce(shift_labels=True)),
+        (("small_vocab_batch", F32), ("small_vocab_batch", BF16)), ("loss",), "shifts already-aligned labels by one position",
+    ),
+    Defect(
+        "ce_mean_instead_of_sum", "cross_entropy", _impl("ce_mean_instead_of_sum", _ce(mean=True)),
+        (("small_vocab_batch", F32),), ("loss", "grad_logits"), "mean reduction where the trainer expects a sum",
+    ),
+)

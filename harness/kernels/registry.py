@@ -1,0 +1,218 @@
+"""The operator registry: for each op its reference, cases and implementations under test.
+
+Tests are generated from ``OPS`` (tests/kernels/test_conformance.py); nothing is hand-listed
+there. Add an implementation here and it is tested on every case, dtype and device it lists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.kernels import cases, references
+from harness.kernels.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
+from harness.kernels.spec import Implementation, OpSpec, module_probe
+
+HOST = ("cpu", "cuda")
+
+has_torchtitan = module_probe("torchtitan")
+has_transformers = module_probe("transformers")
+
+
+def has_nkilib() -> tuple[bool, str]:
+    from harness.ops.neuron import nki_available
+
+    ok, reason = nki_available()
+    if not ok:
+        return False, reason
+    return module_probe("nkilib")()
+
+
+def _input(dtype, device):
+    return dtype
+
+
+def _fp32_at_least(dtype, device):
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _bf16(dtype, device):
+    return torch.bfloat16
+
+
+def _same(name: str):
+    return lambda dtype, device: {name: dtype}
+
+
+def _torchtitan_router_compute(dtype, device):
+    # torch.autocast(dtype=float32) works on CUDA; on CPU torch disables it ("CPU Autocast only
+    # supports dtypes of torch.bfloat16, torch.float16"), so the gate and softmax run in dtype.
+    return torch.promote_types(dtype, torch.float32) if device == "cuda" else dtype
+
+
+def _router_cotangents(outputs: dict, inputs: dict, gen: torch.Generator) -> dict:
+    """Upstream gradient per (token, expert id), gathered by the ids chosen: order-invariant."""
+    tokens, experts = outputs["weights"].shape[0], inputs["gate_weight"].shape[0]
+    dense = torch.randn(tokens, experts, generator=gen, dtype=torch.float64)
+    return {"weights": dense.gather(1, outputs["ids"].detach().cpu().long())}
+
+
+ROTARY_EMBEDDING = OpSpec(
+    name="rotary_embedding",
+    title="Rotary position embedding (rotate-half, Qwen3)",
+    op_class="elementwise",
+    reference=references.rotary_embedding,
+    float_inputs=("x",),
+    diff_inputs=("x",),
+    diff_outputs=("y",),
+    cases=cases.rope_cases(),
+    gradcheck_case=cases.rope_gradcheck_case(),
+    implementations=(
+        Implementation(
+            "torchtitan", "torchtitan", "torchtitan.models.common.rope.CosSinRoPE", HOST,
+            torchtitan.rotary_embedding, _fp32_at_least, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "transformers", "transformers", "transformers Qwen3RotaryEmbedding + qwen3 apply_rotary_pos_emb", HOST,
+            transformers.rotary_embedding, _input, requires=has_transformers, output_dtypes=_same("y"),
+            notes="cos/sin are cast to x's dtype before the products (HF's dtype policy)",
+        ),
+        Implementation(
+            "harness_op", "harness", "torch.ops.harness.rope via CustomOpCosSinRoPE", (*HOST, "neuron"),
+            harness_ops.rotary_embedding, _fp32_at_least, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "nki_contract", "harness", "harness.ops.nki.rope_kernel: torch twin through the kernel layout", ("cpu",),
+            nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "nki_kernel", "nki", "harness.ops.nki.rope_kernel.rope_halves_kernel", ("nki-sim", "neuron"),
+            nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "nkilib", "nkilib", "nkilib.core.embeddings.rope.RoPE", ("nki-sim", "neuron"),
+            nkilib.rotary_embedding, _input, backward=False, requires=has_nkilib, output_dtypes=_same("y"),
+        ),
+    ),
+)
+
+RMS_NORM = OpSpec(
+    name="rms_norm",
+    title="RMSNorm",
+    op_class="normalization",
+    reference=references.rms_norm,
+    float_inputs=("x", "weight"),
+    diff_inputs=("x", "weight"),
+    diff_outputs=("y",),
+    cases=cases.rmsnorm_cases(),
+    gradcheck_case=cases.rmsnorm_gradcheck_case(),
+    implementations=(
+        Implementation(
+            "torchtitan", "torchtitan", "torchtitan.models.common.nn_modules.RMSNorm (nn.RMSNorm)", HOST,
+            torchtitan.rms_norm, _input, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "transformers", "transformers", "transformers Qwen3RMSNorm", HOST,
+            transformers.rms_norm, _input, requires=has_transformers, output_dtypes=_same("y"),
+        ),
+    ),
+)
+
+MOE_ROUTER = OpSpec(
+    name="moe_router",
+    title="MoE router: softmax over experts, top-k, renormalise",
+    op_class="routing",
+    reference=references.moe_router,
+    float_inputs=("x", "gate_weight"),
+    diff_inputs=("x", "gate_weight"),
+    diff_outputs=("weights",),
+    discrete_outputs=("ids",),
+    ignore_outputs=("probs",),
+    cases=cases.router_cases(),
+    gradcheck_case=cases.router_gradcheck_case(),
+    pin=lambda outputs: {"ids": outputs["ids"].detach().cpu().long()},
+    cotangents=_router_cotangents,
+    implementations=(
+        Implementation(
+            "torchtitan", "torchtitan", "torchtitan.models.common.moe.TokenChoiceTopKRouter (softmax, route_norm)", HOST,
+            torchtitan.moe_router, _torchtitan_router_compute, requires=has_torchtitan,
+            output_dtypes=torchtitan.router_output_dtypes,
+        ),
+        Implementation(
+            "transformers", "transformers", "transformers Qwen3MoeTopKRouter", HOST,
+            transformers.moe_router, _input, requires=has_transformers, output_dtypes=transformers.router_output_dtypes,
+        ),
+    ),
+)
+
+GROUPED_SWIGLU = OpSpec(
+    name="grouped_swiglu",
+    title="MoE grouped expert SwiGLU MLP",
+    op_class="grouped_matmul",
+    reference=references.grouped_swiglu,
+    float_inputs=("x", "w1", "w2", "w3"),
+    diff_inputs=("x", "w1", "w2", "w3"),
+    diff_outputs=("y",),
+    cases=cases.swiglu_cases(),
+    gradcheck_case=cases.swiglu_gradcheck_case(),
+    implementations=(
+        Implementation(
+            "torchtitan", "torchtitan", "torchtitan.models.common.moe.GroupedExperts", HOST,
+            torchtitan.grouped_swiglu, _bf16, requires=has_torchtitan, output_dtypes=_same("y"),
+            notes="bf16 grouped GEMMs whatever the input dtype (torchtitan's policy)",
+        ),
+        Implementation(
+            "harness_op", "harness", "torch.ops.harness.grouped_swiglu via CustomOpGroupedExperts", (*HOST, "neuron"),
+            harness_ops.grouped_swiglu, _bf16, requires=has_torchtitan, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "transformers_eager", "transformers", "transformers Qwen3MoeExperts (eager)", HOST,
+            transformers.grouped_swiglu_eager, _input, requires=has_transformers, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "transformers_grouped_mm", "transformers", "transformers Qwen3MoeExperts (experts_implementation=grouped_mm)",
+            HOST, transformers.grouped_swiglu_grouped_mm, _input, requires=has_transformers, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "nki_contract", "harness", "harness.ops.nki.grouped_swiglu_kernel: torch twin through the kernel layout",
+            ("cpu",), nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
+        ),
+        Implementation(
+            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel", ("nki-sim", "neuron"),
+            nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
+        ),
+    ),
+)
+
+CROSS_ENTROPY = OpSpec(
+    name="cross_entropy",
+    title="Cross-entropy loss (sum over non-ignored positions)",
+    op_class="loss",
+    reference=references.cross_entropy,
+    float_inputs=("logits",),
+    diff_inputs=("logits",),
+    diff_outputs=("loss",),
+    cases=cases.ce_cases(),
+    gradcheck_case=cases.ce_gradcheck_case(),
+    implementations=(
+        Implementation(
+            "torchtitan", "torchtitan", "torchtitan.components.loss.CrossEntropyLoss", HOST,
+            torchtitan.cross_entropy, _fp32_at_least, requires=has_torchtitan,
+            output_dtypes=lambda dtype, device: {"loss": torch.promote_types(dtype, torch.float32)},
+        ),
+        Implementation(
+            "transformers", "transformers", "transformers.loss.loss_utils.ForCausalLMLoss (shift_labels given)", HOST,
+            transformers.cross_entropy, _fp32_at_least, requires=has_transformers,
+            output_dtypes=lambda dtype, device: {"loss": torch.promote_types(dtype, torch.float32)},
+        ),
+        Implementation(
+            "nkilib", "nkilib", "nkilib.core.loss.cross_entropy.cross_entropy_forward", ("nki-sim", "neuron"),
+            nkilib.cross_entropy, _input, backward=False, requires=has_nkilib,
+        ),
+    ),
+)
+
+OPS: dict[str, OpSpec] = {op.name: op for op in (ROTARY_EMBEDDING, RMS_NORM, MOE_ROUTER, GROUPED_SWIGLU, CROSS_ENTROPY)}
+
+
+def get_op(name: str) -> OpSpec:
+    return OPS[name]

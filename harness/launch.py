@@ -1,0 +1,203 @@
+"""Launch one backend run: ``torchrun ... -m torchtitan.train --module M --config C``.
+
+The launcher owns the process tree: torchrun runs in its own session (process group), every
+rank's stdout/stderr lands in its own file, and whatever happens (success, crash, timeout,
+Ctrl-C) the whole tree is gone when ``launch`` returns. Results come back from the JSONL sink
+(harness/metrics_sink.py), never from console text.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+
+from harness.backends import module_name, paths
+from harness.devices import DeviceProfile
+from harness.results import RunResult, read_step_records
+
+BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
+INITS = ("random", "pretrained")
+VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "torch-neuronx")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    backend: str
+    size: str = "tiny"
+    init: str = "random"
+    steps: int = 10
+    nproc: int | None = None  # default: the device profile's ranks per node
+    save_hf: bool = False
+    timeout_s: float = 600.0
+    hf_assets_path: str | None = None  # full-size runs: the HF assets dir
+    overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
+    rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
+    extra_env: tuple[tuple[str, str], ...] = ()
+    workarounds: tuple[str, ...] = ()  # opt-in shims for named upstream defects
+
+
+    def __post_init__(self) -> None:
+        module_name(self.backend)  # validates the backend name
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, not {self.init!r}")
+
+    @property
+    def name(self) -> str:
+        suffix = "".join(f"+{w}" for w in self.workarounds)
+        return f"{self.backend}-{self.size}-{self.init}{suffix}"
+
+
+def pretrained_weights_dir(spec: RunSpec) -> Path:
+    """The HF safetensors a pretrained run starts from."""
+    if spec.size == "tiny":
+        return paths.TINY_MOE if spec.backend == "nki_moe" else paths.TINY_DENSE
+    if spec.hf_assets_path is None:
+        raise ValueError(f"{spec.name}: a full-size pretrained run needs hf_assets_path")
+    return Path(spec.hf_assets_path)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[str]:
+    nproc = spec.nproc or profile.ranks_per_node
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        *(spec.rendezvous or ("--standalone",)),
+        f"--nproc-per-node={nproc}",
+        f"--log-dir={run_dir / 'torchrun'}",
+        "--redirects=3",
+        "-m", "torchtitan.train",
+        "--module", module_name(spec.backend),
+        "--config", spec.size,
+        "--dump_folder", str(run_dir / "dump"),
+        "--training.steps", str(spec.steps),
+    ]
+    if spec.hf_assets_path:
+        command += ["--hf_assets_path", spec.hf_assets_path]
+    if spec.init == "pretrained" or spec.save_hf:
+        command += ["--checkpoint.enable"]
+    if spec.init == "pretrained":
+        command += [
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_path", str(pretrained_weights_dir(spec).resolve()),
+        ]
+    if spec.save_hf:
+        command += [
+            "--checkpoint.last_save_in_hf",
+            "--checkpoint.last_save_model_only",
+            "--checkpoint.interval", str(spec.steps),
+        ]
+    return command + list(spec.overrides)
+
+
+def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(profile.rank_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    python_path = [str(paths.REPO_ROOT)]
+    shims = (*profile.shims, *spec.workarounds)
+    if shims:
+        env["HARNESS_SHIMS"] = ",".join(shims)
+        python_path.insert(0, str(BOOT_DIR))
+    else:
+        env.pop("HARNESS_SHIMS", None)
+    if env.get("PYTHONPATH"):
+        python_path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(python_path)
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the launcher's process group and every descendant, then SIGKILL survivors."""
+    try:
+        root = psutil.Process(root_pid)
+        victims = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        victims = []
+    try:
+        os.killpg(root_pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in victims:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(victims, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def find_rank_logs(run_dir: Path) -> dict[int, Path]:
+    """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/stderr.log; keep the last attempt."""
+    logs: dict[int, Path] = {}
+    for path in sorted((run_dir / "torchrun").glob("*/attempt_*/*/stderr.log")):
+        logs[int(path.parent.name)] = path
+    return logs
+
+
+def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> RunResult:
+    """Run ``spec`` on ``profile`` in a fresh ``run_dir`` and return what it produced."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded
+    run_dir.mkdir(parents=True)
+    command = build_command(spec, profile, run_dir)
+    (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+    start = time.monotonic()
+    timed_out = False
+    with open(run_dir / "launcher.log", "wb") as launcher_log:
+        proc = subprocess.Popen(
+            command,
+            cwd=run_dir,
+            env=rank_environment(spec, profile),
+            stdout=launcher_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_tree(proc.pid)
+            proc.wait()
+    return RunResult(
+        name=spec.name,
+        backend=spec.backend,
+        size=spec.size,
+        init=spec.init,
+        device=profile.kind,
+        nproc=spec.nproc or profile.ranks_per_node,
+        command=command,
+        returncode=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        run_dir=run_dir,
+        steps=read_step_records(run_dir / "dump" / "harness_metrics" / "rank0.jsonl"),
+        rank_logs=find_rank_logs(run_dir),
+        versions=package_versions(),
+    )

@@ -1,0 +1,53 @@
+"""Custom operators for the ``nki_moe`` backend: RoPE and the grouped expert SwiGLU MLP.
+
+Two operators are registered with ``torch.library`` in the ``harness`` namespace:
+
+``torch.ops.harness.rope(x, cos, sin) -> y``
+    rotate-half RoPE with exactly ``CosSinRoPE.apply_rotary_emb`` semantics (see ``_rope.py``).
+``torch.ops.harness.grouped_swiglu(x_RD, offsets_E, w1_EFD, w2_EDF, w3_EFD) -> y_RD``
+    ``GroupedExperts.forward``'s computation with torchtitan's dtype policy (see
+    ``_grouped_swiglu.py``).
+
+Each has a CPU/CUDA kernel written in torch, a fake (meta) kernel and autograd, so
+registration, autograd and the module swap run on every device. On a Neuron device the
+implementation is an NKI kernel (``harness/ops/nki/``), registered by ``neuron.py`` only when
+the real ``torch_neuronx`` and ``nki`` import (the PyPI placeholders count as absent).
+
+Importing this package never imports torchtitan or a Neuron package. The torchtitan-facing
+pieces (``CustomOpCosSinRoPE``, ``CustomOpGroupedExperts``, ``use_custom_ops``) load on first
+attribute access.
+"""
+
+from __future__ import annotations
+
+from harness.ops import _grouped_swiglu, _rope  # noqa: F401  (registers the operators)
+from harness.ops._grouped_swiglu import grouped_swiglu
+from harness.ops._rope import rope
+from harness.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
+
+register_neuron_kernels()
+
+_LAZY = {
+    "CustomOpCosSinRoPE": "harness.ops.modules",
+    "CustomOpGroupedExperts": "harness.ops.modules",
+    "use_custom_ops": "harness.ops.modules",
+}
+
+__all__ = [
+    "NEURON_REGISTRATION",
+    "CustomOpCosSinRoPE",
+    "CustomOpGroupedExperts",
+    "grouped_swiglu",
+    "neuron_available",
+    "register_neuron_kernels",
+    "rope",
+    "use_custom_ops",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'harness.ops' has no attribute {name!r}")

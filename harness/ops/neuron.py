@@ -1,0 +1,103 @@
+"""Neuron detection and the Neuron (NKI) registration of the harness operators.
+
+NOT YET RUN ON HARDWARE. Everything here is import-guarded: without the real Neuron SDK
+nothing is registered and importing ``harness.ops`` still works.
+
+PyPI's ``nki``, ``torch-neuronx`` and ``neuronx-cc`` are placeholders whose import raises
+``ImportError("WRONG PACKAGE ...")``; ``probe_module`` reports them as absent with that
+reason. The real packages come from the Neuron image.
+
+Registration: ``torch.library.register_kernel(op, "neuron", fn)`` adds a kernel for the
+``neuron`` device (torch-neuronx's PrivateUse1 backend) to each harness op; ``fn`` lays the
+tensors out for the NKI kernel and calls it on Neuron tensors, which torch-neuronx compiles
+and runs (eager: compiled per shape on first call). The autograd formulas registered in
+``_rope.py``/``_grouped_swiglu.py`` are device-independent torch code, so backward on Neuron
+runs as ordinary torch-neuronx ops.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+
+PLACEHOLDER_MARKER = "WRONG PACKAGE"
+
+# Filled by register_neuron_kernels(): {"registered": bool, "reason": str, "ops": [...]}.
+NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_kernels() not called", "ops": []}
+
+
+def probe_module(name: str) -> tuple[bool, str]:
+    """(importable, reason) for a module, treating the PyPI placeholder as absent."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return False, f"{name} is not installed"
+    except (ImportError, ValueError) as error:
+        return False, f"{name}: {type(error).__name__}: {error}"
+    try:
+        importlib.import_module(name)
+    except ImportError as error:
+        if PLACEHOLDER_MARKER in str(error):
+            return False, f"{name} is the PyPI placeholder package (import raises 'WRONG PACKAGE'), not the Neuron SDK's"
+        return False, f"{name} failed to import: {type(error).__name__}: {error}"
+    except Exception as error:  # a broken install must not break harness.ops
+        return False, f"{name} failed to import: {type(error).__name__}: {error}"
+    return True, f"{name} imports"
+
+
+@functools.lru_cache(maxsize=None)
+def nki_available() -> tuple[bool, str]:
+    """(available, reason) for the real ``nki`` package with ``nki.simulate`` (CPU simulator)."""
+    ok, reason = probe_module("nki")
+    if not ok:
+        return False, reason
+    nki = importlib.import_module("nki")
+    if not hasattr(nki, "simulate") or not hasattr(nki, "jit"):
+        return False, "nki imports but has no nki.jit/nki.simulate (need NKI 0.7 or later)"
+    return True, f"nki {getattr(nki, '__version__', '?')} with nki.simulate"
+
+
+@functools.lru_cache(maxsize=None)
+def neuron_available() -> tuple[bool, str]:
+    """(available, reason): real torch_neuronx + nki import and a 'neuron' device is present."""
+    for name in ("torch_neuronx", "nki"):
+        ok, reason = probe_module(name)
+        if not ok:
+            return False, reason
+    import torch
+
+    backend = torch._C._get_privateuse1_backend_name()
+    if backend != "neuron":
+        return False, f"torch_neuronx imported but the PrivateUse1 backend is {backend!r}, not 'neuron'"
+    device_module = getattr(torch, "neuron", None)
+    count = device_module.device_count() if device_module is not None and hasattr(device_module, "device_count") else 0
+    if count < 1:
+        return False, "torch_neuronx imported but no NeuronCore is visible (torch.neuron.device_count() == 0)"
+    return True, f"{count} NeuronCore(s) visible"
+
+
+def clear_caches() -> None:
+    nki_available.cache_clear()
+    neuron_available.cache_clear()
+
+
+def register_neuron_kernels() -> dict:
+    """Register the NKI kernels as the 'neuron' implementation of the harness ops, if possible."""
+    if NEURON_REGISTRATION["registered"]:
+        return NEURON_REGISTRATION
+    ok, reason = neuron_available()
+    if not ok:
+        NEURON_REGISTRATION.update(registered=False, reason=f"not registered: {reason}", ops=[])
+        return NEURON_REGISTRATION
+    import torch
+
+    from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
+
+    torch.library.register_kernel("harness::rope", "neuron", rope_kernel.rope_neuron)
+    torch.library.register_kernel("harness::grouped_swiglu", "neuron", grouped_swiglu_kernel.grouped_swiglu_neuron)
+    NEURON_REGISTRATION.update(
+        registered=True,
+        reason=f"registered ({reason}); not yet validated on hardware by this repo",
+        ops=["harness::rope", "harness::grouped_swiglu"],
+    )
+    return NEURON_REGISTRATION

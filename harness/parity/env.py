@@ -1,0 +1,40 @@
+"""In-process setup for parity checks: the CPU flex-attention shims, applied once.
+
+The parity checks build models in the pytest process (no torchrun). torchtitan 0.3.0 always
+routes attention through a ``torch.compile``-wrapped flex attention that refuses backward on
+CPU, so the same shims the launcher installs in each rank (``harness/upstream``) are applied
+here: flex attention runs eagerly and CPU autograd is allowed. They change no math (the eager
+flex HOP computes the same masked softmax attention densely).
+"""
+
+from __future__ import annotations
+
+import os
+
+_DONE = False
+
+
+def prepare_in_process() -> None:
+    """Idempotent: offline Hub, eager CPU flex attention for torchtitan and transformers."""
+    global _DONE
+    if _DONE:
+        return
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+    import torch.nn.attention.flex_attention as flex_module
+
+    from harness.upstream import flex_attention_cpu as shim
+
+    if not hasattr(flex_module._validate_device, "__wrapped__"):
+        shim.allow_cpu_backward(flex_module)
+
+    import torchtitan.models.common.attention as titan_attention
+
+    shim.run_flex_eagerly(titan_attention)
+
+    import transformers.integrations.flex_attention as hf_flex
+
+    if not hasattr(hf_flex.compile_friendly_flex_attention, "__wrapped__"):
+        shim.transformers_flex_eager_on_cpu(hf_flex)
+    _DONE = True

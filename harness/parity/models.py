@@ -1,0 +1,478 @@
+"""The models under comparison, built in-process from one HF checkpoint directory.
+
+Every model is wrapped in a :class:`ParityModel` with one interface: ``logits(batch)``, the
+modules whose outputs are the canonical activations (``embed``, ``layers.{i}.attn``,
+``layers.{i}.mlp``, ``layers.{i}``, ``norm``, ``logits``), its tensors under HF on-disk names
+(``hf_tensors("param" | "grad")``) and a dict of settings that is printed on a mismatch.
+
+- :func:`load_hf` -- transformers' ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` via
+  ``from_pretrained`` (its loading report is kept).
+- :func:`build_native` -- torchtitan's ``Qwen3Model`` built the way the trainer builds it
+  (``update_from_config`` with a ``Trainer.Config``, meta device, ``to_empty``,
+  ``init_weights``) and loaded the way the trainer's ``initial_load_in_hf`` loads it
+  (``to_hf`` of the model's state dict as the request, ``dcp.load`` through the adapter's
+  ``HuggingFaceStorageReader``, ``from_hf``, non-strict ``load_state_dict``).
+  ``custom_ops=True`` gives the ``nki_moe`` backend's model (``harness.ops.use_custom_ops``).
+- :func:`build_hf_backend` -- torchtitan's transformers-backend ``HFTransformerModel``, the
+  same way (it builds without a process group: FSDP/TP are applied by ``parallelize_fn``,
+  which is not needed for one process).
+- :func:`reference_model` -- :mod:`harness.parity.reference` on the checkpoint's tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from harness.parity import reference
+from harness.parity import settings as effective
+from harness.parity.env import prepare_in_process
+from harness.parity.spec import Qwen3Arch, normalized_hf_dict
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor  # [B, L] token ids
+    positions: torch.Tensor  # [B, L] per-document positions (0 at each document start)
+    labels: torch.Tensor  # [B, L] next-token targets (already shifted, torchtitan style)
+
+    @staticmethod
+    def cat(batches: list["Batch"]) -> "Batch":
+        return Batch(*(torch.cat([getattr(b, f) for b in batches]) for f in ("inputs", "positions", "labels")))
+
+
+def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_size: int = 2,
+                 seq_len: int = 256) -> list[list[Batch]]:
+    """``[step][dp rank]`` batches from torchtitan's own tokenizer and dataloader, as the
+    trainer builds them (tokenizer from the HF assets dir, ``c4_test`` on fixtures/corpus)."""
+    prepare_in_process()
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from harness.backends import paths
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
+    config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(paths.CORPUS))
+    per_rank = []
+    for rank in range(dp):
+        loader = HuggingFaceTextDataLoader(config, dp_world_size=dp, dp_rank=rank,
+                                           tokenizer=tokenizer, seq_len=seq_len,
+                                           local_batch_size=local_batch_size)
+        it = iter(loader)
+        rows = []
+        for _ in range(steps):
+            input_dict, labels = next(it)
+            rows.append(Batch(input_dict["input"], input_dict["positions"], labels))
+        per_rank.append(rows)
+    return [[per_rank[r][s] for r in range(dp)] for s in range(steps)]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next(o for o in output if isinstance(o, torch.Tensor))
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state
+    raise TypeError(f"no tensor in module output of type {type(output).__name__}")
+
+
+def with_grads_as_params(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters hold its gradients (zeros where there is none),
+    so the model's own state-dict hooks (fused-QKV split, tying) and converters apply to
+    gradients exactly as they apply to weights."""
+    clone = copy.deepcopy(module)
+    grads = {name: p.grad for name, p in module.named_parameters(remove_duplicate=False)}
+    with torch.no_grad():
+        for name, p in clone.named_parameters(remove_duplicate=False):
+            g = grads.get(name)
+            p.copy_(torch.zeros_like(p) if g is None else g)
+            p.grad = None
+    return clone
+
+
+@dataclass
+class ParityModel:
+    name: str
+    kind: str  # "hf" | "native" | "hf_backend" | "reference"
+    module: nn.Module | None
+    arch: Qwen3Arch
+    logits_fn: Callable[[Batch], torch.Tensor]
+    activation_modules: dict[str, nn.Module] = field(default_factory=dict)
+    router_modules: dict[str, nn.Module] = field(default_factory=dict)
+    to_hf_fn: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None
+    settings: dict = field(default_factory=dict)
+    load_report: object | None = None
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        return self.logits_fn(batch)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        logits = self.logits(batch)
+        return torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), batch.labels.flatten(0, 1), ignore_index=-100
+        )
+
+    def hf_tensors(self, which: str = "param") -> dict[str, torch.Tensor]:
+        """Parameters (or their gradients) under HF on-disk names."""
+        if self.to_hf_fn is None:
+            raise NotImplementedError(f"{self.name}: no HF name mapping")
+        source = self.module if which == "param" else with_grads_as_params(self.module)
+        return {k: v.detach() for k, v in self.to_hf_fn(source).items()}
+
+    def zero_grad(self) -> None:
+        if self.module is not None:
+            self.module.zero_grad(set_to_none=True)
+
+    def record_activations(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(logits, {canonical activation name: output}) via forward hooks."""
+        if self.kind == "reference":
+            with torch.no_grad():
+                logits = self.logits(batch)
+            record = self.last_record  # type: ignore[attr-defined]
+            return logits, {k: v.detach() for k, v in record.items()}
+        acts: dict[str, torch.Tensor] = {}
+        handles = []
+        for name, mod in self.activation_modules.items():
+            def hook(_m, _inp, out, name=name):
+                acts[name] = _first_tensor(out).detach()
+            handles.append(mod.register_forward_hook(hook))
+        for name, mod in self.router_modules.items():
+            def router_hook(_m, _inp, out, name=name):
+                acts[name] = self._router_ids(out).detach()
+            handles.append(mod.register_forward_hook(router_hook))
+        try:
+            with torch.no_grad():
+                logits = self.logits(batch)
+        finally:
+            for h in handles:
+                h.remove()
+        acts["logits"] = logits.detach()
+        return logits, acts
+
+    def _router_ids(self, out) -> torch.Tensor:
+        # torchtitan router: (topk_scores, topk_ids, scores); HF Qwen3MoeTopKRouter:
+        # (router_logits, router_scores, router_indices). Ids are the integer tensor.
+        ints = [o for o in out if isinstance(o, torch.Tensor) and not o.is_floating_point()]
+        ids = ints[0]
+        return ids.reshape(-1, ids.shape[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# transformers
+# --------------------------------------------------------------------------------------------
+
+def hf_state_to_disk_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What ``save_pretrained`` would write for ``state``: tied aliases removed, transformers'
+    weight conversions (e.g. fused MoE experts -> per-expert tensors) reverted."""
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = remove_tied_weights_from_state_dict(dict(state), model)
+    return revert_weight_conversion(model, state)
+
+
+def _hf_to_disk(model: nn.Module) -> dict[str, torch.Tensor]:
+    return hf_state_to_disk_names(model, model.state_dict())
+
+
+def _hf_activation_modules(base: nn.Module, lm_head: nn.Module, arch: Qwen3Arch):
+    layers = base.layers
+    get = (lambda i: layers[str(i)]) if isinstance(layers, nn.ModuleDict) else (lambda i: layers[i])
+    mods: dict[str, nn.Module] = {"embed": base.embed_tokens}
+    routers: dict[str, nn.Module] = {}
+    for i in range(arch.num_hidden_layers):
+        layer = get(i)
+        mods[f"layers.{i}.attn"] = layer.self_attn
+        mods[f"layers.{i}.mlp"] = layer.mlp
+        mods[f"layers.{i}"] = layer
+        if arch.layer_is_moe(i) and hasattr(layer.mlp, "gate"):
+            routers[f"layers.{i}.mlp.router_top_ids"] = layer.mlp.gate
+    mods["norm"] = base.norm
+    return mods, routers
+
+
+def load_hf(model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+            attn_implementation: str | None = None) -> ParityModel:
+    prepare_in_process()
+    import transformers
+
+    kwargs = {"dtype": dtype, "output_loading_info": True}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    model.eval()
+    arch = Qwen3Arch.from_dir(model_dir)
+
+    def logits_fn(batch: Batch) -> torch.Tensor:
+        # No attention_mask and no cache: transformers then derives the same-document causal
+        # mask from position_ids restarting (its packed-sequence detection).
+        return model(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False).logits
+
+    mods, routers = _hf_activation_modules(model.model, model.lm_head, arch)
+    model_settings = effective.hf_settings(model, attn_mask=effective.DOCUMENT_CAUSAL)
+    model_settings["dtype"] = str(dtype)
+    return ParityModel(
+        name=f"hf:{type(model).__name__}", kind="hf", module=model, arch=arch, logits_fn=logits_fn,
+        activation_modules=mods, router_modules=routers, to_hf_fn=_hf_to_disk,
+        settings=model_settings, load_report={k: sorted(v) if isinstance(v, (set, list)) else v
+                                        for k, v in info.items()},
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan native
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class HFLoadReport:
+    """What the trainer's ``initial_load_in_hf`` path read, produced and left untouched."""
+
+    file_keys: set[str]  # every tensor in the checkpoint dir
+    requested_hf_keys: set[str]  # adapter.to_hf(model.state_dict()): what dcp.load asked for
+    native_keys: set[str]  # model.state_dict() keys
+    produced_native_keys: set[str]  # adapter.from_hf(...) output keys
+    missing_on_load: list[str]  # load_state_dict(strict=False) report
+    unexpected_on_load: list[str]
+
+    @property
+    def unread_file_keys(self) -> set[str]:
+        """Tensors in the checkpoint no native parameter asked for (silently ignored)."""
+        return self.file_keys - self.requested_hf_keys
+
+    @property
+    def native_keys_not_loaded(self) -> set[str]:
+        """Native state entries the load did not write (they keep their initial values)."""
+        return self.native_keys - self.produced_native_keys
+
+
+def checkpoint_keys(model_dir: str | Path) -> set[str]:
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            keys |= set(f.keys())
+    return keys
+
+
+def trainer_config_for(model_spec, hf_assets_path: str | Path, trainer_cls=None):
+    """A ``Trainer.Config`` with the harness's tiny run shape, for ``update_from_config``."""
+    from torchtitan.trainer import Trainer
+
+    from harness.backends.common import TINY, shared_fields
+
+    cls = trainer_cls or Trainer.Config
+    return cls(model_spec=model_spec, **shared_fields(TINY, hf_assets_path=str(hf_assets_path)))
+
+
+def build_on_meta_and_init(model_config, seed: int) -> nn.Module:
+    """The trainer's construction: meta device, ``to_empty``, ``init_weights``, ``train()``."""
+    from torchtitan.tools.utils import set_default_dtype
+
+    seed_everything(seed)
+    with torch.device("meta"), set_default_dtype(torch.float32):
+        model = model_config.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model
+
+
+def load_hf_checkpoint_like_trainer(model: nn.Module, adapter, model_dir: str | Path) -> HFLoadReport:
+    """torchtitan's ``dcp_load(from_hf=True)``, step for step, on one process."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {k: v for k, v in model.state_dict().items()}
+    native_keys = set(state)
+    hf_state = adapter.to_hf(state)
+    requested = set(hf_state)
+    dcp.load(hf_state, storage_reader=adapter.get_hf_storage_reader(str(model_dir)))
+    native_state = adapter.from_hf(hf_state)
+    result = model.load_state_dict(native_state, strict=False)
+    return HFLoadReport(
+        file_keys=checkpoint_keys(model_dir), requested_hf_keys=requested,
+        native_keys=native_keys, produced_native_keys=set(native_state),
+        missing_on_load=list(result.missing_keys), unexpected_on_load=list(result.unexpected_keys),
+    )
+
+
+def native_model_config(model_dir: str | Path, *, custom_ops: bool = False):
+    """torchtitan ``Qwen3Model.Config`` for the checkpoint's shape (harness.backends helper)."""
+    from harness.backends.native_qwen3 import native_config_from_hf
+
+    config = native_config_from_hf(normalized_hf_dict(model_dir))
+    if custom_ops:
+        from harness.ops import use_custom_ops
+
+        config = use_custom_ops(config)
+    return config
+
+
+def _native_activation_modules(model: nn.Module, arch: Qwen3Arch):
+    mods: dict[str, nn.Module] = {"embed": model.tok_embeddings}
+    routers: dict[str, nn.Module] = {}
+    for i in range(arch.num_hidden_layers):
+        layer = model.layers[str(i)]
+        mods[f"layers.{i}.attn"] = layer.attention
+        ffn = layer.moe if getattr(layer, "moe_enabled", False) else layer.feed_forward
+        mods[f"layers.{i}.mlp"] = ffn
+        mods[f"layers.{i}"] = layer
+        if getattr(layer, "moe_enabled", False):
+            routers[f"layers.{i}.mlp.router_top_ids"] = layer.moe.router
+    mods["norm"] = model.norm
+    return mods, routers
+
+
+def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int = 0,
+                 model_config=None) -> ParityModel:
+    prepare_in_process()
+    from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
+
+    arch = Qwen3Arch.from_dir(model_dir)
+    config = model_config if model_config is not None else native_model_config(model_dir, custom_ops=custom_ops)
+    spec = model_registry("debugmodel")
+    spec.model = config
+    trainer_config = trainer_config_for(spec, model_dir)
+    config.update_from_config(config=trainer_config)
+    model = build_on_meta_and_init(config, seed)
+    adapter = Qwen3StateDictAdapter(config, str(model_dir))
+    report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
+    model.eval()
+
+    def logits_fn(batch: Batch) -> torch.Tensor:
+        # Trainer.post_dataloading_process: masks from positions for flex/varlen attention.
+        masks = model.get_attention_masks(positions=batch.positions)
+        return model(batch.inputs, batch.positions, masks)
+
+    def to_hf(module: nn.Module) -> dict[str, torch.Tensor]:
+        return Qwen3StateDictAdapter(config, None).to_hf(dict(module.state_dict()))
+
+    mods, routers = _native_activation_modules(model, arch)
+    name = "native+custom_ops" if custom_ops else "native"
+    parity = ParityModel(name=name, kind="native", module=model, arch=arch, logits_fn=logits_fn,
+                         activation_modules=mods, router_modules=routers, to_hf_fn=to_hf,
+                         settings=effective.native_settings(model), load_report=report)
+    parity.adapter = adapter  # type: ignore[attr-defined]
+    parity.model_config = config  # type: ignore[attr-defined]
+    parity.trainer_config = trainer_config  # type: ignore[attr-defined]
+    return parity
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan transformers backend
+# --------------------------------------------------------------------------------------------
+
+def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
+                     configure: Callable | None = None) -> ParityModel:
+    """torchtitan's transformers-backend model, built and loaded like the trainer does.
+
+    ``HFTransformerModel.__init__`` monkey-patches transformers globally
+    (``PreTrainedModel._init_weights`` / ``_initialize_weights`` and the decoder layer's
+    ``__init__``); they are restored once the model is initialised so other models built in
+    this process are unaffected. ``configure(model_config)`` may adjust the config after
+    ``update_from_config`` (the trainer's override hook point).
+    """
+    prepare_in_process()
+    import transformers.models.qwen3.modeling_qwen3 as q3
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
+    from torchtitan.experiments.transformers_modeling_backend import model_registry
+    from torchtitan.experiments.transformers_modeling_backend.configs import (
+        TransformersBackendConfig,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
+        HFTransformerStateDictAdapter,
+    )
+    from transformers.modeling_utils import PreTrainedModel
+
+    arch = Qwen3Arch.from_dir(model_dir)
+    saved = {
+        (PreTrainedModel, "_init_weights"): PreTrainedModel.__dict__["_init_weights"],
+        (PreTrainedModel, "_initialize_weights"): PreTrainedModel.__dict__["_initialize_weights"],
+        (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
+        (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
+    }
+    spec = model_registry("full")
+    config = spec.model
+    trainer_config = trainer_config_for(spec, model_dir, TransformersBackendConfig)
+    trainer_config.hf_model = str(model_dir)
+    config.update_from_config(config=trainer_config)
+    if configure is not None:
+        configure(config)
+    try:
+        model = build_on_meta_and_init(config, seed)
+    finally:
+        for (owner, attr), value in saved.items():
+            setattr(owner, attr, value)
+    adapter = HFTransformerStateDictAdapter(config, str(model_dir))
+    report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
+    model.eval()
+
+    def logits_fn(batch: Batch) -> torch.Tensor:
+        return model(batch.inputs, positions=batch.positions)
+
+    def to_hf(module: nn.Module) -> dict[str, torch.Tensor]:
+        inner = module.model  # the HF ForCausalLM
+        return hf_state_to_disk_names(inner, inner.state_dict())
+
+    mods, routers = _hf_activation_modules(model.model.model, model.model.lm_head, arch)
+    mask = getattr(model.model.config, "attn_mask_type", "causal")
+    model_settings = effective.hf_settings(
+        model.model, attn_mask=effective.DOCUMENT_CAUSAL if mask == "block_causal" else mask)
+    parity = ParityModel(name="hf_backend", kind="hf_backend", module=model, arch=arch,
+                         logits_fn=logits_fn, activation_modules=mods, router_modules=routers,
+                         to_hf_fn=to_hf, settings=model_settings, load_report=report)
+    parity.model_config = config  # type: ignore[attr-defined]
+    return parity
+
+
+# --------------------------------------------------------------------------------------------
+# independent reference
+# --------------------------------------------------------------------------------------------
+
+class _ReferenceModule(nn.Module):
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        super().__init__()
+        self.keys = sorted(tensors)
+        self.params = nn.ParameterList(nn.Parameter(tensors[k].float().clone()) for k in self.keys)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.keys, self.params))
+
+
+def reference_model(model_dir: str | Path, *, expert_dtype: torch.dtype | None = None,
+                    document_mask: bool = True) -> ParityModel:
+    arch = Qwen3Arch.from_dir(model_dir)
+    module = _ReferenceModule(reference.load_hf_tensors(model_dir))
+    last_record: dict = {}
+
+    def logits_fn(batch: Batch) -> torch.Tensor:
+        last_record.clear()
+        return reference.forward(module.weights(), arch, batch.inputs, batch.positions,
+                                 document_mask=document_mask, expert_dtype=expert_dtype,
+                                 record=last_record)
+
+    def to_hf(mod: nn.Module) -> dict[str, torch.Tensor]:
+        return dict(mod.weights())
+
+    parity = ParityModel(
+        name="reference" + (f"[experts {expert_dtype}]" if expert_dtype else ""), kind="reference",
+        module=module, arch=arch, logits_fn=logits_fn, to_hf_fn=to_hf,
+        settings={**effective.arch_settings(arch),
+                  "attention_mask": effective.DOCUMENT_CAUSAL if document_mask else "causal",
+                  "expert_dtype": str(expert_dtype)},
+    )
+    parity.last_record = last_record  # type: ignore[attr-defined]
+    return parity

@@ -1,0 +1,116 @@
+"""A Qwen3 / Qwen3-MoE architecture, read from an HF ``config.json`` without transformers.
+
+Both spellings transformers uses are accepted (4.x ``rope_theta`` / ``num_experts``; 5.x
+``rope_parameters.rope_theta`` / ``num_local_experts``), so the reference model and the
+config-conformance check read every config the same way, and neither depends on the code
+under test to interpret the config it is checking.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def _first(d: dict, *keys, default=None):
+    for key in keys:
+        if d.get(key) is not None:
+            return d[key]
+    return default
+
+
+@dataclass(frozen=True)
+class Qwen3Arch:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_type: str
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hidden_act: str
+    attention_bias: bool
+    # MoE (num_experts == 0: dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_is_moe(self, layer: int) -> bool:
+        return (
+            self.is_moe
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict) -> "Qwen3Arch":
+        n_heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        theta = _first(rope, "rope_theta", default=hf.get("rope_theta"))
+        if theta is None:
+            raise KeyError("config.json has neither rope_parameters.rope_theta nor rope_theta")
+        num_experts = int(_first(hf, "num_experts", "num_local_experts", default=0) or 0)
+        return cls(
+            model_type=str(hf.get("model_type", "")),
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            num_hidden_layers=int(hf["num_hidden_layers"]),
+            num_attention_heads=n_heads,
+            num_key_value_heads=int(_first(hf, "num_key_value_heads", default=n_heads)),
+            head_dim=int(_first(hf, "head_dim", default=hidden // n_heads)),
+            intermediate_size=int(hf.get("intermediate_size") or 0),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_type=str(_first(rope, "rope_type", "type", default="default")),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 0)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            hidden_act=str(hf.get("hidden_act", "silu")),
+            attention_bias=bool(hf.get("attention_bias", False)),
+            num_experts=num_experts,
+            num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0) if num_experts else 0,
+            moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0) if num_experts else 0,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)) if num_experts else False,
+            decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(int(i) for i in (hf.get("mlp_only_layers") or ())),
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "Qwen3Arch":
+        return cls.from_hf_dict(read_config_json(model_dir))
+
+
+def read_config_json(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    return json.loads(path.read_text())
+
+
+def normalized_hf_dict(model_dir: str | Path) -> dict:
+    """config.json with the MoE expert count also under ``num_experts`` (4.x spelling).
+
+    transformers 5.x writes ``num_local_experts``; code that only reads ``num_experts`` would
+    build a dense model from an MoE checkpoint.
+    """
+    hf = dict(read_config_json(model_dir))
+    if hf.get("num_experts") is None and hf.get("num_local_experts") is not None:
+        hf["num_experts"] = hf["num_local_experts"]
+    return hf

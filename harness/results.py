@@ -1,0 +1,110 @@
+"""Typed results of one backend run: per-step records read from the harness's JSONL sink."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.metrics_sink import LOSS_KEY
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    loss: float
+    grad_norm: float
+    tokens_per_s: float
+    step_time_s: float
+    peak_memory_gib: float
+    lr: float | None = None
+
+    @classmethod
+    def from_metrics(cls, metrics: dict) -> "StepRecord":
+        return cls(
+            step=int(metrics["step"]),
+            loss=float(metrics[LOSS_KEY]),
+            grad_norm=float(metrics["grad_norm"]),
+            tokens_per_s=float(metrics["throughput(tps)"]),
+            step_time_s=float(metrics["time_metrics/end_to_end(s)"]),
+            peak_memory_gib=float(metrics["memory/max_reserved(GiB)"]),
+            lr=next((float(v) for k, v in metrics.items() if k.startswith("lr")), None),
+        )
+
+
+def read_step_records(jsonl: Path) -> list[StepRecord]:
+    if not jsonl.is_file():
+        return []
+    lines = [line for line in jsonl.read_text().splitlines() if line.strip()]
+    return [StepRecord.from_metrics(json.loads(line)) for line in lines]
+
+
+@dataclass
+class RunResult:
+    """What one launch produced. ``ok`` is the process outcome; checks live in tests."""
+
+    name: str
+    backend: str
+    size: str
+    init: str
+    device: str
+    nproc: int
+    command: list[str]
+    returncode: int | None
+    timed_out: bool
+    duration_s: float
+    run_dir: Path
+    steps: list[StepRecord] = field(default_factory=list)
+    rank_logs: dict[int, Path] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    @property
+    def losses(self) -> list[float]:
+        return [s.loss for s in self.steps]
+
+    @property
+    def first_nonfinite_step(self) -> int | None:
+        return next((s.step for s in self.steps if not math.isfinite(s.loss)), None)
+
+    @property
+    def hf_checkpoint_dirs(self) -> list[Path]:
+        """Folders of HF safetensors written by ``checkpoint.last_save_in_hf``."""
+        root = self.run_dir / "dump" / "checkpoint"
+        return sorted(p.parent for p in root.glob("step-*/*.safetensors")) if root.exists() else []
+
+    def log_tails(self, lines: int = 30) -> str:
+        out = []
+        for rank, path in sorted(self.rank_logs.items()):
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {path} ---")
+            out.extend(text[-lines:])
+        return "\n".join(out)
+
+    def describe(self) -> str:
+        state = "timed out" if self.timed_out else f"exit code {self.returncode}"
+        return (
+            f"{self.name}: {self.backend}/{self.size}/{self.init} on {self.device} x{self.nproc}, "
+            f"{state}, {len(self.steps)} step(s) in {self.duration_s:.1f}s\n"
+            f"command: {' '.join(self.command)}\nrun dir: {self.run_dir}"
+        )
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        data["rank_logs"] = {r: str(p) for r, p in self.rank_logs.items()}
+        return data
+
+
+class RunFailed(AssertionError):
+    """A launch that did not finish cleanly; the message carries every rank's last lines."""
+
+    def __init__(self, result: RunResult, why: str) -> None:
+        self.result = result
+        super().__init__(f"{why}\n{result.describe()}\n{result.log_tails()}")

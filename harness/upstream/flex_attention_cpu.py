@@ -1,0 +1,67 @@
+"""FlexAttention on CPU: run it eagerly and let autograd through.
+
+Why: torchtitan 0.3.0 always wraps flex attention in ``torch.compile`` (its ``sdpa`` backend is
+rejected: "sdpa is no longer supported"), torch 2.14's ``flex_attention`` refuses backward on
+CPU in ``_validate_device`` ("FlexAttention does not support backward on CPU"), and the
+inductor CPU flex backward is not a path upstream supports. Eager flex attention computes the
+same math densely (the HOP's reference implementation) and differentiates through it, which
+is what the tiny CPU models need. Only the CPU check is lifted: every other device check
+is kept.
+
+``torchtitan.distributed.utils.set_determinism`` re-assigns the compiled kernel when
+``debug.deterministic`` is on, so that function is wrapped to put the eager one back.
+transformers 5.x compiles flex attention on its own (``compile_friendly_flex_attention``),
+which the transformers modeling backend reaches; on CPU tensors that call runs eagerly too.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+SHIM_NAME = "flex_attention_cpu"
+
+
+def allow_cpu_backward(flex_module: ModuleType) -> None:
+    original = flex_module._validate_device
+
+    def _validate_device(query, key, value):
+        if query.device.type == "cpu":
+            return None
+        return original(query, key, value)
+
+    _validate_device.__wrapped__ = original
+    flex_module._validate_device = _validate_device
+
+
+def run_flex_eagerly(attention_module: ModuleType) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    attention_module.FlexAttention._compiled_flex_attn = staticmethod(flex_attention)
+
+
+def keep_flex_eager_under_determinism(dist_utils_module: ModuleType) -> None:
+    original = dist_utils_module.set_determinism
+
+    def set_determinism(*args, **kwargs):
+        result = original(*args, **kwargs)
+        from torchtitan.models.common import attention
+
+        run_flex_eagerly(attention)
+        return result
+
+    set_determinism.__wrapped__ = original
+    dist_utils_module.set_determinism = set_determinism
+
+
+def transformers_flex_eager_on_cpu(hf_flex_module: ModuleType) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    original = hf_flex_module.compile_friendly_flex_attention
+
+    def compile_friendly_flex_attention(query, key, value, training=False, **kwargs):
+        if query.device.type == "cpu":
+            return flex_attention(query, key, value, **kwargs)
+        return original(query, key, value, training=training, **kwargs)
+
+    compile_friendly_flex_attention.__wrapped__ = original
+    hf_flex_module.compile_friendly_flex_attention = compile_friendly_flex_attention

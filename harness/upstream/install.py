@@ -1,0 +1,102 @@
+"""Install the upstream shims a device profile asks for, in a launched rank.
+
+A shim that must act on a torchtitan module *as it is imported* (because other modules copy
+its globals at import time) is registered as a post-import hook: a meta-path finder that runs
+the patch right after the module's own code and before anyone imports from it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+ENV_VAR = "HARNESS_SHIMS"
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    def __init__(self, module_name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.module_name = module_name
+        self.patch = patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        original_exec = spec.loader.exec_module
+        patch = self.patch
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def after_import(module_name: str, patch: Callable[[ModuleType], None]) -> None:
+    """Run ``patch(module)`` right after ``module_name`` is first imported."""
+    if module_name in sys.modules:
+        patch(sys.modules[module_name])
+    else:
+        sys.meta_path.insert(0, _PostImportHook(module_name, patch))
+
+
+def _install_cpu_device() -> None:
+    from harness.upstream.cpu_device import patch_torchtitan_tools_utils
+
+    after_import("torchtitan.tools.utils", patch_torchtitan_tools_utils)
+
+
+def _install_flex_attention_cpu() -> None:
+    from harness.upstream import flex_attention_cpu as shim
+
+    after_import("torch.nn.attention.flex_attention", shim.allow_cpu_backward)
+    after_import("torchtitan.models.common.attention", shim.run_flex_eagerly)
+    after_import("torchtitan.distributed.utils", shim.keep_flex_eager_under_determinism)
+    after_import("transformers.integrations.flex_attention", shim.transformers_flex_eager_on_cpu)
+
+
+def _install_gloo_reduce_op() -> None:
+    from harness.upstream import gloo_reduce_op as shim
+
+    after_import(
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives",
+        shim.force_sum_reduction_on_cpu,
+    )
+
+
+def _install_hf_rope_init() -> None:
+    from harness.upstream import hf_rope_init as shim
+
+    after_import(
+        "torchtitan.experiments.transformers_modeling_backend.model",
+        shim.recompute_rope_after_init_states,
+    )
+
+
+SHIMS: dict[str, Callable[[], None]] = {
+    "cpu_device": _install_cpu_device,
+    "flex_attention_cpu": _install_flex_attention_cpu,
+    "gloo_reduce_op": _install_gloo_reduce_op,
+    # Opt-in workarounds for named upstream defects (never installed by default):
+    "hf_rope_init": _install_hf_rope_init,
+}
+
+
+def install(names: list[str]) -> None:
+    unknown = [n for n in names if n not in SHIMS]
+    if unknown:
+        raise ValueError(f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)}")
+    for name in names:
+        SHIMS[name]()
+
+
+def install_from_env() -> None:
+    names = [n for n in os.environ.get(ENV_VAR, "").split(",") if n]
+    install(names)
