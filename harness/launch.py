@@ -43,6 +43,7 @@ class RunSpec:
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
     workarounds: tuple[str, ...] = ()  # opt-in shims for named upstream defects
+    plants: tuple[str, ...] = ()  # faults planted in the system under test (harness/plants.py)
 
 
     def __post_init__(self) -> None:
@@ -52,7 +53,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        suffix = "".join(f"+{w}" for w in self.workarounds)
+        suffix = "".join(f"+{w}" for w in (*self.workarounds, *self.plants))
         return f"{self.backend}-{self.size}-{self.init}{suffix}"
 
 
@@ -112,7 +113,7 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     env.update(profile.rank_env)
     env["PYTHONUNBUFFERED"] = "1"
     python_path = [str(paths.REPO_ROOT)]
-    shims = (*profile.shims, *spec.workarounds)
+    shims = (*profile.shims, *spec.workarounds, *spec.plants)
     if shims:
         env["HARNESS_SHIMS"] = ",".join(shims)
         python_path.insert(0, str(BOOT_DIR))
@@ -150,16 +151,39 @@ def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
-def find_rank_logs(run_dir: Path) -> dict[int, Path]:
-    """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/stderr.log; keep the last attempt."""
-    logs: dict[int, Path] = {}
-    for path in sorted((run_dir / "torchrun").glob("*/attempt_*/*/stderr.log")):
-        logs[int(path.parent.name)] = path
+def find_rank_logs(run_dir: Path) -> dict[int, list[Path]]:
+    """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log.
+
+    Keeps the last attempt's files of each rank (torchtitan logs to stderr, prints to stdout).
+    """
+    logs: dict[int, list[Path]] = {}
+    for rank_dir in sorted((run_dir / "torchrun").glob("*/attempt_*/*/")):
+        if rank_dir.name.isdigit():
+            logs[int(rank_dir.name)] = [rank_dir / "stderr.log", rank_dir / "stdout.log"]
     return logs
 
 
-def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> RunResult:
-    """Run ``spec`` on ``profile`` in a fresh ``run_dir`` and return what it produced."""
+def _wait(proc: subprocess.Popen, timeout_s: float, sink: Path, on_step) -> bool:
+    """Wait for ``proc``; report each new step record to ``on_step``. True if it timed out."""
+    deadline = time.monotonic() + timeout_s
+    reported = 0
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.5)
+        if on_step is not None:
+            records = read_step_records(sink)
+            for record in records[reported:]:
+                on_step(record)
+            reported = len(records)
+    return False
+
+
+def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -> RunResult:
+    """Run ``spec`` on ``profile`` in a fresh ``run_dir`` and return what it produced.
+
+    ``on_step(StepRecord)`` is called as steps are logged (progress display).
+    """
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded
@@ -178,10 +202,9 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> RunResult:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        sink = run_dir / "dump" / "harness_metrics" / "rank0.jsonl"
         try:
-            proc.wait(timeout=spec.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = _wait(proc, spec.timeout_s, sink, on_step)
         finally:
             kill_tree(proc.pid)
             proc.wait()
@@ -197,7 +220,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> RunResult:
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         run_dir=run_dir,
-        steps=read_step_records(run_dir / "dump" / "harness_metrics" / "rank0.jsonl"),
+        steps=read_step_records(sink),
         rank_logs=find_rank_logs(run_dir),
         versions=package_versions(),
     )

@@ -38,7 +38,10 @@ class StepRecord:
 def read_step_records(jsonl: Path) -> list[StepRecord]:
     if not jsonl.is_file():
         return []
-    lines = [line for line in jsonl.read_text().splitlines() if line.strip()]
+    text = jsonl.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and not text.endswith("\n"):
+        lines.pop()  # a record still being written
     return [StepRecord.from_metrics(json.loads(line)) for line in lines]
 
 
@@ -58,7 +61,7 @@ class RunResult:
     duration_s: float
     run_dir: Path
     steps: list[StepRecord] = field(default_factory=list)
-    rank_logs: dict[int, Path] = field(default_factory=dict)
+    rank_logs: dict[int, list[Path]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -81,9 +84,16 @@ class RunResult:
 
     def log_tails(self, lines: int = 30) -> str:
         out = []
-        for rank, path in sorted(self.rank_logs.items()):
-            text = path.read_text(errors="replace").splitlines() if path.exists() else []
-            out.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {path} ---")
+        for rank, files in sorted(self.rank_logs.items()):
+            for path in files:
+                text = path.read_text(errors="replace").splitlines() if path.exists() else []
+                if text:
+                    out.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {path} ---")
+                    out.extend(text[-lines:])
+        if not self.rank_logs:
+            launcher = self.run_dir / "launcher.log"
+            text = launcher.read_text(errors="replace").splitlines() if launcher.exists() else []
+            out.append(f"--- no rank logs; last lines of {launcher} ---")
             out.extend(text[-lines:])
         return "\n".join(out)
 
@@ -98,7 +108,7 @@ class RunResult:
     def to_json(self) -> dict:
         data = asdict(self)
         data["run_dir"] = str(self.run_dir)
-        data["rank_logs"] = {r: str(p) for r, p in self.rank_logs.items()}
+        data["rank_logs"] = {r: [str(p) for p in ps] for r, ps in self.rank_logs.items()}
         return data
 
 

@@ -52,7 +52,10 @@ def _histogram(ratio: Tensor) -> str:
 
 
 def _nan_aware_diff(a: Tensor, b: Tensor) -> Tensor:
+    """|a - b|, with equal infinities and NaN == NaN counted as 0 and any other NaN as inf."""
     diff = (a - b).abs()
+    if bool(torch.isfinite(diff).all()):
+        return diff
     same_special = (a == b) | (torch.isnan(a) & torch.isnan(b))
     diff = torch.where(same_special, torch.zeros_like(diff), diff)
     return torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
@@ -66,12 +69,12 @@ def elementwise(a: Tensor, b: Tensor, tol: Tolerance, detailed: bool = False) ->
     a = a.detach().to(torch.float64).cpu()
     b = b.detach().to(torch.float64).cpu()
     diff = _nan_aware_diff(a, b)
-    denom = b.abs() + row_scale(b)
+    denom = b.abs() + row_scale(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0))
     bound = tol.tau * denom + tol.underflow
-    bad = diff > bound
+    bad = (diff > bound) | torch.isinf(diff)  # a NaN or infinity where the reference has none
     total = diff.numel()
     mismatched = int(bad.sum())
-    ratio = diff / bound
+    ratio = torch.where(torch.isinf(diff), torch.full_like(diff, math.inf), diff / bound)
     stats = {
         "total": total,
         "mismatched": mismatched,

@@ -108,13 +108,13 @@ def _swiglu(swap_w1_w3: bool = False, shift_offsets: int = 0):
         x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
         if swap_w1_w3:
             w1, w3 = w3, w1
-        rows = []
-        used = 0
+        rows = [x[:0]] * x.shape[0]
         for e, (lo, hi) in enumerate(_swiglu_rows(inputs, shift_offsets)):
             part = x[lo:hi]
-            rows.append((F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t())
-            used = max(used, hi)
-        y = torch.cat(rows + [x[used:] * 0], dim=0)
+            out = (F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
+            for i in range(hi - lo):
+                rows[lo + i] = out[i : i + 1]
+        y = torch.cat([r if r.shape[0] else x[i : i + 1] * 0 for i, r in enumerate(rows)], dim=0)
         return {"y": y.type_as(inputs["x"])}
 
     return run

@@ -85,8 +85,9 @@ def save_replay(result, op, case, master: dict, directory: Path) -> Path:
     return path
 
 
-def replay(path: Path, save_dir: Path | None = None):
-    """Re-run a saved case with its saved inputs; returns the new RunResult."""
+def replay(path: Path, save_dir: Path | None = None, impl=None):
+    """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
+    the registry lookup (for implementations that are not registered, e.g. planted defects)."""
     from harness.kernels.registry import get_op
     from harness.kernels.runner import run
 
@@ -95,7 +96,7 @@ def replay(path: Path, save_dir: Path | None = None):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
         bundle["dtype"]
     ]
-    impl = op.implementation(bundle["impl"])
+    impl = impl if impl is not None else op.implementation(bundle["impl"])
     return run(
         op, impl, bundle["device"], op.case(bundle["case"]), dtype, backward=bundle["backward"],
         save_dir=save_dir, master=bundle["master_inputs"],

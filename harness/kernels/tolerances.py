@@ -53,11 +53,10 @@ mismatch. Deterministic: no flakiness from tie order.
 
 Numbers
 -------
-``c`` and ``K`` are set to cover the largest value measured over every conforming
-implementation, case and device available here, with a safety factor, rounded up to a power of
-two (so the planted defects, which sit at 1/u-scale errors, stay far outside). Regenerate the
-measurements with ``python -m harness.kernels calibrate``; the last run is in
-``MEASURED`` below.
+``c`` and ``K`` are twice the largest value measured over the conforming implementations,
+cases and devices available here, rounded up to a power of two (rule next to ``_POLICY``), so
+the planted defects, which sit at 1/u-scale errors, stay far outside. Regenerate the
+measurements with ``python -m harness.kernels calibrate``; the last run is ``MEASURED``.
 """
 
 from __future__ import annotations
@@ -98,23 +97,83 @@ class Tolerance:
         return float(torch.finfo(self.precision).tiny)
 
 
-# (op class, precision) -> (c, K). See the module docstring for the rules and MEASURED for why.
+# (op class, precision) -> (c, K). Rule for the numbers (MEASURED has the inputs):
+#   c = 2 x the largest rule-1 ratio measured on a *forward output* of a conforming
+#       implementation, rounded up to a power of two (minimum 4). Gradient elements that
+#       exceed it are ill-conditioned (cancellation in a weight-gradient row, rows of the
+#       router gate gradient that are mathematically zero) and go to arbitration.
+#   K = 2 x the largest arbitration ratio measured on any tensor of a conforming
+#       implementation, rounded up to a power of two (minimum 4).
+# "Conforming" excludes the findings (findings.py), which are reported, never absorbed.
 _POLICY = {
-    ("elementwise", torch.float32): (8.0, 4.0),
-    ("elementwise", torch.bfloat16): (4.0, 4.0),
-    ("normalization", torch.float32): (16.0, 4.0),
+    ("elementwise", torch.float32): (16.0, 8.0),
+    ("elementwise", torch.bfloat16): (8.0, 8.0),
+    ("normalization", torch.float32): (4.0, 8.0),
     ("normalization", torch.bfloat16): (4.0, 4.0),
-    ("routing", torch.float32): (64.0, 4.0),
-    ("routing", torch.bfloat16): (8.0, 4.0),
-    ("grouped_matmul", torch.float32): (64.0, 4.0),
+    ("routing", torch.float32): (16.0, 32.0),
+    ("routing", torch.bfloat16): (8.0, 8.0),
+    ("grouped_matmul", torch.float32): (64.0, 32.0),
     ("grouped_matmul", torch.bfloat16): (8.0, 8.0),
-    ("loss", torch.float32): (64.0, 4.0),
-    ("loss", torch.bfloat16): (8.0, 4.0),
+    ("loss", torch.float32): (4.0, 4.0),
+    ("loss", torch.bfloat16): (4.0, 4.0),
 }
 
-# Filled in from `python -m harness.kernels calibrate` (see MEASURED_NOTE).
-MEASURED: dict = {}
-MEASURED_NOTE = ""
+# Measured on this repo's CPU run (python -m harness.kernels calibrate; torch 2.14.1,
+# torchtitan 0.3.0, transformers 5.9.0). Per (class, precision): the largest rule-1 ratio on a
+# forward output (in units of u, i.e. the c it needs) and where; the largest arbitration ratio
+# (max-norm or rms) on any tensor and where.
+MEASURED = {
+    ("elementwise", torch.float32): {
+        "forward_c": (7.04, "rope torchtitan/transformers/harness_op, qwen3_4b_q (positions 0..3)"),
+        "arbitration": (3.2, "rope torchtitan, single_token (position 7)"),
+        "note": "a float64-built cache through the same op: c <= 1.71, arbitration <= 1.7 at all positions",
+    },
+    ("elementwise", torch.bfloat16): {
+        "forward_c": (1.8, "rope transformers, qwen3_4b_kv_packed (bf16 cos/sin)"),
+        "arbitration": (2.2, "rope transformers, single_token grad_x"),
+    },
+    ("normalization", torch.float32): {
+        "forward_c": (1.8, "rmsnorm torchtitan/transformers, qwen3_4b_hidden"),
+        "arbitration": (2.4, "rmsnorm, bf16_extremes y"),
+    },
+    ("normalization", torch.bfloat16): {
+        "forward_c": (1.2, "rmsnorm transformers, qwen3_qk_norm"),
+        "arbitration": (1.3, "rmsnorm transformers, qwen3_qk_norm grad_weight"),
+    },
+    ("routing", torch.float32): {
+        "forward_c": (5.6, "router weights, near_ties"),
+        "arbitration": (15.1, "router grad_gate_weight, bf16_extremes (saturated softmax; float32 dot products of length 256)"),
+    },
+    ("routing", torch.bfloat16): {
+        "forward_c": (2.4, "router transformers weights, exact_ties"),
+        "arbitration": (3.1, "router torchtitan grad_gate_weight, exact_ties"),
+    },
+    ("grouped_matmul", torch.float32): {
+        "forward_c": (20.0, "swiglu transformers (eager, grouped_mm), qwen3_30b_dims: float32 GEMMs, D=2048"),
+        "arbitration": (10.1, "swiglu transformers, qwen3_30b_dims grad_w1"),
+    },
+    ("grouped_matmul", torch.bfloat16): {
+        "forward_c": (3.3, "swiglu torchtitan/harness_op/transformers, qwen3_30b_dims"),
+        "arbitration": (3.0, "swiglu torchtitan, empty_first_last grad_w1"),
+    },
+    ("loss", torch.float32): {
+        "forward_c": (0.43, "cross-entropy, bf16_extremes"),
+        "arbitration": (1.2, "cross-entropy, small_vocab_batch grad_logits"),
+    },
+    ("loss", torch.bfloat16): {
+        "forward_c": (0.58, "cross-entropy, single_token"),
+        "arbitration": (1.1, "cross-entropy, qwen3_vocab"),
+    },
+}
+MEASURED_NOTE = (
+    "Planted defects sit far outside: their rule-1 ratios are O(1/u) x c and arbitration "
+    "ratios >= 50 in bfloat16, >= 1e5 in float32 (tests/kernels/test_checker_catches.py)."
+)
+
+
+# Two float64 formulations of the same math (tests/kernels/test_references.py): sums of at
+# most a few thousand terms differ by well under 2^13 float64 units of roundoff.
+FLOAT64_AGREEMENT = {"rtol": 2.0**13 * UNIT_ROUNDOFF[torch.float64], "atol": 2.0**8 * UNIT_ROUNDOFF[torch.float64]}
 
 
 def tolerance(op_class: str, precision: torch.dtype) -> Tolerance:

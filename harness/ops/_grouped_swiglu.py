@@ -53,9 +53,11 @@ def _row_bounds(offsets: Tensor) -> list[int]:
     return [0] + [int(v) for v in offsets.tolist()]
 
 
-def grouped_mm(a: Tensor, b_t: Tensor, offsets: Tensor) -> Tensor:
-    """Row-grouped ``a (R, K) @ b_t[e] (K, N)`` for each expert's rows -> ``(R, N)``."""
-    if _aligned(a, b_t) and b_t.shape[-1] * a.element_size() % 16 == 0:
+def grouped_mm(a: Tensor, b_t: Tensor, offsets: Tensor, *, allow_grouped_mm: bool = True) -> Tensor:
+    """Row-grouped ``a (R, K) @ b_t[e] (K, N)`` for each expert's rows -> ``(R, N)``.
+
+    ``torch._grouped_mm`` when allowed and the strides permit, else one ``mm`` per expert."""
+    if allow_grouped_mm and _aligned(a, b_t) and b_t.shape[-1] * a.element_size() % 16 == 0:
         return torch._grouped_mm(a, b_t, offs=offsets)
     out = a.new_zeros(a.shape[0], b_t.shape[-1])
     bounds = _row_bounds(offsets)
@@ -100,16 +102,17 @@ def _check(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> No
         raise ValueError(f"x {tuple(x.shape)} / offsets {tuple(offsets.shape)} do not match weights {tuple(w1.shape)}")
 
 
-def _gate_up(x_b: Tensor, offsets: Tensor, w1: Tensor, w3: Tensor) -> tuple[Tensor, Tensor]:
-    a = grouped_mm(x_b, w1.bfloat16().transpose(-2, -1), offsets)
-    b = grouped_mm(x_b, w3.bfloat16().transpose(-2, -1), offsets)
+def _gate_up(x: Tensor, offsets: Tensor, w1: Tensor, w3: Tensor) -> tuple[Tensor, Tensor]:
+    # Two separate casts of x, as GroupedExperts.forward writes it: under autograd the two
+    # gradient contributions then meet in x's dtype, not in bfloat16.
+    a = grouped_mm(x.bfloat16(), w1.bfloat16().transpose(-2, -1), offsets)
+    b = grouped_mm(x.bfloat16(), w3.bfloat16().transpose(-2, -1), offsets)
     return a, b
 
 
 def grouped_swiglu_math(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """The op's forward in plain torch (used by the CPU/CUDA kernel)."""
-    x_b = x.bfloat16()
-    a, b = _gate_up(x_b, offsets, w1, w3)
+    a, b = _gate_up(x, offsets, w1, w3)
     h = F.silu(a) * b
     y = grouped_mm(h, w2.bfloat16().transpose(-2, -1), offsets)
     y = torch.where(_owned_rows(offsets, x.shape[0], x.device), y, torch.zeros((), dtype=y.dtype, device=y.device))
@@ -135,7 +138,7 @@ def grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, needs):
     g = grad.contiguous().bfloat16()  # backward of .type_as(x) (a no-op cast when x is bf16)
     x_b = x.bfloat16()
     w1_b, w2_b, w3_b = w1.bfloat16(), w2.bfloat16(), w3.bfloat16()
-    a, b = _gate_up(x_b, offsets, w1, w3)
+    a, b = _gate_up(x, offsets, w1, w3)
     s = F.silu(a)
     h = s * b
     # y = grouped_mm(h, w2_b^T): dh = g @ w2_b ; d(w2_b^T) = h^T g per expert

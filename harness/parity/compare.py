@@ -230,3 +230,14 @@ def compare_curves(what: str, name_a: str, a: list[float], name_b: str, b: list[
     else:
         bands = [float(band)] * n
     return CurveReport(what, name_a, name_b, list(a), list(b), bands)
+
+
+def versions_line() -> str:
+    from harness.launch import package_versions
+
+    return "versions: " + ", ".join(f"{k} {v}" for k, v in package_versions().items())
+
+
+def parity_message(*parts: str) -> str:
+    """Assertion message: every part, then the package versions (part of every result)."""
+    return "\n".join([*(p for p in parts if p), versions_line()])

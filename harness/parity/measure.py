@@ -64,7 +64,7 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
             stats["moe logits native vs ref-bf16"].append(rel(an["logits"], arb["logits"]))
             stats["moe logits custom vs native"].append(rel(ac["logits"], an["logits"]))
         lh, ln = hf.loss(b), nat.loss(b)
-        stats[f"{kind} |loss hf - native|"].append(abs(float(lh) - float(ln)))
+        stats[f"{kind} |loss hf - native|"].append(abs(float(lh.detach()) - float(ln.detach())))
         # gradients
         for m in (hf, nat):
             m.zero_grad()

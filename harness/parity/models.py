@@ -337,7 +337,9 @@ def _native_activation_modules(model: nn.Module, arch: Qwen3Arch):
 
 
 def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int = 0,
-                 model_config=None) -> ParityModel:
+                 model_config=None, adapter_factory: Callable | None = None) -> ParityModel:
+    """``adapter_factory(model_config, model_dir) -> adapter`` replaces torchtitan's
+    ``Qwen3StateDictAdapter`` (the self-tests plant broken adapters this way)."""
     prepare_in_process()
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
@@ -348,7 +350,8 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
     trainer_config = trainer_config_for(spec, model_dir)
     config.update_from_config(config=trainer_config)
     model = build_on_meta_and_init(config, seed)
-    adapter = Qwen3StateDictAdapter(config, str(model_dir))
+    make_adapter = adapter_factory or (lambda cfg, d: Qwen3StateDictAdapter(cfg, str(d)))
+    adapter = make_adapter(config, model_dir)
     report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
     model.eval()
 
@@ -358,7 +361,7 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
         return model(batch.inputs, batch.positions, masks)
 
     def to_hf(module: nn.Module) -> dict[str, torch.Tensor]:
-        return Qwen3StateDictAdapter(config, None).to_hf(dict(module.state_dict()))
+        return adapter.to_hf(dict(module.state_dict()))
 
     mods, routers = _native_activation_modules(model, arch)
     name = "native+custom_ops" if custom_ops else "native"

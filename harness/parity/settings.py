@@ -128,6 +128,8 @@ def native_settings(model: nn.Module, *, attn_mask: str = DOCUMENT_CAUSAL) -> di
 def arch_settings(arch) -> dict:
     out = {k: getattr(arch, k) for k in CANONICAL_KEYS if hasattr(arch, k)}
     out["attention_mask"] = DOCUMENT_CAUSAL
+    if all(arch.layer_is_moe(i) for i in range(arch.num_hidden_layers)):
+        out["intermediate_size"] = None  # no dense MLP is built
     if arch.is_moe:
         out.update(router_score_func="softmax", route_scale=1.0)
     else:

@@ -166,7 +166,7 @@ def train_native(model: ParityModel, trainer_config, global_batches: list[list[B
         for b in ranks:
             masks = module.get_attention_masks(positions=b.positions)
             pred = module(b.inputs, b.positions, masks)
-            loss = loss_fn(pred, b.labels, global_tokens)
+            loss, _ = loss_fn(pred, b.labels, global_tokens)  # Trainer: `loss, _ = self.loss_fn(...)`
             loss.backward()
             total += loss.detach()
         grad_norm = dist_utils.clip_grad_norm_(list(module.parameters()), trainer_config.training.max_norm,
@@ -203,7 +203,7 @@ def train_reference(model: ParityModel, global_batches: list[list[Batch]], total
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        rec.losses.append(float(loss))
+        rec.losses.append(float(loss.detach()))
         rec.grad_norms.append(float(grad_norm))
         rec.params.append(_snapshot(model))
     module.eval()
@@ -217,6 +217,22 @@ def update_errors(a: TrainRecord, b: TrainRecord, step: int) -> dict[str, float]
     for key in sorted(set(a.params[step - 1]) & set(b.params[step - 1])):
         ua = a.params[step - 1][key].double() - a.initial[key].double()
         ub = b.params[step - 1][key].double() - b.initial[key].double()
+        denom = float(ub.norm())
+        out[key] = float((ua - ub).norm()) / denom if denom > 0 else float((ua - ub).norm())
+    return out
+
+
+def saved_update_errors(saved: dict[str, torch.Tensor], initial: dict[str, torch.Tensor],
+                        reference_final: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Like :func:`update_errors` for a saved checkpoint: per reference tensor, the relative
+    difference between the saved and the reference update from ``initial`` (inf if absent)."""
+    out = {}
+    for key, ref in reference_final.items():
+        if key not in saved or saved[key].shape != ref.shape:
+            out[key] = float("inf")
+            continue
+        ua = saved[key].double() - initial[key].double()
+        ub = ref.double() - initial[key].double()
         denom = float(ub.norm())
         out[key] = float((ua - ub).norm()) / denom if denom > 0 else float((ua - ub).norm())
     return out

@@ -90,11 +90,18 @@ SHIMS: dict[str, Callable[[], None]] = {
 
 
 def install(names: list[str]) -> None:
-    unknown = [n for n in names if n not in SHIMS]
+    from harness.plants import PLANTS
+
+    unknown = [n for n in names if n not in SHIMS and n not in PLANTS]
     if unknown:
-        raise ValueError(f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)}")
+        raise ValueError(
+            f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)} and plants {sorted(PLANTS)}"
+        )
     for name in names:
-        SHIMS[name]()
+        if name in SHIMS:
+            SHIMS[name]()
+        else:
+            after_import(*PLANTS[name])
 
 
 def install_from_env() -> None:

@@ -6,10 +6,13 @@ from harness.launch import INITS, RunSpec
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every e2e test taking ``backend``/``init`` runs for each backend and each init."""
-    if "backend" in metafunc.fixturenames:
+    """An e2e test taking ``backend``/``init`` runs for each backend and each init, unless it
+    parametrizes them itself."""
+    own = {name for mark in metafunc.definition.iter_markers("parametrize")
+           for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
+    if "backend" in metafunc.fixturenames and "backend" not in own:
         metafunc.parametrize("backend", BACKENDS)
-    if "init" in metafunc.fixturenames:
+    if "init" in metafunc.fixturenames and "init" not in own:
         metafunc.parametrize("init", INITS)
 
 

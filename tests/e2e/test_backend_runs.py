@@ -6,22 +6,21 @@ Specification: for every backend and for random and pretrained initialisation,
 - the step-1 loss equals the registered expectation within its tolerance.
 """
 
-import math
-
+from harness import checks
 from harness.backends import model_name
 from harness.expectations import ExpectationRegistry
 from harness.results import RunFailed
 
 
 def test_run_completes_every_step(tiny_run, steps):
-    if not tiny_run.ok:
-        raise RunFailed(tiny_run, "the backend run did not finish cleanly")
-    assert [s.step for s in tiny_run.steps] == list(range(1, steps + 1)), tiny_run.describe()
+    problems = checks.run_completed(tiny_run, steps)
+    if problems:
+        raise RunFailed(tiny_run, checks.report(problems, tiny_run))
 
 
 def test_every_loss_is_finite(tiny_run):
-    bad = [(s.step, s.loss) for s in tiny_run.steps if not math.isfinite(s.loss)]
-    assert tiny_run.steps and not bad, f"non-finite losses (step, loss): {bad}\n{tiny_run.describe()}"
+    problems = checks.losses_finite(tiny_run)
+    assert not problems, checks.report(problems, tiny_run)
 
 
 def test_first_step_loss_matches_expectation(tiny_run, backend, init, device_profile,
@@ -29,6 +28,5 @@ def test_first_step_loss_matches_expectation(tiny_run, backend, init, device_pro
     expectation = ExpectationRegistry().get(
         backend, model_name(backend, "tiny"), init, device_profile.kind
     )
-    assert tiny_run.steps, f"no step records\n{tiny_run.describe()}\n{tiny_run.log_tails()}"
-    problem = expectation.check(tiny_run.steps[0].loss)
-    assert problem is None, f"{problem}\n{tiny_run.describe()}"
+    problems = checks.first_step_loss(tiny_run, expectation)
+    assert not problems, checks.report(problems, tiny_run)

@@ -1,0 +1,24 @@
+"""torchtitan config overrides for opt-in parity workarounds (``--override.imports``).
+
+torchtitan imports an override module in every rank and applies the named factory to the
+matching config node after ``update_from_config`` (torchtitan/config/override.py). The harness
+uses this for workarounds that are configuration, not code: they are activated only when a
+test asks (tests/parity/conftest.py ``--parity-workaround``), never by default.
+"""
+
+from __future__ import annotations
+
+from torchtitan.config.override import override
+from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+BLOCK_CAUSAL = "harness.parity.titan_overrides.hf_block_causal_mask"
+
+
+@override(target=HFTransformerModel.Config,
+          description="transformers backend: per-document causal mask (as native Qwen3)")
+def hf_block_causal_mask(cfg: HFTransformerModel.Config) -> HFTransformerModel.Config:
+    """Workaround for ``hf_v5-causal-mask-across-documents``: the ``full`` flavor's
+    ``attn_mask_type`` defaults to "causal", so packed documents attend to each other in the
+    transformers backend while torchtitan's native Qwen3 masks per document."""
+    cfg.attn_mask_type = "block_causal"
+    return cfg

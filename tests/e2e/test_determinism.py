@@ -1,0 +1,23 @@
+"""Seeded reruns are bit-identical on CPU (``debug.seed`` + ``debug.deterministic``).
+
+This is what lets the harness compare a rerun bitwise; cross-backend and cross-device
+comparisons are banded instead (different kernels and reduction orders).
+"""
+
+import pytest
+
+from harness.launch import RunSpec
+
+
+@pytest.mark.parametrize("backend", ["titan_native", "nki_moe"])
+def test_seeded_rerun_gives_bit_identical_losses(backend, backend_runs, steps, device_profile):
+    if device_profile.kind != "cpu":
+        pytest.skip("bitwise reruns are promised on CPU only")
+    first = backend_runs.get(RunSpec(backend, init="pretrained", steps=steps, save_hf=True))
+    rerun = backend_runs.get(RunSpec(backend, init="pretrained", steps=steps, save_hf=True,
+                                     extra_env=(("HARNESS_RERUN", "1"),)))
+    assert first.ok and rerun.ok, first.log_tails() + rerun.log_tails()
+    assert rerun.losses == first.losses, (
+        "seeded rerun differs:\n" + "\n".join(
+            f"step {a.step}: {a.loss!r} vs {b.loss!r}" for a, b in zip(first.steps, rerun.steps)))
+    assert [s.grad_norm for s in rerun.steps] == [s.grad_norm for s in first.steps]

@@ -1,0 +1,70 @@
+"""Faults injected for real into torchtitan's trainer (harness/plants.py) fail clearly.
+
+Specification:
+- a hung rank is killed, with its whole process tree, at the timeout, and the failure shows
+  the last log lines of every rank;
+- a crashed rank's traceback is shown;
+- a NaN loss stops the run at the first bad step, which the checks name;
+- nothing launched is left running.
+"""
+
+import psutil
+import pytest
+
+from harness import checks
+from harness.launch import RunSpec, launch
+from harness.plants import PLANT_STEP
+from harness.results import RunFailed
+
+
+def _leftovers(run_dir) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(run_dir) in cmdline:
+            found.append(f"{proc.info['pid']}: {cmdline[:120]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def hung_run(device_profile, tmp_path_factory):
+    spec = RunSpec("titan_native", steps=4, plants=("plant_hang_rank1",), timeout_s=75)
+    return launch(spec, device_profile, tmp_path_factory.mktemp("faults") / "hung")
+
+
+def test_hung_rank_is_killed_at_the_timeout(hung_run):
+    assert hung_run.timed_out and hung_run.returncode is None, hung_run.describe()
+    assert hung_run.duration_s < 75 + 30, "the kill took longer than the grace period"
+
+
+def test_hung_rank_leaves_no_process_behind(hung_run):
+    assert _leftovers(hung_run.run_dir) == []
+
+
+def test_hung_rank_failure_shows_every_rank_log(hung_run):
+    message = str(RunFailed(hung_run, "hung"))
+    assert "--- rank 0:" in message and "--- rank 1:" in message
+    assert f"rank 1 hangs at step {PLANT_STEP}" in message
+
+
+def test_crashed_rank_traceback_is_shown(device_profile, tmp_path):
+    run = launch(RunSpec("titan_native", steps=4, plants=("plant_crash_rank1",)),
+                 device_profile, tmp_path / "crash")
+    problems = checks.run_completed(run, 4)
+    assert problems and "exited with code" in problems[0]
+    message = str(RunFailed(run, checks.report(problems, run)))
+    assert "Traceback" in message and f"plant crash_rank1: rank 1 crashed at step {PLANT_STEP}" in message
+    assert _leftovers(run.run_dir) == []
+
+
+def test_nan_loss_stops_the_run_at_the_first_bad_step(device_profile, tmp_path):
+    run = launch(RunSpec("titan_native", steps=6, plants=("plant_nan_loss",)),
+                 device_profile, tmp_path / "nan")
+    # torchtitan 0.3.0 raises itself before logging a non-finite step ("Loss is not finite
+    # ... at step N"); the harness's sink raises too when upstream does not (metrics_sink.py).
+    assert not run.ok
+    assert [s.step for s in run.steps] == list(range(1, PLANT_STEP)), "kept training on NaN"
+    assert checks.run_completed(run, 6), "a NaN run must not count as completed"
+    tails = run.log_tails()
+    assert (f"Loss is not finite (global_avg_loss=nan) at step {PLANT_STEP}" in tails
+            or f"non-finite loss nan at step {PLANT_STEP}" in tails), tails

@@ -1,0 +1,28 @@
+"""Sensitivity self-check: defects planted in the system under test are caught.
+
+Each plant (harness/plants.py) changes torchtitan inside the launched ranks; the same checks
+the e2e tests apply must then fail. One command: ``pytest -m slow tests/e2e/test_sensitivity.py``.
+"""
+
+import pytest
+
+from harness import checks
+from harness.expectations import ExpectationRegistry
+from harness.launch import RunSpec
+
+pytestmark = pytest.mark.slow
+
+DEFECTS_IN_THE_MODEL = [
+    "plant_rope_theta_x10",          # wrong RoPE base in the native model
+    "plant_adapter_swaps_gate_up",   # HF checkpoint keys mapped to the wrong tensors
+]
+
+
+@pytest.mark.parametrize("plant", DEFECTS_IN_THE_MODEL)
+def test_first_step_expectation_catches(plant, backend_runs, device_profile):
+    run = backend_runs.get(RunSpec("titan_native", init="pretrained", steps=2, plants=(plant,)))
+    assert checks.run_completed(run, 2) == [], run.log_tails()
+    expectation = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained",
+                                            device_profile.kind)
+    problems = checks.first_step_loss(run, expectation)
+    assert problems, f"{plant} went unnoticed: step-1 loss {run.steps[0].loss}"

@@ -1,0 +1,240 @@
+"""The harness custom operators: registration, fake/autograd, exact parity with torchtitan,
+the documented differences, and the import-guarded Neuron path."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import harness.ops
+from harness.ops import _grouped_swiglu as gs
+from harness.ops import _rope, neuron
+from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rope_inputs(dtype, seed=0, batch_cos=False):
+    g = _gen(seed)
+    x = torch.randn(2, 3, 2, 8, generator=g).to(dtype)
+    shape = (2, 3, 8) if batch_cos else (3, 8)
+    return x, torch.randn(*shape, generator=g, dtype=torch.float64), torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def _swiglu_inputs(dtype, dims=(4, 16, 32), counts=(3, 0, 4, 2), seed=1):
+    experts, hidden, dim = dims
+    g = _gen(seed)
+    rows = sum(counts)
+    x = torch.randn(rows, dim, generator=g).to(dtype)
+    w1, w3 = (torch.randn(experts, hidden, dim, generator=g).mul(0.1).to(dtype) for _ in range(2))
+    w2 = torch.randn(experts, dim, hidden, generator=g).mul(0.1).to(dtype)
+    return x, torch.tensor(counts), w1, w2, w3
+
+
+def test_ops_are_registered_in_the_harness_namespace():
+    assert hasattr(torch.ops.harness, "rope") and hasattr(torch.ops.harness, "grouped_swiglu")
+    assert torch.ops.harness.rope is harness.ops.rope._opoverload.overloadpacket
+
+
+@pytest.mark.parametrize("name", ["rope", "grouped_swiglu"])
+def test_opcheck(name):
+    if name == "rope":
+        args = _rope_inputs(torch.float64)
+        args = tuple(t.requires_grad_() for t in args)
+        op = torch.ops.harness.rope.default
+    else:
+        x, counts, w1, w2, w3 = _swiglu_inputs(torch.float32)
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        args = (x.requires_grad_(), offsets, w1.requires_grad_(), w2.requires_grad_(), w3.requires_grad_())
+        op = torch.ops.harness.grouped_swiglu.default
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("batch_cos", [False, True])
+def test_rope_gradcheck_with_free_cos_and_sin(batch_cos):
+    """x, cos and sin all free in float64: checks the exact adjoint, not the -sin shortcut."""
+    inputs = tuple(t.double().requires_grad_() for t in _rope_inputs(torch.float64, batch_cos=batch_cos))
+    assert torch.autograd.gradcheck(torch.ops.harness.rope, inputs)
+
+
+class _MinusSinShortcut(torch.autograd.Function):
+    """Planted defect: backward = RoPE(g, cos, -sin), valid only for duplicated sin halves."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rope.rope_math(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rope.rope_math(grad, cos, -sin), None, None
+
+
+def test_checker_catches_rope_backward_minus_sin_shortcut():
+    x, cos, sin = _rope_inputs(torch.float64)
+    x.requires_grad_()
+    assert not torch.autograd.gradcheck(_MinusSinShortcut.apply, (x, cos, sin), raise_exception=False)
+    # ... and the docstring's claim: with duplicated halves (every CosSinRoPE cache) it is exact.
+    half = sin.shape[-1] // 2
+    cos_dup, sin_dup = (torch.cat((t[..., :half], t[..., :half]), -1) for t in (cos, sin))
+    assert torch.autograd.gradcheck(_MinusSinShortcut.apply, (x, cos_dup, sin_dup))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_module_matches_torchtitan_bitwise(dtype):
+    from torchtitan.models.common.rope import CosSinRoPE
+
+    from harness.ops.modules import CustomOpCosSinRoPE
+
+    config = dict(dim=16, max_seq_len=64, theta=1e6)
+    ours, theirs = CustomOpCosSinRoPE.Config(**config).build(), CosSinRoPE.Config(**config).build()
+    g = _gen(2)
+    q = torch.randn(2, 5, 4, 16, generator=g).to(dtype)
+    k = torch.randn(2, 5, 2, 16, generator=g).to(dtype)
+    positions = torch.randint(0, 64, (2, 5), generator=g)
+    grads = [torch.randn(2, 5, 4, 16, generator=g).to(dtype), torch.randn(2, 5, 2, 16, generator=g).to(dtype)]
+    results = []
+    for module in (ours, theirs):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = module(qq, kk, positions)
+        torch.autograd.backward(out, grads)
+        results.append((*out, qq.grad, kk.grad))
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_experts_module_matches_torchtitan_bitwise(dtype):
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from harness.ops.modules import CustomOpGroupedExperts
+
+    x, counts, w1, w2, w3 = _swiglu_inputs(dtype)
+    config = dict(dim=32, hidden_dim=16, num_experts=4)
+    results = []
+    grad = torch.randn(x.shape, generator=_gen(3)).to(dtype)
+    for cls in (CustomOpGroupedExperts, GroupedExperts):
+        module = cls.Config(**config).build().to(dtype)
+        with torch.no_grad():
+            module.w1_EFD.copy_(w1), module.w2_EDF.copy_(w2), module.w3_EFD.copy_(w3)
+        xx = x.clone().requires_grad_()
+        y = module(xx, counts)
+        y.backward(grad)
+        results.append((y, xx.grad, module.w1_EFD.grad, module.w2_EDF.grad, module.w3_EFD.grad))
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dims", [(4, 16, 32), (3, 12, 20)], ids=["aligned", "unaligned"])
+def test_grouped_swiglu_backward_equals_autograd_of_its_forward(dims):
+    """The hand-written backward is bitwise what autograd computes through the same forward
+    (``_grouped_mm`` path when aligned, the per-expert loop otherwise)."""
+    x, counts, w1, w2, w3 = _swiglu_inputs(torch.float32, dims=dims, counts=(3, 0, 4) + (2,) * (dims[0] - 3))
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    grad = torch.randn(x.shape, generator=_gen(4))
+    leaves_a = [t.clone().requires_grad_() for t in (x, w1, w2, w3)]
+    y_a = torch.ops.harness.grouped_swiglu(leaves_a[0], offsets, *leaves_a[1:])
+    grads_a = torch.autograd.grad(y_a, leaves_a, grad)
+    leaves_b = [t.clone().requires_grad_() for t in (x, w1, w2, w3)]
+    y_b = gs.grouped_swiglu_math(leaves_b[0], offsets, *leaves_b[1:])
+    grads_b = torch.autograd.grad(y_b, leaves_b, grad)
+    assert torch.equal(y_a, y_b)
+    for a, b in zip(grads_a, grads_b):
+        assert torch.equal(a, b)
+
+
+def test_grouped_mm_loop_fallback_equals_torch_grouped_mm():
+    g = _gen(5)
+    a = torch.randn(9, 32, generator=g).bfloat16()
+    b_t = torch.randn(3, 32, 16, generator=g).bfloat16()
+    offsets = torch.tensor([4, 4, 9], dtype=torch.int32)
+    assert torch.equal(gs.grouped_mm(a, b_t, offsets), gs.grouped_mm(a, b_t, offsets, allow_grouped_mm=False))
+
+
+def test_rows_owned_by_no_expert_are_zero_in_output_and_gradient():
+    x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32) - torch.tensor([0, 0, 0, 2], dtype=torch.int32)  # last 2 rows unowned
+    xx = x.clone().requires_grad_()
+    y = torch.ops.harness.grouped_swiglu(xx, offsets, w1, w2, w3)
+    y.backward(torch.ones_like(y))
+    assert not y[-2:].any() and not xx.grad[-2:].any() and y[:-2].any()
+
+
+def test_expanded_upstream_gradient_is_accepted():
+    x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
+    xx = x.clone().requires_grad_()
+    torch.ops.harness.grouped_swiglu(xx, torch.cumsum(counts, 0, dtype=torch.int32), w1, w2, w3).sum().backward()
+    assert xx.grad is not None and bool(xx.grad.isfinite().all())
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="F3: torch._grouped_mm CPU backward rejects a stride-0 grad")
+def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
+    """Upstream (torch 2.14 CPU): GroupedExperts(...).sum().backward() raises 'Invalid strides/sizes'."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
+    module = GroupedExperts.Config(dim=32, hidden_dim=16, num_experts=4).build().bfloat16()
+    module(x.clone().requires_grad_(), counts).sum().backward()
+
+
+# ------------------------------------------------------------------ Neuron path (import-guarded)
+
+
+def test_neuron_is_absent_here_and_nothing_is_registered():
+    ok, reason = neuron.neuron_available()
+    assert not ok and reason
+    assert harness.ops.NEURON_REGISTRATION["registered"] is False
+    assert reason in harness.ops.NEURON_REGISTRATION["reason"]
+
+
+def _fake_package(root, name, body):
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(body)
+
+
+@pytest.fixture
+def isolated_neuron_probe(monkeypatch, tmp_path):
+    for name in ("nki", "torch_neuronx"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    neuron.clear_caches()
+    yield tmp_path
+    for name in ("nki", "torch_neuronx"):
+        sys.modules.pop(name, None)
+    neuron.clear_caches()
+
+
+def test_pypi_placeholder_counts_as_absent(isolated_neuron_probe):
+    placeholder = 'raise ImportError("WRONG PACKAGE: install the Neuron SDK")\n'
+    for name in ("nki", "torch_neuronx"):
+        _fake_package(isolated_neuron_probe, name, placeholder)
+    ok, reason = neuron.neuron_available()
+    assert not ok and "placeholder" in reason
+    assert neuron.nki_available()[0] is False
+
+
+def test_checker_catches_a_real_looking_nki_package(isolated_neuron_probe):
+    """The placeholder assertion above can fail: an importable ``nki`` is reported present."""
+    _fake_package(isolated_neuron_probe, "nki", "def jit(f):\n    return f\n\ndef simulate(f):\n    return f\n")
+    assert neuron.probe_module("nki") == (True, "nki imports")
+
+
+def test_nki_kernel_modules_import_without_nki():
+    assert rope_kernel.rope_halves_kernel is None and rope_kernel.NKI_IMPORT_ERROR
+    assert grouped_swiglu_kernel.grouped_swiglu_kernel is None and grouped_swiglu_kernel.NKI_IMPORT_ERROR
+    with pytest.raises(RuntimeError, match="nki is not available"):
+        rope_kernel.rope_simulated(*_rope_inputs(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kernel_contract_twin_equals_the_op_bitwise(dtype):
+    x, cos, sin = _rope_inputs(dtype, batch_cos=True)
+    cos, sin = cos.float(), sin.float()
+    via_kernel_layout = rope_kernel.rope_via(rope_kernel.rope_halves_reference, x, cos, sin)
+    assert torch.equal(via_kernel_layout, torch.ops.harness.rope(x, cos, sin))

@@ -1,0 +1,156 @@
+"""Checkpoint conformance, in-process: torchtitan's state-dict adapter and HF save path.
+
+The expected checkpoint is what transformers' own ``save_pretrained`` writes for the config
+(harness/parity/checkpoint.py). A tensor torchtitan cannot name in HF terms fails, unless it
+is in the data allow-list ``harness/parity/expected_unmapped_keys.toml`` (the MoE
+``expert_bias_E`` buffer).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.parity import checkpoint as C
+from harness.parity import compare
+from harness.parity import models as M
+from harness.parity.reference import load_hf_tensors
+from harness.parity.tolerances import Tolerance
+
+# Same weights, same code: the reloaded model's logits equal the original's exactly.
+EXACT = Tolerance(atol=0.0, rtol=0.0, why="identical weights and implementation")
+
+
+@pytest.fixture(scope="module")
+def allow():
+    return C.load_allow_list()
+
+
+def _native(family, dense_models, moe_models):
+    return (dense_models if family == "dense" else moe_models)["native"]
+
+
+FAMILIES = ["dense", "moe"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fixture_checkpoint_is_what_transformers_writes(family, dense_dir, moe_dir):
+    directory = dense_dir if family == "dense" else moe_dir
+    violations = C.checkpoint_violations(directory)
+    assert not violations, compare.parity_message(C.format_violations(str(directory), violations))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_initial_load_reads_every_checkpoint_tensor_and_writes_every_parameter(
+        family, dense_models, moe_models, allow):
+    """The trainer's initial_load_in_hf path: no checkpoint tensor ignored, no native tensor
+    left at its initial value (allow-listed buffers aside)."""
+    rep = _native(family, dense_models, moe_models).load_report
+    problems = [f"checkpoint tensor never requested by to_hf (silently ignored): {k}"
+                for k in sorted(rep.unread_file_keys)]
+    problems += [f"native tensor not written by from_hf (keeps its init value): {k}"
+                 for k in sorted(rep.native_keys_not_loaded) if not C.is_allowed(k, allow)]
+    problems += [f"load_state_dict reports missing: {k}" for k in rep.missing_on_load
+                 if not C.is_allowed(k, allow)]
+    problems += [f"load_state_dict reports unexpected: {k}" for k in rep.unexpected_on_load]
+    assert not problems, compare.parity_message(*problems)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_native_tensor_has_an_hf_name(family, dense_models, moe_models, allow):
+    model = _native(family, dense_models, moe_models)
+    violations, _ = C.unmapped_native_keys(model.adapter, dict(model.module.state_dict()), allow)
+    assert not violations, compare.parity_message(C.format_violations("to_hf coverage", violations))
+
+
+def test_allow_list_entries_are_still_needed(moe_models, allow):
+    """Each allow-list entry matches a tensor that really is unmapped (no stale entries)."""
+    model = moe_models["native"]
+    _, seen = C.unmapped_native_keys(model.adapter, dict(model.module.state_dict()), allow)
+    unused = [a.pattern for a in allow if not any(C.is_allowed(k, [a]) for k in seen)]
+    assert not unused, f"allow-list entries that match no unmapped tensor: {unused}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adapter_round_trip_is_exact(family, dense_models, moe_models, allow):
+    model = _native(family, dense_models, moe_models)
+    violations = C.adapter_round_trip_violations(model.adapter, dict(model.module.state_dict()), allow)
+    assert not violations, compare.parity_message(C.format_violations("from_hf(to_hf(.))", violations))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_to_hf_names_and_shapes_are_transformers(family, dense_models, moe_models, dense_dir, moe_dir):
+    model = _native(family, dense_models, moe_models)
+    directory = dense_dir if family == "dense" else moe_dir
+    violations = C.hf_names_violations(model.adapter, dict(model.module.state_dict()), directory)
+    assert not violations, compare.parity_message(C.format_violations("to_hf vs transformers", violations))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, dense_models, moe_models):
+    """Each native model (loaded from its fixture) saved through torchtitan's HF save path."""
+    out = {}
+    for family, models in (("dense", dense_models), ("moe", moe_models)):
+        d = tmp_path_factory.mktemp(f"saved-{family}")
+        native = models["native"]
+        C.save_like_trainer(native.module, native.adapter, d)
+        out[family] = d
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trainer_save_path_writes_a_conformant_checkpoint(family, saved, dense_dir, moe_dir):
+    directory = dense_dir if family == "dense" else moe_dir
+    violations = C.checkpoint_violations(saved[family], config_dir=directory)
+    listing = C.list_checkpoint(saved[family])
+    note = (f"note: {len(listing.extra_safetensors)} .safetensors in subdirectories "
+            f"(DCP staging left by the save): {listing.extra_safetensors}") if listing.extra_safetensors else ""
+    assert not violations, compare.parity_message(C.format_violations(str(saved[family]), violations), note)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_then_save_gives_back_the_checkpoint_bit_for_bit(family, saved, dense_dir, moe_dir):
+    directory = dense_dir if family == "dense" else moe_dir
+    violations = C.tensor_equality_violations(saved[family], load_hf_tensors(directory))
+    assert not violations, compare.parity_message(C.format_violations("fixture -> native -> HF", violations))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_saved_checkpoint_reloads_in_transformers_with_identical_logits(
+        family, saved, dense_dir, moe_dir, dense_models, moe_models, dense_batch, moe_batch, tmp_path):
+    directory = dense_dir if family == "dense" else moe_dir
+    models, batch = (dense_models, dense_batch) if family == "dense" else (moe_models, moe_batch)
+    loadable = C.with_config(saved[family], directory, tmp_path / "loadable")
+    reloaded, violations = C.reload_report(loadable)
+    with torch.no_grad():
+        got = reloaded(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False).logits
+        want = models["hf"].logits(batch)
+    diff = compare.diff_tensors("logits", got, want, EXACT)
+    assert not violations and diff.ok, compare.parity_message(
+        C.format_violations("from_pretrained", violations), diff.line())
+
+
+def test_tied_embeddings_follow_the_transformers_convention(dense_dir, saved, dense_models, tmp_path):
+    """tie_word_embeddings: transformers' own save_pretrained does not write lm_head.weight;
+    torchtitan's to_hf omits it too, and from_pretrained ties it back. (A strict
+    ``load_state_dict`` of the file into the HF model fails for both alike.)"""
+    expected = C.expected_hf_checkpoint(dense_dir)
+    hf_dir = tmp_path / "hf_save"
+    dense_models["hf"].module.save_pretrained(str(hf_dir))
+    hf_written = set(C.list_checkpoint(hf_dir).tensors)
+    titan_written = set(C.list_checkpoint(saved["dense"]).tensors)
+    loadable = C.with_config(saved["dense"], dense_dir, tmp_path / "loadable")
+    reloaded, _ = C.reload_report(loadable)
+    facts = {
+        "transformers' expected set has no lm_head.weight": "lm_head.weight" not in expected,
+        "save_pretrained writes no lm_head.weight": "lm_head.weight" not in hf_written,
+        "torchtitan's save writes the same key set as save_pretrained": titan_written == hf_written,
+        "reloaded lm_head is tied to embed_tokens": reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+        or torch.equal(reloaded.lm_head.weight, reloaded.model.embed_tokens.weight),
+        "native model ties lm_head to tok_embeddings": dense_models["native"].module.lm_head.weight
+        is dense_models["native"].module.tok_embeddings.weight,
+    }
+    assert all(facts.values()), compare.parity_message(
+        *(f"  {'ok ' if v else 'BAD'} {k}" for k, v in facts.items()),
+        f"  save_pretrained keys - torchtitan keys: {sorted(hf_written - titan_written)}",
+        f"  torchtitan keys - save_pretrained keys: {sorted(titan_written - hf_written)}")
