@@ -7,6 +7,8 @@ tests/.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness.devices import KINDS, detect, device_status
@@ -59,6 +61,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.config.getoption("--trn2-runner") and session.testscollected == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    leftovers = _kill_leftover_ranks(session)
+    if leftovers:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print("\nharness: processes launched by this session were still running (now killed):\n  "
+              + "\n  ".join(leftovers))
+
+
+def _kill_leftover_ranks(session: pytest.Session) -> list[str]:
+    """Launched runs live under the session's basetemp; nothing of theirs may outlive it."""
+    import psutil
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return []
+    basetemp = str(factory.getbasetemp())
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if basetemp in cmdline and proc.pid != os.getpid():
+                found.append(f"{proc.pid}: {cmdline[:150]}")
+                proc.kill()
+        except psutil.Error:
+            continue
+    return found
 
 
 @pytest.fixture(scope="session")

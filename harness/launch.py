@@ -22,6 +22,7 @@ import psutil
 
 from harness.backends import module_name, paths
 from harness.devices import DeviceProfile
+from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
@@ -64,6 +65,21 @@ def pretrained_weights_dir(spec: RunSpec) -> Path:
     if spec.hf_assets_path is None:
         raise ValueError(f"{spec.name}: a full-size pretrained run needs hf_assets_path")
     return Path(spec.hf_assets_path)
+
+
+def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
+    """(model config dir, tokenizer assets dir, weights dir or None) that ``spec`` reads."""
+    if spec.size == "tiny":
+        model_dir = paths.TINY_MOE if spec.backend == "nki_moe" else paths.TINY_DENSE
+    elif spec.hf_assets_path is None:
+        raise ValueError(f"{spec.name}: a full-size run needs hf_assets_path (--assets-dir)")
+    elif spec.backend == "nki_moe":
+        model_dir = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
+    else:
+        model_dir = Path(spec.hf_assets_path)
+    assets = Path(spec.hf_assets_path) if spec.hf_assets_path else model_dir
+    weights = pretrained_weights_dir(spec) if spec.init == "pretrained" else None
+    return model_dir, assets, weights
 
 
 def package_versions() -> dict[str, str]:
@@ -184,6 +200,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
 
     ``on_step(StepRecord)`` is called as steps are logged (progress display).
     """
+    check_run_inputs(*run_inputs(spec))
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded

@@ -41,13 +41,11 @@ def row_scale(b: Tensor) -> Tensor:
 
 
 def _histogram(ratio: Tensor) -> str:
-    flat = ratio.flatten()
-    counts = [int((flat == 0).sum())]
-    lower = 0.0
-    for upper in HIST_EDGES[1:]:
-        counts.append(int(((flat > lower) & (flat <= upper)).sum()))
-        lower = upper
-    counts.append(int((flat > HIST_EDGES[-1]).sum()))
+    flat = torch.nan_to_num(ratio.flatten(), posinf=1e300)
+    edges = torch.tensor(HIST_EDGES[1:], dtype=flat.dtype)
+    buckets = torch.bucketize(flat, edges, right=False) + 1  # (0, 1/64] -> 1, ...
+    buckets = torch.where(flat == 0, torch.zeros_like(buckets), buckets)
+    counts = torch.bincount(buckets, minlength=len(HIST_LABELS)).tolist()
     return " ".join(f"{label}:{count}" for label, count in zip(HIST_LABELS, counts) if count)
 
 
@@ -68,13 +66,22 @@ def elementwise(a: Tensor, b: Tensor, tol: Tolerance, detailed: bool = False) ->
     fails or ``detailed`` is set; a pass costs a handful of tensor passes."""
     a = a.detach().to(torch.float64).cpu()
     b = b.detach().to(torch.float64).cpu()
-    diff = _nan_aware_diff(a, b)
-    denom = b.abs() + row_scale(torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0))
+    diff = (a - b).abs()
+    finite = bool(torch.isfinite(diff).all())  # then a and b are finite too (the common case)
+    if not finite:
+        diff = _nan_aware_diff(a, b)
+        b_scale = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
+    else:
+        b_scale = b
+    denom = b.abs() + row_scale(b_scale)
     bound = tol.tau * denom + tol.underflow
-    bad = (diff > bound) | torch.isinf(diff)  # a NaN or infinity where the reference has none
+    bad = diff > bound
+    ratio = diff / bound
+    if not finite:  # a NaN or infinity where the reference has none is always a mismatch
+        bad |= torch.isinf(diff)
+        ratio = torch.where(torch.isinf(diff), torch.full_like(diff, math.inf), ratio)
     total = diff.numel()
     mismatched = int(bad.sum())
-    ratio = torch.where(torch.isinf(diff), torch.full_like(diff, math.inf), diff / bound)
     stats = {
         "total": total,
         "mismatched": mismatched,

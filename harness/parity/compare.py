@@ -52,6 +52,16 @@ def diff_tensors(name: str, a: torch.Tensor, b: torch.Tensor, tol: Tolerance) ->
                           note=f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
     af, bf = a.detach().double(), b.detach().double()
     finite = torch.isfinite(af) & torch.isfinite(bf)
+    if tol.metric == "rms":
+        if not bool(finite.all()):
+            n = int((~finite).sum())
+            return TensorDiff(name, False, math.inf, math.nan, math.nan, None, n, af.numel(),
+                              note="(non-finite values)")
+        norm_b = float(bf.norm())
+        err = float((af - bf).norm())
+        bound = tol.bound(norm_b)
+        return TensorDiff(name, err <= bound, err, norm_b, bound, None, int(err > bound), 1,
+                          note="(L2 norms: ||a-b|| vs ||ref||)")
     scale = float(bf[torch.isfinite(bf)].abs().max()) if bf.numel() and torch.isfinite(bf).any() else 0.0
     bound = tol.bound(scale)
     # A NaN anywhere is a mismatch (even against a NaN); equal infinities are not.

@@ -39,6 +39,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) / (scale if scale > 0 else 1.0)
 
 
+def rms_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    denom = float(b.double().norm())
+    return float((a.double() - b.double()).norm()) / (denom if denom > 0 else 1.0)
+
+
 def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
     from harness.parity import models as M
 
@@ -46,7 +51,7 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
     hf, nat, ref = M.load_hf(model_dir), M.build_native(model_dir), M.reference_model(model_dir)
     refb = M.reference_model(model_dir, expert_dtype=torch.bfloat16) if moe else None
     cus = M.build_native(model_dir, custom_ops=True) if moe else None
-    kind = "moe" if moe else "dense"
+    kind = ("moe" if moe else "dense") + (" [random]" if "random" in tag else " [trained]")
     for b in batches:
         _, ah = hf.record_activations(b)
         _, an = nat.record_activations(b)
@@ -58,6 +63,7 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
                 continue
             stats[f"{kind} act hf vs ref [{k.split('.')[-1] if '.' in k else k}]"].append(rel(ah[k], ar[k]))
             stats[f"{kind} act native vs hf [{k.split('.')[-1] if '.' in k else k}]"].append(rel(an[k], ah[k]))
+            stats[f"{kind} act native vs hf RMS [{k.split('.')[-1] if '.' in k else k}]"].append(rms_rel(an[k], ah[k]))
         if moe:
             _, arb = refb.record_activations(b)
             _, ac = cus.record_activations(b)
@@ -74,6 +80,7 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
         gh, gn = hf.hf_tensors("grad"), nat.hf_tensors("grad")
         worst = max(rel(gn[k], gh[k]) for k in gh if k in gn)
         stats[f"{kind} grad native vs hf (worst param)"].append(worst)
+        stats[f"{kind} grad native vs hf RMS (worst param)"].append(max(rms_rel(gn[k], gh[k]) for k in gh if k in gn))
         hf.zero_grad(); nat.zero_grad()
     print(f"  measured {tag}", flush=True)
 
@@ -95,18 +102,23 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 
 def main(argv: list[str]) -> int:
+    only = set(argv)
     from harness.backends import paths
     from harness.parity import models as M
 
     stats: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for template in (paths.TINY_DENSE, paths.TINY_MOE):
+            if only and template.name not in only:
+                continue
             batches = [b[0] for b in M.load_batches(template, 4)]
             measure_forward(template, batches, stats, f"{template.name} (trained, 4 batches)")
             for seed in (1, 2, 3):
                 d = random_checkpoint(template, seed, Path(tmp) / f"{template.name}-{seed}")
                 measure_forward(d, batches[:2], stats, f"{template.name} random seed {seed}")
         for template in (paths.TINY_DENSE,):
+            if only and "training" not in only:
+                continue
             measure_training(template, 3, stats)
             for seed in (1, 2):
                 d = Path(tmp) / f"{template.name}-{seed}"

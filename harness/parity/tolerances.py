@@ -17,31 +17,34 @@ Precision regimes:
 Only ``cpu`` has been measured. Asking for another device raises, naming what to measure,
 rather than guessing.
 
-Measurements (torch 2.14.1, transformers 5.9.0, torchtitan 0.3.0, CPU, 2 cores; the tiny
-fixtures on 4 data batches of the torchtitan dataloader (2 x 256 tokens) plus 3 random-weight
-checkpoints per fixture (HF init x5, so logits are O(10) like the trained ones) on 2 batches,
-``python -m harness.parity.measure``):
+Measurements (torch 2.14.1, transformers 5.9.0, torchtitan 0.3.0, CPU, 2 cores), by
+``python -m harness.parity.measure``: the tiny fixtures on 4 batches of torchtitan's dataloader
+(2 x 256 tokens, packed documents), plus 3 random-weight checkpoints per fixture (HF init
+scaled x5 so logits are O(10), as when trained) on 2 batches each. "rel" is
+max|a-b| / max|ref| per tensor; "RMS" is ||a-b|| / ||ref||.
 
-  dense, HF vs native (and HF vs the harness reference; native equals the reference bit for
-  bit on every activation, same op order):
-    activations   max rel 8.9e-7  (rel = max|a-b| / max|ref| per activation tensor)
-    logits        max rel 4.7e-7  (|d| <= 9.5e-6 at |logit| ~ 20)
-    loss          max |d| 4.8e-7
-    gradients     worst parameter max rel 4.1e-6
-  MoE (tiny_moe: 8 experts, top-2), HF (fp32 experts) vs native (bf16 experts):
-    activations   max rel 1.2e-2, logits max rel 4.4e-3, loss max |d| 1.1e-3
-    gradients     worst parameter max rel 3.4e-2
-    router        0 of 2048 token routings differ (near-ties would)
-    native vs reference with bf16-emulated experts: 0.0 (bit for bit); custom-op model vs
-    native: 0.0 (bit for bit)
-  3 optimizer steps, fp32 dense, native (torchtitan optimizer/scheduler/clipping) vs HF +
-  torch.optim.AdamW reference: accumulated update rel error (||du_native - du_ref|| / ||du_ref||
-  per tensor) worst 2.6e-4 after step 1 .. 7.5e-4 after step 3 (Adam's normalisation turns
-  fp32 gradient noise on near-zero gradient elements into full-size update differences;
-  the per-tensor norm keeps that to a small fraction); loss |d| <= 1.2e-6; grad-norm rel
-  <= 2.2e-6.
-  torchrun (2 ranks, gloo, FSDP) titan_native pretrained vs the in-process reference
-  trajectory on the same global batches: see ``torchrun_loss``.
+  dense (fp32), transformers vs torchtitan native (native equals the harness reference bit
+  for bit: same op order):
+    activations max rel 1.3e-6, logits max rel 1.4e-6, loss |d| 9.5e-7,
+    gradients: worst parameter max rel 7.2e-6
+  MoE (tiny_moe, 8 experts, top-2), transformers (fp32 experts) vs native (bf16 experts):
+    trained fixture: activations max rel 7.8e-3 / RMS 3.6e-3, logits max rel 3.0e-3 / RMS
+      2.2e-3, loss |d| 6.0e-5, gradients worst RMS 1.2e-2 (max rel 2.0e-2), 0 router flips
+    random x5 checkpoints (stress): logits RMS 5.0e-2 but max rel 0.42 -- 1.4% of tokens
+      switch expert under bf16 noise (near-ties), moving those tokens a lot; hence the RMS
+      metric for this regime, and the sharp checks use identical-math pairs instead:
+    native vs reference with bf16-emulated experts: 0.0; custom-op model vs native: 0.0;
+    transformers vs fp32 reference: max rel 1.2e-6.
+  3 optimizer steps, dense fp32, torchtitan's optimizer/scheduler/clipping vs HF + AdamW:
+    accumulated update error per tensor worst 5.2e-4 (step 1; Adam's normalisation turns
+    fp32 noise on near-zero gradient elements into full-size update differences, a small
+    fraction of the tensor's update norm), loss |d| 1.9e-6, grad-norm rel 4.1e-7.
+  torchrun (2 ranks, FSDP over gloo) titan_native pretrained vs the in-process HF + AdamW
+    reference on the same global batches, 10 steps: loss |d| <= 3.6e-7, grad norm rel
+    <= 6.3e-6, saved weights' update error worst 3.0e-4. hf_v5 with both workarounds vs
+    titan_native: loss |d| <= 2.4e-7 (step 1 bit-identical). nki_moe (bf16 experts plus
+    torchtitan's expert-bias load balancing) vs the fp32 reference: loss |d| <= 4.3e-3,
+    saved weights' update error median 0.13, worst 0.34.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class Tolerance:
     atol: float
     rtol: float
     why: str = ""
+    # "max": every element within atol + rtol * max|ref|.
+    # "rms": ||a - b||_2 <= atol + rtol * ||ref||_2 over the whole tensor -- for comparisons
+    #        where a few elements may legitimately move a lot (an MoE token whose near-tied
+    #        experts swap under bf16 noise) while the bulk must agree.
+    metric: str = "max"
 
     def bound(self, scale: float) -> float:
         return self.atol + self.rtol * scale
@@ -63,22 +71,20 @@ _POLICY: dict[tuple[str, str, str], Tolerance] = {
     # ---------------------------------------------------------------- fp32, CPU
     ("activations", "float32", "cpu"): Tolerance(
         atol=1e-6, rtol=2e-5,
-        why="measured max rel 8.9e-7 (HF vs native/reference); 20x margin. A one-ulp-per-op "
-            "fp32 difference compounds to ~1e-6 over two layers; a real defect (wrong eps "
-            "1e-6->1e-5: rel 1e-4 at the first norm; swapped q/k, transposed o_proj, theta: "
-            "rel > 1e-1) is >= 5x above."),
+        why="measured max rel 1.3e-6; 15x margin. RMSNorm eps 1e-6 -> 1e-5 moves the first "
+            "norm's output by >= 3e-5 rel on these activations; swapped/transposed/mis-mapped "
+            "weights, wrong theta or mask by > 1e-1."),
     ("logits", "float32", "cpu"): Tolerance(
-        atol=1e-5, rtol=1e-5,
-        why="measured max rel 4.7e-7 (|d| 9.5e-6 at |logit| 20); bound 2.1e-4 at scale 20: "
-            "20x margin. RMSNorm eps 1e-6 -> 1e-5 moves logits by ~2e-3: 10x above."),
+        atol=1e-5, rtol=2e-5,
+        why="measured max rel 1.4e-6 (|d| 2.9e-5 at |logit| 20); bound 4.1e-4 at scale 20: 14x."),
     ("loss", "float32", "cpu"): Tolerance(
         atol=1e-5, rtol=0.0,
-        why="measured max |d| 4.8e-7; 20x margin. The recorded-loss expectation for torchrun "
-            "runs uses 1e-4 (fixtures/expectations.toml)."),
+        why="measured max |d| 9.5e-7; 10x margin (fixtures/expectations.toml uses 1e-4 for "
+            "torchrun first steps)."),
     ("grads", "float32", "cpu"): Tolerance(
         atol=1e-7, rtol=1e-4,
-        why="measured worst parameter max rel 4.1e-6 (relative to that parameter's max|grad|); "
-            "25x margin. atol covers all-but-zero gradients (tokens absent from the batch)."),
+        why="measured worst parameter max rel 7.2e-6 (relative to that parameter's max|grad|); "
+            "14x margin. atol covers all-but-zero gradients (tokens absent from the batch)."),
     ("rope", "float32", "cpu"): Tolerance(
         atol=0.0, rtol=1e-5,
         why="RoPE module output vs an fp32 rotate-half RoPE at the same theta: measured 2.4e-7 "
@@ -87,24 +93,24 @@ _POLICY: dict[tuple[str, str, str], Tolerance] = {
     ("train_update", "float32", "cpu"): Tolerance(
         atol=0.0, rtol=5e-3,
         why="accumulated-update relative error per tensor after <= 3 AdamW steps, measured "
-            "worst 7.5e-4; ~7x margin. betas (0.9, 0.95)->(0.9, 0.99) changes step-2+ updates "
-            "by ~3e-2, weight decay 0.1->0.01 by ~1e-2, a wrong LR schedule by >= 0.5."),
+            "worst 5.2e-4; ~10x margin. beta2 0.95 -> 0.99 or weight decay 0.1 -> 0.01 move "
+            "step-2 updates by > 1e-2; a wrong LR by >= 0.3."),
     ("train_loss", "float32", "cpu"): Tolerance(
         atol=2e-5, rtol=0.0,
-        why="per-step loss over 3 in-process steps, measured |d| <= 1.2e-6; ~15x margin."),
+        why="per-step loss over 3 in-process steps, measured |d| <= 1.9e-6; 10x margin."),
     ("grad_norm", "float32", "cpu"): Tolerance(
         atol=0.0, rtol=1e-4,
-        why="pre-clipping total grad norm, measured rel <= 2.2e-6; 45x margin."),
+        why="pre-clipping total grad norm, measured rel 4.1e-7 in-process, 6.3e-6 torchrun vs "
+            "in-process; 16x margin."),
     ("lr", "float32", "cpu"): Tolerance(
         atol=1e-12, rtol=1e-9,
         why="learning rates are computed in float64 Python on both sides: equal up to rounding."),
     # torchrun, 2 ranks FSDP over gloo, fp32, vs the in-process reference on the same batches
     ("torchrun_loss", "float32", "cpu"): Tolerance(
-        atol=2e-4, rtol=0.0,
-        why="titan_native pretrained, 10 steps, 2 ranks (FSDP reduce-scatter order, flex vs "
-            "sdpa) vs the in-process HF+AdamW reference: measured max |d| 2.0e-5 (step 1: "
-            "1.2e-7); 10x margin. hf_v5 with both workarounds vs titan_native: 1.9e-5. A "
-            "mask or RoPE defect moves step 1 by >= 0.09."),
+        atol=2e-5, rtol=0.0,
+        why="10 torchrun steps (2 ranks, FSDP over gloo, flex attention) vs the in-process HF + "
+            "AdamW reference: measured max |d| 3.6e-7; hf_v5 (both workarounds) vs "
+            "titan_native 2.4e-7; 55x margin. The hf_v5 mask defect moves step 1 by 0.095."),
     ("torchrun_update", "float32", "cpu"): Tolerance(
         atol=0.0, rtol=5e-3,
         why="saved checkpoint of a 10-step torchrun run vs the in-process reference's weights, "
@@ -112,32 +118,38 @@ _POLICY: dict[tuple[str, str, str], Tolerance] = {
             "and 3.1e-4 (hf_v5 with both workarounds); 16x margin. hf_v5 without them: 2.2."),
     # ---------------------------------------------------------------- bf16 experts, CPU
     ("activations", "bf16_experts", "cpu"): Tolerance(
-        atol=1e-5, rtol=5e-2,
-        why="HF fp32 experts vs torchtitan bf16 experts: measured max rel 1.2e-2 (the MoE "
-            "output itself; bf16 has 8 mantissa bits, 2^-8 = 3.9e-3 per rounding, several "
-            "roundings per expert); 4x margin. An un-normalised router (weights summing to "
-            "~0.3-0.7 with 8 experts/top-2) moves the MoE output by 30-70%: 6x above."),
+        atol=1e-6, rtol=5e-2, metric="rms",
+        why="transformers fp32 experts vs torchtitan bf16 experts, RMS: measured 3.6e-3 on the "
+            "trained fixture (14x margin), 9.2e-2 worst on x5 random stress checkpoints (not "
+            "used by the tests). An un-normalised router scales the MoE output by the top-k "
+            "probability mass (~0.3-0.7 here): RMS error >= 0.3."),
     ("logits", "bf16_experts", "cpu"): Tolerance(
-        atol=1e-4, rtol=2e-2,
-        why="measured max rel 4.4e-3 (|d| 8.9e-2 at |logit| 20); 4.5x margin."),
+        atol=1e-6, rtol=5e-2, metric="rms",
+        why="RMS, measured 2.2e-3 on the trained fixture (23x margin); 5.0e-2 on random x5."),
     ("loss", "bf16_experts", "cpu"): Tolerance(
         atol=5e-3, rtol=0.0,
-        why="measured max |d| 1.1e-3; 4.5x margin. fixtures/expectations.toml uses 2e-2 for "
-            "the torchrun first step."),
+        why="measured max |d| 6.0e-5 on the trained fixture (80x), 2.0e-3 on random x5. "
+            "fixtures/expectations.toml uses 2e-2 for the torchrun first step."),
     ("grads", "bf16_experts", "cpu"): Tolerance(
-        atol=1e-6, rtol=1.5e-1,
-        why="measured worst parameter max rel 3.4e-2 (expert weights: bf16 products); ~4x."),
+        atol=1e-7, rtol=1e-1, metric="rms",
+        why="worst parameter RMS measured 1.2e-2 on the trained fixture (8x margin); expert "
+            "weight gradients carry bf16 products."),
     ("router_flips", "bf16_experts", "cpu"): Tolerance(
         atol=0.02, rtol=0.0,
         why="fraction of tokens whose top-k expert set differs when the router input carries "
-            "bf16 noise from the previous MoE layer: measured 0 of 2048x2 per batch; 2% allows "
-            "a few near-ties per batch. A wrong top-k or a router reading the wrong input "
-            "changes most tokens."),
+            "bf16 noise from the previous MoE layer: 0 on the trained fixture, 1.4% worst on "
+            "random x5. A wrong top-k or a router reading the wrong input changes most tokens."),
     ("torchrun_loss", "bf16_experts", "cpu"): Tolerance(
         atol=2e-2, rtol=0.0,
-        why="nki_moe (bf16 experts + torchtitan's expert-bias load balancing) vs the fp32 HF "
-            "reference trajectory; the step-1 bound is fixtures/expectations.toml's "
-            "recorded_bf16_experts (2e-2)."),
+        why="nki_moe (bf16 experts + expert-bias load balancing) vs the fp32 HF reference over "
+            "10 steps: measured max |d| 4.3e-3; 4.6x margin (= expectations.toml's "
+            "recorded_bf16_experts). The hf_v5-style mask defect would move it by ~0.07."),
+    ("torchrun_update", "bf16_experts", "cpu"): Tolerance(
+        atol=0.0, rtol=1.0,
+        why="coarse: saved nki_moe weights' update error vs the fp32 reference after 10 steps, "
+            "measured median 0.13, worst 0.34 (Adam turns bf16 gradient noise into update "
+            "noise); 3x margin. Catches a dropped, transposed or mis-ordered expert tensor "
+            "(error >> 1: ||W|| >> ||dW||), not drift."),
 }
 
 # The same-implementation comparisons (native vs reference with bf16-emulated experts,

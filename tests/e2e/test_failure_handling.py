@@ -68,3 +68,16 @@ def test_nan_loss_stops_the_run_at_the_first_bad_step(device_profile, tmp_path):
     tails = run.log_tails()
     assert (f"Loss is not finite (global_avg_loss=nan) at step {PLANT_STEP}" in tails
             or f"non-finite loss nan at step {PLANT_STEP}" in tails), tails
+
+
+def test_two_runs_in_parallel_do_not_collide(device_profile, tmp_path):
+    """As under pytest-xdist: each torchrun --standalone picks its own free rendezvous port."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    specs = [RunSpec("titan_native", steps=1, extra_env=(("HARNESS_PARALLEL", str(i)),))
+             for i in range(2)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda ix: launch(ix[1], device_profile, tmp_path / f"p{ix[0]}"),
+                             enumerate(specs)))
+    for run in runs:
+        assert checks.run_completed(run, 1) == [], run.log_tails()

@@ -1,0 +1,333 @@
+"""Every parity check, shown failing on a deliberately broken input (harness/parity/plants.py).
+
+Each test plants one defect of the kind the harness exists to catch -- a dropped, transposed,
+mistyped or extra checkpoint tensor, a broken shard index, a mis-mapped or lossy state-dict
+adapter, a wrong RoPE theta or convention, a wrong RMSNorm eps, an un-normalised router, a
+changed optimizer constant or LR schedule -- and asserts the check reports it, by name and
+place (first divergent layer, field, key, step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_mask
+
+from harness.parity import checkpoint as C
+from harness.parity import compare, plants, reference, routing
+from harness.parity import models as M
+from harness.parity import training as T
+from harness.parity.config_conformance import config_violations
+from harness.parity.settings import settings_table
+from harness.parity.spec import read_config_json
+from harness.parity.tolerances import tolerance
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+O_PROJ = "model.layers.0.self_attn.o_proj.weight"  # square (128 x 128)
+DOWN = "model.layers.1.mlp.down_proj.weight"  # 128 x 384
+
+
+def _kinds(violations):
+    return {(v.check, v.key) for v in violations}
+
+
+# ---------------------------------------------------------------------- checkpoint contents
+
+def test_conformance_catches_a_dropped_tensor(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.drop(Q))
+    assert ("missing", Q) in _kinds(C.checkpoint_violations(d))
+
+
+def test_conformance_catches_a_transposed_tensor(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.transpose(DOWN))
+    v = [x for x in C.checkpoint_violations(d) if x.key == DOWN]
+    assert v and v[0].check == "shape" and "(384, 128)" in v[0].detail, v
+
+
+def test_weight_comparison_catches_a_transposed_square_tensor(dense_dir, tmp_path):
+    """Shapes cannot see a transposed square matrix; the bit-for-bit comparison names it."""
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.transpose(O_PROJ))
+    assert not C.checkpoint_violations(d)
+    v = C.tensor_equality_violations(d, reference.load_hf_tensors(dense_dir))
+    assert [(x.key, x.detail) for x in v] == [(O_PROJ, "transposed")]
+
+
+def test_conformance_catches_a_wrong_dtype(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.cast(Q, torch.bfloat16))
+    assert ("dtype", Q) in _kinds(C.checkpoint_violations(d))
+
+
+def test_conformance_catches_an_unexpected_tensor(dense_dir, tmp_path):
+    key = "model.layers.0.self_attn.rotary_emb.inv_freq"
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.add(key, "model.norm.weight"))
+    assert ("unexpected", key) in _kinds(C.checkpoint_violations(d))
+
+
+def test_conformance_catches_a_tied_lm_head_written_out(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.add("lm_head.weight", "model.embed_tokens.weight"))
+    v = [x for x in C.checkpoint_violations(d) if x.key == "lm_head.weight"]
+    assert v and "tie_word_embeddings" in v[0].detail, v
+
+
+def test_reload_catches_a_missing_tensor(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.drop(Q))
+    _, v = C.reload_report(d)
+    assert any(x.check == "from_pretrained missing_keys" and Q in x.key for x in v), v
+
+
+# ---------------------------------------------------------------------- sharded index
+
+def test_index_check_passes_a_consistent_sharded_checkpoint(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    assert not C.checkpoint_violations(d)
+
+
+def test_index_check_catches_an_orphan_shard(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    orphan = plants.add_orphan_shard(d)
+    assert ("index", orphan.name) in _kinds(C.checkpoint_violations(d))
+
+
+def test_index_check_catches_a_listed_file_that_is_absent(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    (d / "model-00002-of-00002.safetensors").unlink()
+    v = C.checkpoint_violations(d)
+    assert ("index", "model-00002-of-00002.safetensors") in _kinds(v)
+    assert any(x.check == "missing" for x in v)
+
+
+def test_index_check_catches_a_key_indexed_in_the_wrong_file(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    wm = C.list_checkpoint(d).index["weight_map"]
+    key = sorted(k for k, f in wm.items() if f.startswith("model-00001"))[0]
+    plants.edit_index(d, lambda idx: idx["weight_map"].__setitem__(key, "model-00002-of-00002.safetensors"))
+    v = [x for x in C.checkpoint_violations(d) if x.key == key]
+    assert v and "not stored there" in v[0].detail, v
+
+
+def test_index_check_catches_an_unindexed_key_and_a_wrong_total_size(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    plants.edit_index(d, lambda idx: idx["weight_map"].pop(Q))
+    kinds = _kinds(C.checkpoint_violations(d))
+    assert ("index", Q) in kinds
+
+
+def test_index_check_catches_a_tensor_stored_twice(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    from safetensors.torch import save_file
+
+    first = d / "model-00001-of-00002.safetensors"
+    tensors = reference.load_hf_tensors(d)
+    wm = C.list_checkpoint(d).index["weight_map"]
+    other = sorted(k for k, f in wm.items() if f.startswith("model-00002"))[0]
+    keep = {k: tensors[k] for k, f in wm.items() if f == first.name}
+    keep[other] = tensors[other]
+    save_file(keep, str(first), metadata={"format": "pt"})
+    v = [x for x in C.checkpoint_violations(d) if x.key == other]
+    assert v and "stored in 2 files" in v[0].detail, v
+
+
+def test_index_check_catches_several_files_without_an_index(dense_dir, tmp_path):
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    (d / "model.safetensors.index.json").unlink()
+    assert ("index", C.INDEX_NAME) in _kinds(C.checkpoint_violations(d))
+
+
+# ---------------------------------------------------------------------- state-dict adapter
+
+def _native_with_adapter(dense_dir, wrap):
+    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
+
+    return M.build_native(dense_dir, adapter_factory=lambda cfg, d: wrap(Qwen3StateDictAdapter(cfg, str(d))))
+
+
+def test_load_report_and_coverage_catch_an_adapter_that_drops_a_tensor(dense_dir):
+    """from_hf_map maps q_norm to None: the checkpoint tensor is ignored, the native
+    parameter silently keeps its initial value."""
+    native = _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(
+        a, {"model.layers.{}.self_attn.q_norm.weight": None}))
+    rep = native.load_report
+    assert "model.layers.0.self_attn.q_norm.weight" in rep.unread_file_keys
+    assert "layers.0.attention.q_norm.weight" in rep.native_keys_not_loaded
+    v, _ = C.unmapped_native_keys(native.adapter, dict(native.module.state_dict()), C.load_allow_list())
+    assert ("unmapped", "layers.0.attention.q_norm.weight") in _kinds(v)
+
+
+def test_logits_parity_catches_swapped_gate_and_up_and_names_the_layer(dense_dir, dense_models, dense_batch):
+    """gate_proj <-> up_proj swapped in the adapter map: same shapes, symmetric (the round
+    trip stays exact and every key set looks right); only the model comparison sees it."""
+    swap = {"model.layers.{}.mlp.gate_proj.weight": "layers.{}.feed_forward.w3.weight",
+            "model.layers.{}.mlp.up_proj.weight": "layers.{}.feed_forward.w1.weight"}
+    native = _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(a, swap))
+    assert not C.adapter_round_trip_violations(native.adapter, dict(native.module.state_dict()), [])
+    _, acts = native.record_activations(dense_batch)
+    _, ref = dense_models["hf"].record_activations(dense_batch)
+    rep = compare.compare_activations("planted", acts, "hf", ref, lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.0.mlp", rep.format()
+
+
+def test_loading_refuses_swapped_q_and_k(dense_dir):
+    """q_proj <-> k_proj swapped: with grouped-query attention the shapes differ (4 vs 2
+    heads), so torchtitan's load fails loudly instead of computing garbage."""
+    swap = {"model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.qkv_linear.wk.weight",
+            "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.qkv_linear.wq.weight"}
+    # torch.distributed.checkpoint raises CheckpointException, a BaseException subclass.
+    with pytest.raises(BaseException, match="(?i)size mismatch"):
+        _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(a, swap))
+
+
+def test_logits_parity_catches_a_transposed_square_weight_and_names_the_layer(dense_dir, dense_models, dense_batch):
+    native = _native_with_adapter(dense_dir, lambda a: plants.TransposingAdapter(a, {"layers.1.attention.wo.weight"}))
+    _, acts = native.record_activations(dense_batch)
+    _, ref = dense_models["hf"].record_activations(dense_batch)
+    rep = compare.compare_activations("planted", acts, "hf", ref, lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.1.attn", rep.format()
+    rt = C.adapter_round_trip_violations(native.adapter, dict(native.module.state_dict()), [])
+    assert ("round trip", "layers.1.attention.wo.weight") in _kinds(rt)
+
+
+def test_round_trip_catches_a_lossy_export(dense_models):
+    native = dense_models["native"]
+    v = C.adapter_round_trip_violations(plants.LossyAdapter(native.adapter), dict(native.module.state_dict()), [])
+    assert any(x.key == "layers.0.attention.qkv_linear.wq.weight" for x in v), v
+
+
+def test_coverage_catches_a_native_tensor_without_hf_name(dense_models):
+    native = dense_models["native"]
+    state = dict(native.module.state_dict())
+    state["layers.0.attention.extra_scale"] = torch.ones(4)
+    v, _ = C.unmapped_native_keys(native.adapter, state, C.load_allow_list())
+    assert ("unmapped", "layers.0.attention.extra_scale") in _kinds(v)
+
+
+def test_coverage_catches_the_moe_expert_bias_without_the_allow_list(moe_models):
+    native = moe_models["native"]
+    v, _ = C.unmapped_native_keys(native.adapter, dict(native.module.state_dict()), [])
+    assert ("unmapped", "layers.0.moe.expert_bias_E") in _kinds(v)
+
+
+# ---------------------------------------------------------------------- config conformance
+
+def _config(directory):
+    return M.native_model_config(directory)
+
+
+def test_conformance_catches_a_wrong_rope_theta(dense_dir):
+    report = config_violations(plants.with_rope(_config(dense_dir), theta=1e4), read_config_json(dense_dir))
+    assert {"rope_theta (rope config)", "RoPE computation"} <= report.fields(), report.format()
+
+
+def test_conformance_catches_a_wrong_rope_convention(dense_dir):
+    """Adjacent-pair (complex) RoPE instead of Qwen3's rotate-half, same theta."""
+    from torchtitan.models.common.rope import ComplexRoPE
+
+    report = config_violations(plants.with_rope_class(_config(dense_dir), ComplexRoPE.Config),
+                               read_config_json(dense_dir))
+    assert report.fields() == {"RoPE computation"}, report.format()
+
+
+def test_conformance_lists_every_module_with_a_wrong_norm_eps(dense_dir):
+    report = config_violations(plants.with_norm_eps(_config(dense_dir), 1e-5), read_config_json(dense_dir))
+    eps = [v for v in report.violations if v.key.startswith("rms_norm_eps")]
+    # 2 layers x (attention_norm, ffn_norm, q_norm, k_norm) + final norm
+    assert eps and "in 9 module(s)" in eps[0].detail, report.format()
+
+
+def test_conformance_catches_an_unnormalised_router_and_wrong_top_k(moe_dir):
+    report = config_violations(plants.with_router(_config(moe_dir), route_norm=False, top_k=1),
+                               read_config_json(moe_dir))
+    assert {"norm_topk_prob (route_norm)", "num_experts_per_tok (top_k)"} <= report.fields(), report.format()
+
+
+def test_conformance_catches_a_dense_model_built_from_an_moe_config(dense_dir, moe_dir):
+    report = config_violations(_config(dense_dir), read_config_json(moe_dir))
+    assert "MoE layer placement" in report.fields(), report.format()
+
+
+# ---------------------------------------------------------------------- model comparisons
+
+def test_activation_comparison_localises_a_wrong_norm_eps(dense_dir, dense_models, dense_batch):
+    native = M.build_native(dense_dir, model_config=plants.with_norm_eps(_config(dense_dir), 1e-3))
+    _, acts = native.record_activations(dense_batch)
+    _, ref = dense_models["reference"].record_activations(dense_batch)
+    table, first = settings_table("planted", native.settings, "reference", dense_models["reference"].settings)
+    rep = compare.compare_activations("planted", acts, "reference", ref, lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.0.attn", rep.format()
+    assert first == "rms_norm_eps", table
+
+
+def test_settings_and_activations_catch_a_wrong_theta_in_transformers(dense_dir, dense_models, dense_batch):
+    hf = M.load_hf(dense_dir)
+    plants.hf_rope_theta(hf.module, 1e4)
+    from harness.parity.settings import hf_settings, DOCUMENT_CAUSAL
+
+    settings = hf_settings(hf.module, attn_mask=DOCUMENT_CAUSAL)
+    table, first = settings_table("planted hf", settings, "native", dense_models["native"].settings)
+    assert first == "rope_theta", table
+    _, acts = hf.record_activations(dense_batch)
+    _, ref = dense_models["reference"].record_activations(dense_batch)
+    rep = compare.compare_activations("planted hf", acts, "reference", ref, lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.0.attn", rep.format()
+
+
+def test_routing_check_catches_an_unnormalised_router(moe_dir, moe_models, moe_batch):
+    native = M.build_native(moe_dir, model_config=plants.with_router(_config(moe_dir), route_norm=False))
+    li = routing.moe_inputs(moe_models["reference"], moe_batch)[0]
+    got = routing.native_route(native, li.layer, li.x)
+    want = routing.reference_route(moe_models["reference"], li.layer, li.x)
+    diffs = routing.routing_diffs("planted", got, want, li.layer)
+    sums = routing.weights_sum_violations(got[0], True, "planted", li.layer)
+    assert diffs[0].ok and not diffs[1].ok and sums, [d.line() for d in diffs]
+    _, acts = native.record_activations(moe_batch)
+    _, ref = moe_models["reference_bf16_experts"].record_activations(moe_batch)
+    rep = compare.compare_activations("planted", acts, "reference", ref, lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.0.mlp", rep.format()
+
+
+def test_mask_check_catches_attention_across_documents(dense_batch):
+    from torchtitan.models.common.attention import create_attention_mask, get_causal_mask_mod
+
+    pos = dense_batch.positions
+    B, L = pos.shape
+    causal = create_attention_mask(get_causal_mask_mod(), B, None, L, L, device="cpu")
+    got = create_mask(causal.mask_mod, B, 1, L, L, device="cpu")
+    want = reference.document_causal_mask(pos)
+    assert int((got & ~want).sum()) > 0
+
+
+# ---------------------------------------------------------------------- training
+
+def test_hyperparameter_check_catches_changed_adam_constants():
+    from harness.backends import titan_native
+
+    cfg = plants.with_optimizer(titan_native.tiny(), betas=(0.9, 0.99), weight_decay=0.01)
+    problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
+    assert any(p.startswith("betas") for p in problems) and any(p.startswith("weight_decay") for p in problems), problems
+
+
+def test_hyperparameter_check_catches_a_changed_schedule():
+    from harness.backends import titan_native
+
+    cfg = plants.with_lr_scheduler(titan_native.tiny(), warmup_steps=3, decay_type="cosine")
+    problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
+    assert {p.split(":")[0] for p in problems} == {"warmup_steps", "decay_type"}, problems
+
+
+def test_trajectory_check_catches_a_changed_beta2(dense_dir):
+    """Step 1 of Adam is sign-like (betas cancel); from step 2 on beta2 0.95 -> 0.99 shows."""
+    steps = 2
+    batches = M.load_batches(dense_dir, steps)
+    native = M.build_native(dense_dir)
+    cfg = plants.with_optimizer(native.trainer_config, betas=(0.9, 0.99))
+    n = T.train_native(native, cfg, batches, total_steps=steps)
+    r = T.train_reference(M.load_hf(dense_dir), batches, total_steps=steps)
+    assert any(x.startswith("param group 0: betas") for x in n.notes), n.notes
+    errors = T.update_errors(n, r, steps)
+    assert max(errors.values()) > tolerance("train_update").rtol, sorted(errors.values())[-3:]
+
+
+def test_step_table_names_the_first_divergent_step():
+    report = compare.compare_curves("loss", "a", [1.0, 0.9, 0.8, 0.7], "b", [1.0, 0.9, 0.85, 0.7], 1e-3)
+    assert report.first_divergent_step == 3 and "first divergent step: 3" in report.format()
