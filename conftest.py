@@ -27,6 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--workaround", action="append", default=[], metavar="SHIM",
                     help="apply an opt-in workaround for a named upstream defect to every "
                     "backend run (see harness/known_defects.py), e.g. hf_rope_init")
+    group.addoption("--torchrun-arg", action="append", default=[], metavar="ARG",
+                    help="torchrun rendezvous option replacing --standalone, repeatable; for "
+                    "multi-node runs, e.g. --torchrun-arg=--nnodes=2 "
+                    "--torchrun-arg=--rdzv-backend=c10d --torchrun-arg=--rdzv-endpoint=HOST:29500 "
+                    "--torchrun-arg=--rdzv-id=$RUN_ID (a fresh id per session)")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
 
@@ -94,9 +99,11 @@ def device_profile(pytestconfig: pytest.Config):
 
 
 @pytest.fixture(scope="session")
-def backend_runs(device_profile, tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+def backend_runs(device_profile, tmp_path_factory: pytest.TempPathFactory,
+                 pytestconfig: pytest.Config) -> RunCache:
     """``backend_runs.get(RunSpec(...))`` launches a run once per session and shares it."""
-    return RunCache(device_profile, tmp_path_factory.mktemp("runs"))
+    return RunCache(device_profile, tmp_path_factory.mktemp("runs"),
+                    rendezvous=tuple(pytestconfig.getoption("--torchrun-arg")))
 
 
 @pytest.fixture(scope="session")

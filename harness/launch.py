@@ -195,6 +195,12 @@ def _wait(proc: subprocess.Popen, timeout_s: float, sink: Path, on_step) -> bool
     return False
 
 
+def _lowest_rank_sink(run_dir: Path) -> Path | None:
+    files = sorted((run_dir / "dump" / "harness_metrics").glob("rank*.jsonl"),
+                   key=lambda p: int(p.stem[4:]))
+    return files[0] if files else None
+
+
 def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -> RunResult:
     """Run ``spec`` on ``profile`` in a fresh ``run_dir`` and return what it produced.
 
@@ -237,7 +243,8 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         run_dir=run_dir,
-        steps=read_step_records(sink),
+        # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
+        steps=read_step_records(_lowest_rank_sink(run_dir) or sink),
         rank_logs=find_rank_logs(run_dir),
         versions=package_versions(),
     )

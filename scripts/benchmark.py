@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py overhead --repeats 3      # harness launch vs bare torchrun
     python scripts/benchmark.py suite                     # default CPU suite wall time
-    python scripts/benchmark.py xdist --paths tests/kernels tests/e2e/test_upstream_shims.py
+    python scripts/benchmark.py xdist --paths tests/kernels tests/selftest/test_upstream_shims.py
 
 Each measurement runs its variants interleaved in one process, so ratios compare like with
 like on the same machine state; the script prints the raw times and the ratio.

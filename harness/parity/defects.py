@@ -53,3 +53,15 @@ WORKAROUNDS = tuple(PARITY_DEFECTS)
 def unresolved(defects, workarounds) -> list[Defect]:
     """The defects among ``defects`` whose workaround is not applied."""
     return [d for d in defects if d.workaround_shim not in set(workarounds)]
+
+
+def xfail_unresolved(request, defects, workarounds) -> list[Defect]:
+    """Mark the running test a strict xfail naming every defect in ``defects`` whose
+    workaround is not applied (one marker, all names in its reason)."""
+    import pytest
+
+    todo = unresolved(defects, workarounds)
+    if todo:
+        reason = " | ".join(d.reason() for d in todo)
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    return todo

@@ -30,7 +30,10 @@ def theta_from_inv_freq(inv_freq: torch.Tensor, head_dim: int) -> float:
     value = float(inv_freq.detach().double().flatten()[1])
     if not math.isfinite(value) or value <= 0.0:
         return float("nan")
-    return value ** (-head_dim / 2.0)
+    try:
+        return value ** (-head_dim / 2.0)
+    except OverflowError:  # garbage buffer (e.g. uninitialised memory)
+        return float("inf")
 
 
 def theta_from_cos_sin_cache(cache: torch.Tensor, head_dim: int) -> float:

@@ -97,6 +97,19 @@ class Qwen3Arch:
         return cls.from_hf_dict(read_config_json(model_dir))
 
 
+_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+                "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+                "tie_word_embeddings", "hidden_act", "attention_bias", "num_experts",
+                "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+
+
+def arch_from_config_object(config) -> Qwen3Arch:
+    """From a live transformers config object (attribute access, aliases resolved)."""
+    return Qwen3Arch.from_hf_dict({k: getattr(config, k, None) for k in _CONFIG_KEYS})
+
+
 def read_config_json(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():

@@ -2,6 +2,6 @@
 
 Every shim here exists because torchtitan 0.3.0 (on torch 2.14) cannot run some harness code
 path unmodified. Each has a reason, is installed only where needed (by the device profile, in
-the launched ranks), and has a test in ``tests/e2e/test_upstream_shims.py`` that fails the day
+the launched ranks), and has a test in ``tests/selftest/test_upstream_shims.py`` that fails the day
 upstream no longer needs it, so it can be deleted.
 """

@@ -51,7 +51,9 @@ ACTIONLINT_INSTALL = (
     "that downloads rhysd/actionlint v1.7.12 from github.com while installing) or put the "
     "actionlint binary (https://github.com/rhysd/actionlint/releases) on PATH"
 )
-SCHEMA_INSTALL = "check-jsonschema is not installed: `python3 -m pip install check-jsonschema==0.39.0`"
+SCHEMA_INSTALL = (
+    "check-jsonschema is not installed: `python3 -m pip install check-jsonschema==0.39.0`"
+)
 
 
 def _actionlint() -> list[str] | None:

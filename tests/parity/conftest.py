@@ -42,18 +42,19 @@ def _requested(config: pytest.Config) -> set[str]:
     names = set(os.environ.get(ENV_VAR, "").replace(" ", "").split(",")) - {""}
     try:
         names |= set(config.getoption("--parity-workaround") or [])
-    except ValueError:  # suite run from a directory where this conftest loaded late
-        pass
-    try:
-        names |= set(config.getoption("--workaround") or [])
-    except ValueError:
+    except ValueError:  # option not registered (this conftest loaded after option parsing)
         pass
     if "all" in names:
         names = set(defects.WORKAROUNDS)
-    unknown = names - set(defects.WORKAROUNDS) - {"cpu_device", "flex_attention_cpu", "gloo_reduce_op"}
+    unknown = names - set(defects.WORKAROUNDS)
     if unknown:
-        raise pytest.UsageError(f"unknown parity workaround(s) {sorted(unknown)}; known: {defects.WORKAROUNDS}")
-    return names & set(defects.WORKAROUNDS)
+        raise pytest.UsageError(f"unknown parity workaround(s) {sorted(unknown)} in --parity-workaround / "
+                                f"${ENV_VAR}; known: {list(defects.WORKAROUNDS)}")
+    try:  # the root --workaround (upstream shims for every backend run): the parity ones only
+        names |= set(config.getoption("--workaround") or []) & set(defects.WORKAROUNDS)
+    except ValueError:
+        pass
+    return names
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,7 @@ from harness.parity import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.reference import load_hf_tensors
-from harness.parity.tolerances import Tolerance
-
-# Same weights, same code: the reloaded model's logits equal the original's exactly.
-EXACT = Tolerance(atol=0.0, rtol=0.0, why="identical weights and implementation")
+from harness.parity.tolerances import tolerance
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +122,9 @@ def test_saved_checkpoint_reloads_in_transformers_with_identical_logits(
     with torch.no_grad():
         got = reloaded(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False).logits
         want = models["hf"].logits(batch)
-    diff = compare.diff_tensors("logits", got, want, EXACT)
+    # Same weights (bit for bit, test above) and the same code: measured identical; the fp32
+    # bound only keeps a thread-count change from being a false alarm.
+    diff = compare.diff_tensors("logits", got, want, tolerance("logits", "float32"))
     assert not violations and diff.ok, compare.parity_message(
         C.format_violations("from_pretrained", violations), diff.line())
 

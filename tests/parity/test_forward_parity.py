@@ -47,6 +47,13 @@ def _activation_report(models, a, b, regime, batch, activations):
     return compare.compare_activations(a, acts_a, b, acts_b, _tol_for(regime), flips, table)
 
 
+@pytest.mark.parametrize("family", ["dense", "moe"])
+def test_transformers_loads_every_checkpoint_tensor(family, dense_models, moe_models):
+    info = (dense_models if family == "dense" else moe_models)["hf"].load_report
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, compare.parity_message(f"from_pretrained loading info: {problems}")
+
+
 @pytest.mark.parametrize("a,b,regime", DENSE_PAIRS, ids=[f"{a}-vs-{b}" for a, b, _ in DENSE_PAIRS])
 def test_dense_activations_and_logits_match(dense_models, dense_batch, activations, a, b, regime):
     report = _activation_report(dense_models, a, b, regime, dense_batch, activations)

@@ -20,9 +20,9 @@ from torch.nn.attention.flex_attention import create_mask
 from harness.known_defects import HF_V5_ROPE_INV_FREQ
 from harness.parity import compare, reference, workarounds
 from harness.parity import models as M
-from harness.parity.defects import HF_V5_CAUSAL_MASK, unresolved
+from harness.parity.defects import HF_V5_CAUSAL_MASK, xfail_unresolved
 from harness.parity.settings import settings_table
-from harness.parity.spec import Qwen3Arch, read_config_json
+from harness.parity.spec import Qwen3Arch, arch_from_config_object
 from harness.parity.tolerances import tolerance
 
 
@@ -58,7 +58,7 @@ def test_backend_loads_every_checkpoint_tensor(backend_as_configured):
 def test_backend_model_config_matches_config_json(backend_as_configured, dense_dir):
     """update_from_config copies the checkpoint's architecture (init-only fields aside)."""
     cfg = backend_as_configured.module.model.config
-    got = Qwen3Arch.from_hf_dict(cfg.to_dict())
+    got = arch_from_config_object(cfg)
     want = Qwen3Arch.from_dir(dense_dir)
     diffs = [f"  {k}: backend {getattr(got, k)!r}, config.json {getattr(want, k)!r}"
              for k in want.as_dict() if k != "max_position_embeddings" and getattr(got, k) != getattr(want, k)]
@@ -71,20 +71,17 @@ def _expected_inv_freq(arch: Qwen3Arch) -> torch.Tensor:
 
 @pytest.fixture
 def rope_defect(request, parity_workarounds):
-    for d in unresolved([HF_V5_ROPE_INV_FREQ], parity_workarounds):
-        request.applymarker(d.xfail())
+    xfail_unresolved(request, [HF_V5_ROPE_INV_FREQ], parity_workarounds)
 
 
 @pytest.fixture
 def mask_defect(request, parity_workarounds):
-    for d in unresolved([HF_V5_CAUSAL_MASK], parity_workarounds):
-        request.applymarker(d.xfail())
+    xfail_unresolved(request, [HF_V5_CAUSAL_MASK], parity_workarounds)
 
 
 @pytest.fixture
 def both_defects(request, parity_workarounds):
-    for d in unresolved([HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK], parity_workarounds):
-        request.applymarker(d.xfail())
+    xfail_unresolved(request, [HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK], parity_workarounds)
 
 
 def test_backend_rope_frequencies_are_initialised(backend_as_configured, rope_defect):

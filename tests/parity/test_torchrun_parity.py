@@ -25,7 +25,7 @@ from harness.parity import compare
 from harness.parity import models as M
 from harness.parity import training as T
 from harness.parity import workarounds as W
-from harness.parity.defects import HF_V5_CAUSAL_MASK, unresolved
+from harness.parity.defects import HF_V5_CAUSAL_MASK, xfail_unresolved
 from harness.parity.tolerances import tolerance
 from harness.upstream.install import SHIMS
 
@@ -86,8 +86,8 @@ def test_titan_native_run_follows_the_reference_trajectory(run, dense_dir, steps
 
 @pytest.fixture
 def hf_v5_defects(request, parity_workarounds, workarounds):
-    for d in unresolved([HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK], set(parity_workarounds) | set(workarounds)):
-        request.applymarker(d.xfail())
+    xfail_unresolved(request, [HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK],
+                     set(parity_workarounds) | set(workarounds))
 
 
 def test_hf_v5_and_titan_native_runs_have_the_same_loss_curve(run, hf_v5_defects):
@@ -138,8 +138,8 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, request, r
     (bf16-expert runs: a coarse bound that still catches a dropped, transposed or mis-ordered
     tensor, whose error is >> 1)."""
     if backend == "hf_v5":
-        for d in unresolved([HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK], set(parity_workarounds) | set(workarounds)):
-            request.applymarker(d.xfail())
+        xfail_unresolved(request, [HF_V5_ROPE_INV_FREQ, HF_V5_CAUSAL_MASK],
+                         set(parity_workarounds) | set(workarounds))
     from harness.parity.reference import load_hf_tensors
 
     model_dir = dense_dir if BACKEND_DIRS[backend] == "dense" else moe_dir

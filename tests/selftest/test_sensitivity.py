@@ -1,7 +1,7 @@
 """Sensitivity self-check: defects planted in the system under test are caught.
 
 Each plant (harness/plants.py) changes torchtitan inside the launched ranks; the same checks
-the e2e tests apply must then fail. One command: ``pytest -m slow tests/e2e/test_sensitivity.py``.
+the e2e tests apply must then fail. One command: ``pytest -m slow tests/selftest/test_sensitivity.py``.
 """
 
 import pytest
