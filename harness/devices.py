@@ -33,11 +33,12 @@ class DeviceProfile:
 
 
 def neuron_status() -> tuple[bool, str]:
-    """(available, reason). PyPI's torch-neuronx/nki are placeholders: they count as absent."""
-    try:
-        import torch_neuronx  # noqa: F401
-    except Exception as error:  # the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
-        return False, f"torch-neuronx is not importable ({type(error).__name__}: {error})"
+    """(available, reason). PyPI's torch-neuronx is a placeholder: it counts as absent."""
+    from harness.ops.neuron import probe_module
+
+    importable, reason = probe_module("torch_neuronx")
+    if not importable:
+        return False, reason
     if torch._C._get_privateuse1_backend_name() != "neuron":
         return False, "torch-neuronx imported but no 'neuron' PrivateUse1 device is registered"
     count = torch.neuron.device_count()  # type: ignore[attr-defined]

@@ -110,8 +110,11 @@ def _close(rel: float):
 
 
 def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int = 64):
-    """(max relative error of the native RoPE module vs the independent RoPE at HF theta,
-    theta recovered from the native cache)."""
+    """Run the native RoPE module on random q/k at two position orders and compare it with the
+    independent rotate-half RoPE. Returns (max rel error at HF's theta, max rel error at the
+    module's own configured theta, theta recovered from the module's cos/sin cache): the
+    first fails for a wrong theta *or* a wrong computation, the second only for a wrong
+    computation (frequency formula, rotation convention, position handling)."""
     cfg = dataclasses.replace(rope_config, max_seq_len=positions)
     with torch.device("cpu"):
         module = cfg.build()
@@ -122,17 +125,20 @@ def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int =
     pos = torch.stack([torch.arange(positions), torch.arange(positions).flip(0)])  # two orders
     with torch.no_grad():
         q_n, k_n = module(q, k, pos)
-    cos, sin = reference.rope_cos_sin(pos, D, arch.rope_theta)
-    q_r, k_r = reference.apply_rope(q, cos, sin), reference.apply_rope(k, cos, sin)
-    err = max(float((q_n - q_r).abs().max()), float((k_n - k_r).abs().max()))
-    scale = max(float(q_r.abs().max()), float(k_r.abs().max()))
+
+    def rel_error(theta: float) -> float:
+        cos, sin = reference.rope_cos_sin(pos, D, theta)
+        q_r, k_r = reference.apply_rope(q, cos, sin), reference.apply_rope(k, cos, sin)
+        err = max(float((q_n - q_r).abs().max()), float((k_n - k_r).abs().max()))
+        return err / max(float(q_r.abs().max()), float(k_r.abs().max()))
+
     theta = float("nan")
     cache = getattr(module, "cache", None)
     if cache is not None and cache.dim() == 2 and cache.shape[-1] == 2 * D:
         from harness.parity.settings import theta_from_cos_sin_cache
 
         theta = theta_from_cos_sin_cache(cache, D)
-    return err / scale, theta
+    return rel_error(arch.rope_theta), rel_error(float(rope_config.theta)), theta
 
 
 def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: float | None = None) -> ConformanceReport:
@@ -178,19 +184,21 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
     for n, c in ropes:
         key = (type(c).__qualname__, *(repr(getattr(c, f.name)) for f in dataclasses.fields(c)))
         if key not in probes:
-            rel, theta = _rope_probe(c, arch)
-            probes[key] = [n, rel, theta, 0]
-        probes[key][3] += 1
-    worst = max((p[1] for p in probes.values()), default=float("nan"))
-    bad = [p for p in probes.values() if not p[1] <= rtol]
-    report.rows.append(("RoPE output vs rotate-half at HF theta", f"max rel err {worst:.2e}",
-                        f"<= {rtol:.1e}", not bad))
-    for n, rel, theta, count in bad:
-        report.violations.append(Violation(
-            "config", "RoPE computation",
-            f"{count} module(s) (first: {n}): output max rel error {rel:.3e} (> {rtol:.1e}) vs "
-            f"rotate-half RoPE at HF theta "
-            f"{arch.rope_theta:.6g}; theta recovered from the native cos/sin cache: {theta:.6g}"))
+            rel_hf, rel_own, theta = _rope_probe(c, arch)
+            probes[key] = [n, rel_hf, rel_own, theta, 0, float(c.theta)]
+        probes[key][4] += 1
+    for label, idx, what in (("RoPE output vs rotate-half at HF theta", 1, "RoPE computation"),
+                             ("RoPE output vs rotate-half at its own theta", 2, "RoPE convention")):
+        worst = max((p[idx] for p in probes.values()), default=float("nan"))
+        bad = [p for p in probes.values() if not p[idx] <= rtol]
+        report.rows.append((label, f"max rel err {worst:.2e}", f"<= {rtol:.1e}", not bad))
+        for p in bad:
+            n, count, theta, own = p[0], p[4], p[3], p[5]
+            at = f"HF theta {arch.rope_theta:.6g}" if idx == 1 else f"the module's configured theta {own:.6g}"
+            report.violations.append(Violation(
+                "config", what,
+                f"{count} module(s) (first: {n}): output max rel error {p[idx]:.3e} (> {rtol:.1e}) vs "
+                f"rotate-half RoPE at {at}; theta recovered from the native cos/sin cache: {theta:.6g}"))
     seq = sorted({c.max_seq_len for _, c in ropes})
     if arch.max_position_embeddings and seq and max(seq) < arch.max_position_embeddings:
         report.notes.append(f"RoPE cache covers {max(seq)} positions, HF max_position_embeddings is "

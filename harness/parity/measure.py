@@ -1,6 +1,7 @@
 """Re-measure the numbers behind harness/parity/tolerances.py.
 
-    python -m harness.parity.measure            # fp32 dense + bf16-expert MoE + 3-step training
+    python -m harness.parity.measure                      # everything (~10 min on 2 cores)
+    python -m harness.parity.measure tiny_moe training    # a subset: tiny_dense, tiny_moe, training
 
 Prints, for several data batches and several random-weight checkpoints besides the trained
 fixtures, the worst relative differences (max|a-b| / max|ref|) per quantity. Tolerances are
@@ -122,6 +123,8 @@ def main(argv: list[str]) -> int:
             measure_training(template, 3, stats)
             for seed in (1, 2):
                 d = Path(tmp) / f"{template.name}-{seed}"
+                if not d.exists():
+                    d = random_checkpoint(template, seed, d)
                 measure_training(d, 3, stats)
     width = max(len(k) for k in stats)
     for k in sorted(stats):

@@ -6,6 +6,9 @@ Specification:
 - a crashed rank's traceback is shown;
 - a NaN loss stops the run at the first bad step, which the checks name;
 - nothing launched is left running.
+
+Each fault is a real launch (about half a minute each on 2 cores): marked slow, run by CI with
+``pytest -m slow tests/selftest``.
 """
 
 import psutil
@@ -15,6 +18,8 @@ from harness import checks
 from harness.launch import RunSpec, launch
 from harness.plants import PLANT_STEP
 from harness.results import RunFailed
+
+pytestmark = pytest.mark.slow
 
 
 def _leftovers(run_dir) -> list[str]:
