@@ -80,7 +80,7 @@ class RunResult:
     def hf_checkpoint_dirs(self) -> list[Path]:
         """Folders of HF safetensors written by ``checkpoint.last_save_in_hf``."""
         root = self.run_dir / "dump" / "checkpoint"
-        return sorted(p.parent for p in root.glob("step-*/*.safetensors")) if root.exists() else []
+        return sorted({p.parent for p in root.glob("step-*/*.safetensors")}) if root.exists() else []
 
     def log_tails(self, lines: int = 30) -> str:
         out = []
