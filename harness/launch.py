@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from harness.backends import module_name, paths
+from harness.backends import asset_flags, module_name, paths
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
@@ -107,7 +107,8 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         "--training.steps", str(spec.steps),
     ]
     if spec.hf_assets_path:
-        command += ["--hf_assets_path", spec.hf_assets_path]
+        for flag in asset_flags(spec.backend):
+            command += [flag, spec.hf_assets_path]
     if spec.init == "pretrained" or spec.save_hf:
         command += ["--checkpoint.enable"]
     if spec.init == "pretrained":

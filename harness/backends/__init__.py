@@ -13,6 +13,16 @@ BACKENDS = ("hf_v5", "titan_native", "nki_moe")
 SIZES = ("tiny", "full")
 
 
+# The trainer-config flags that take the HF assets dir on the command line. The transformers
+# backend also builds its model class from ``hf_model``'s config.json.
+ASSET_FLAGS = {"hf_v5": ("--hf_assets_path", "--hf_model")}
+DEFAULT_ASSET_FLAGS = ("--hf_assets_path",)
+
+
+def asset_flags(backend: str) -> tuple[str, ...]:
+    return ASSET_FLAGS.get(backend, DEFAULT_ASSET_FLAGS)
+
+
 def module_name(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
