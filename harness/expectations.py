@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.backends import paths
+from harness.tolerances import loss_band
 
 EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"
 
@@ -74,7 +75,6 @@ class ExpectationRegistry:
     def __init__(self, path: Path = EXPECTATIONS_FILE) -> None:
         data = tomllib.loads(Path(path).read_text())
         self.path = Path(path)
-        self.tolerances: dict[str, float] = data["tolerances"]
         self.entries: list[dict] = data["expectation"]
 
     def keys(self) -> list[tuple[str, str, str, str]]:
@@ -103,5 +103,5 @@ class ExpectationRegistry:
             value, source = _analytic(model, entry["analytic_random_init"])
         else:
             raise ValueError(f"expectation {key} in {self.path} gives no value source")
-        name = entry["tolerance"]
-        return Expectation(key, value, float(self.tolerances[name]), name, source)
+        band = loss_band(entry["tolerance"])
+        return Expectation(key, value, band.value, band.name, source)

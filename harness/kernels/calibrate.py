@@ -22,7 +22,7 @@ from harness.kernels.findings import finding_for
 from harness.kernels.registry import OPS
 from harness.kernels.runner import run
 from harness.kernels.spec import device_status, dtype_name
-from harness.kernels.tolerances import tolerance
+from harness.tolerances import kernel_tolerance as tolerance
 
 
 _PRECISIONS = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}

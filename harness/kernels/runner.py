@@ -18,7 +18,7 @@ import torch
 from harness.kernels import compare
 from harness.kernels.compare import Check
 from harness.kernels.spec import Case, Implementation, OpSpec, dtype_name, torch_device
-from harness.kernels.tolerances import UNIT_ROUNDOFF, lowest_precision, tolerance
+from harness.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.parity.tolerances import Tolerance
+from harness.tolerances import ParityTolerance as Tolerance
 
 
 @dataclass

@@ -143,7 +143,7 @@ def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int =
 
 def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: float | None = None) -> ConformanceReport:
     """Every way the native model built from ``model_config`` differs from HF ``config.json``."""
-    from harness.parity.tolerances import tolerance
+    from harness.tolerances import parity_tolerance as tolerance
 
     arch = Qwen3Arch.from_hf_dict(hf)
     report = ConformanceReport(subject or f"native vs {arch.model_type} config.json")

@@ -16,7 +16,7 @@ import torch
 from harness.parity import reference
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.parity.models import Batch, ParityModel
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 
 
 @dataclass

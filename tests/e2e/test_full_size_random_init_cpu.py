@@ -58,6 +58,7 @@ from harness.backends import paths
 from harness.devices import CPU_SHIMS
 from harness.expectations import ExpectationRegistry, analytic_random_init_loss
 from harness.launch import BOOT_DIR, package_versions
+from harness.tolerances import loss_band
 
 GIB = 1024**3
 QWEN3_4B = "Qwen3-4B-Instruct-2507"
@@ -584,7 +585,7 @@ def test_random_init_first_step_loss(case, tmp_path):
     (tmp_path / f"{case}.json").write_text(json.dumps(result, indent=2) + "\n")
 
     registry = ExpectationRegistry()
-    tolerance = registry.tolerances["analytic_random_init"]
+    tolerance = loss_band("analytic_random_init").value
     analytic = analytic_random_init_loss(result["vocab_size"], result["hidden_size"],
                                          result["lm_head_std"])
     observed = result["label_averaged_loss"]

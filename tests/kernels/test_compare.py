@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness.kernels import compare
-from harness.kernels.tolerances import UNIT_ROUNDOFF, lowest_precision, table, tolerance
+from harness.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_table as table, kernel_tolerance as tolerance
 
 TOL_BF16 = tolerance("elementwise", torch.bfloat16)
 TOL_ROUTING = tolerance("routing", torch.float32)

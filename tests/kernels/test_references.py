@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from harness.kernels import references
 from harness.kernels.registry import OPS
-from harness.kernels.tolerances import FLOAT64_AGREEMENT as AGREE
+from harness.tolerances import FLOAT64_AGREEMENT as AGREE
 
 
 def _inputs(op):

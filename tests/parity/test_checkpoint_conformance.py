@@ -15,7 +15,7 @@ from harness.parity import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.reference import load_hf_tensors
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from harness.parity import training as T
 from harness.parity.config_conformance import config_violations
 from harness.parity.settings import settings_table
 from harness.parity.spec import read_config_json
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 O_PROJ = "model.layers.0.self_attn.o_proj.weight"  # square (128 x 128)

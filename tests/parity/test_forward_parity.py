@@ -13,7 +13,7 @@ import pytest
 
 from harness.parity import compare
 from harness.parity.settings import settings_table
-from harness.parity.tolerances import regime_for, tolerance
+from harness.tolerances import parity_regime_for as regime_for, parity_tolerance as tolerance
 
 # (a, b = reference side, precision regime). native and reference are the same fp32 math;
 # transformers differs from both by fp32 rounding only.

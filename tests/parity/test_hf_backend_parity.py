@@ -23,7 +23,7 @@ from harness.parity import models as M
 from harness.parity.defects import HF_V5_CAUSAL_MASK, xfail_unresolved
 from harness.parity.settings import settings_table
 from harness.parity.spec import Qwen3Arch, arch_from_config_object
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 
 
 def _build(dense_dir, applied):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.parity import compare, routing
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 
 
 @pytest.fixture(scope="module")

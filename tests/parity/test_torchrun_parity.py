@@ -26,7 +26,7 @@ from harness.parity import models as M
 from harness.parity import training as T
 from harness.parity import workarounds as W
 from harness.parity.defects import HF_V5_CAUSAL_MASK, xfail_unresolved
-from harness.parity.tolerances import tolerance
+from harness.tolerances import parity_tolerance as tolerance
 from harness.upstream.install import SHIMS
 
 DP = 2  # ranks per CPU run (harness/devices.py)
