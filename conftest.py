@@ -1,32 +1,32 @@
-"""Root pytest configuration: device selection, tier markers, shared backend runs.
+"""Root pytest configuration: device tiers, the one workaround option, shared backend runs.
 
-Data flows one way: the device profile (``--device`` or detection) -> launches (one per
-distinct RunSpec per session, shared through ``backend_runs``) -> results -> the checks in
-tests/.
+Data flows one way: the device profile -> launches (one per distinct RunSpec per session and
+device, shared through ``device_runs``) -> results -> the checks in tests/.
 """
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from harness.devices import KINDS, detect, device_status
+from harness import known_issues
+from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for
+from harness.launch import leftover_processes
 from harness.run_cache import RunCache
-
-TIER_MARKERS = ("neuron", "cuda")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness")
     group.addoption("--device", choices=KINDS, default=None,
-                    help="device for backend runs (default: neuron > cuda > cpu, first present)")
+                    help="device of the self-tests' runs (default: neuron > cuda > cpu, first "
+                    "present); the run template runs every device of its tiers")
     group.addoption("--steps", type=int, default=10, help="training steps per backend run")
     group.addoption("--assets-dir", default=None,
                     help="directory holding HF assets dirs (e.g. <dir>/Qwen3-4B-Instruct-2507)")
-    group.addoption("--workaround", action="append", default=[], metavar="SHIM",
-                    help="apply an opt-in workaround for a named upstream defect to every "
-                    "backend run (see harness/known_defects.py), e.g. hf_rope_init")
+    group.addoption("--workaround", action="append", default=[],
+                    choices=sorted(known_issues.WORKAROUNDS),
+                    help="apply the workaround of a known upstream defect (harness/known_issues.py) "
+                    "to every run and in-process suite, repeatable")
     group.addoption("--torchrun-arg", action="append", default=[], metavar="ARG",
                     help="torchrun rendezvous option replacing --standalone, repeatable; for "
                     "multi-node runs, e.g. --torchrun-arg=--nnodes=2 "
@@ -38,7 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tier tests whose device is missing, naming what is missing."""
-    for kind in TIER_MARKERS:
+    for kind in TIER_MARKERS.values():
         available, reason = device_status(kind)
         if available:
             continue
@@ -74,20 +74,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _kill_leftover_ranks(session: pytest.Session) -> list[str]:
-    """Launched runs live under the session's basetemp; nothing of theirs may outlive it."""
+    """Nothing this session launched may outlive it; nothing else is touched."""
     import psutil
 
-    factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None:
-        return []
-    basetemp = str(factory.getbasetemp())
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in leftover_processes():
         try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if basetemp in cmdline and proc.pid != os.getpid():
-                found.append(f"{proc.pid}: {cmdline[:150]}")
-                proc.kill()
+            found.append(f"{proc.pid}: {' '.join(proc.cmdline())[:150]}")
+            proc.kill()
         except psutil.Error:
             continue
     return found
@@ -99,11 +93,24 @@ def device_profile(pytestconfig: pytest.Config):
 
 
 @pytest.fixture(scope="session")
-def backend_runs(device_profile, tmp_path_factory: pytest.TempPathFactory,
-                 pytestconfig: pytest.Config) -> RunCache:
-    """``backend_runs.get(RunSpec(...))`` launches a run once per session and shares it."""
-    return RunCache(device_profile, tmp_path_factory.mktemp("runs"),
-                    rendezvous=tuple(pytestconfig.getoption("--torchrun-arg")))
+def backend_runs(device_profile, device_runs) -> RunCache:
+    """The run cache of the detected (or ``--device``) device, for the self-tests."""
+    return device_runs(device_profile.kind)
+
+
+@pytest.fixture(scope="session")
+def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
+    """``device_runs(kind).get(RunSpec(...))``: one run cache per device kind, shared."""
+    caches: dict[str, RunCache] = {}
+    rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
+
+    def get(kind: str) -> RunCache:
+        if kind not in caches:
+            caches[kind] = RunCache(profile_for(kind), tmp_path_factory.mktemp(f"{kind}_runs"),
+                                    rendezvous=rendezvous)
+        return caches[kind]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import checks, known_defects
-from harness.backends import BACKENDS, SIZES, model_name
+from harness import checks, known_issues
+from harness.backends import BACKENDS, INITS, SIZES
 from harness.devices import KINDS, detect
-from harness.expectations import ExpectationRegistry, MissingExpectation
-from harness.launch import INITS, RunSpec, launch, package_versions
+from harness.launch import RunSpec, launch, package_versions
 from harness.report import RunVerdict, format_table, table_rows, write_report
 
 
@@ -20,56 +19,33 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the backends, check them, write a report")
     run.add_argument("--device", choices=KINDS, default=None, help="default: detected")
-    run.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    run.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     run.add_argument("--inits", nargs="+", choices=INITS, default=["pretrained"])
     run.add_argument("--steps", type=int, default=10)
     run.add_argument("--profile", choices=SIZES, default="tiny")
     run.add_argument("--assets-dir", default=None,
                      help="full profile: dir holding Qwen3-4B-Instruct-2507/ (HF assets)")
     run.add_argument("--output-dir", default="reports/latest", help="report folder")
-    run.add_argument("--workaround", action="append", default=[], metavar="SHIM",
-                     help="opt-in workaround for a named upstream defect (see README)")
+    run.add_argument("--workaround", action="append", default=[],
+                     choices=sorted(known_issues.WORKAROUNDS),
+                     help="apply the workaround of a known upstream defect (harness/known_issues.py)")
     return parser
-
-
-def _verdict(result, spec: RunSpec, registry: ExpectationRegistry, device: str) -> RunVerdict:
-    verdict_checks = {
-        "completed": checks.run_completed(result, spec.steps),
-        "losses finite": checks.losses_finite(result),
-    }
-    expected = None
-    try:
-        expectation = registry.get(spec.backend, model_name(spec.backend, spec.size), spec.init,
-                                   device)
-        expected = expectation.value
-        problems = checks.first_step_loss(result, expectation)
-        defects = known_defects.for_run(spec.backend, spec.init, spec.size, spec.workarounds)
-        if defects:
-            # A confirmed upstream defect: expected to fail; if it passes, the entry is stale.
-            names = ", ".join(d.name for d in defects)
-            problems = ([] if problems else
-                        [f"known defect(s) {names} did not reproduce: update known_defects.py"])
-            verdict_checks[f"step-1 loss (xfail: {names})"] = problems
-        else:
-            verdict_checks["step-1 loss"] = problems
-    except MissingExpectation as error:
-        verdict_checks["step-1 loss"] = [str(error)]
-    comparison = (f"banded: |step-1 - expected| <= {expectation.tolerance_name} "
-                  f"{expectation.tolerance:g} ({expectation.source})" if expected is not None else "")
-    return RunVerdict(result, expected, verdict_checks, comparison)
 
 
 def run(args: argparse.Namespace) -> int:
     profile = detect(args.device)
     out = Path(args.output_dir).resolve()
-    registry = ExpectationRegistry()
     versions = package_versions()
     print(f"device: {profile.describe()}\nversions: {versions}\nreport: {out}", flush=True)
     verdicts = []
     for backend in args.backends:
         for init in args.inits:
+            if init not in BACKENDS[backend].size(args.profile).inits:
+                print(f"[{backend}] {args.profile} starts only from "
+                      f"{BACKENDS[backend].size(args.profile).inits}: skipping init {init}")
+                continue
             spec = RunSpec(backend=backend, size=args.profile, init=init, steps=args.steps,
-                           hf_assets_path=args.assets_dir, workarounds=tuple(args.workaround))
+                           save_hf=True, hf_assets_path=args.assets_dir, workarounds=tuple(args.workaround))
             start = time.monotonic()
             print(f"[{spec.name}] launching {spec.steps} steps ...", flush=True)
 
@@ -78,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                       f"({time.monotonic() - start:.0f}s)", flush=True)
 
             result = launch(spec, profile, out / "runs" / spec.name, on_step=progress)
-            verdict = _verdict(result, spec, registry, profile.kind)
+            verdict = RunVerdict(result, checks.verdicts(result, spec.steps))
             verdicts.append(verdict)
             state = "ok" if verdict.ok else "FAIL"
             print(f"[{spec.name}] {state} in {result.duration_s:.0f}s", flush=True)

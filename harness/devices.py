@@ -15,6 +15,14 @@ import torch
 
 KINDS = ("neuron", "cuda", "cpu")
 
+# The model sizes each device tier runs (the run template instantiates every backend at each).
+TIER_SIZES = {"cpu": ("tiny",), "cuda": ("tiny",), "neuron": ("tiny", "full")}
+# Attention variants a device cannot run: flex attention is always wrapped in torch.compile
+# (Inductor), and the Neuron backend compiles through its own "neuron" backend, eager otherwise.
+UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
+# The pytest marker of each accelerator tier; the CPU tier runs unmarked, on every commit.
+TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
+
 
 @dataclass(frozen=True)
 class DeviceProfile:

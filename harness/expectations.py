@@ -24,7 +24,7 @@ class MissingExpectation(KeyError):
 
 @dataclass(frozen=True)
 class Expectation:
-    key: tuple[str, str, str, str]
+    key: tuple[str, ...]  # the entry's (backend, model, init, device, mask)
     value: float
     tolerance: float
     tolerance_name: str
@@ -36,16 +36,25 @@ class Expectation:
             return None
         return (
             f"first-step loss {observed:.6f} vs expected {self.value:.6f} "
-            f"(|diff| {abs(observed - self.value):.3g} > {self.tolerance_name} {self.tolerance:g}); "
+            f"(diff {observed - self.value:+.3g}, |diff| > {self.tolerance_name} {self.tolerance:g}); "
             f"expected value from {self.source}; key {self.key}"
         )
 
+    def deviation(self, observed: float) -> float:
+        return observed - self.value
 
-def _recorded_loss(ref: str) -> float:
-    model, key, mask = ref.split(":")
-    card = json.loads((paths.FIXTURES / model / "fixture_card.json").read_text())
-    table = {"document": "recorded_first_step_loss", "causal": "recorded_first_step_loss_causal_mask"}
-    return float(card[table[mask]][key])
+
+def _recorded_loss(model: str, mask: str, dp: int) -> tuple[float, str]:
+    card_path = paths.FIXTURES / model / "fixture_card.json"
+    card = json.loads(card_path.read_text())
+    table = {"document": "recorded_first_step_loss", "causal": "recorded_first_step_loss_causal_mask"}[mask]
+    key = f"dp{dp}_lbs2_seq256"
+    if key not in card[table]:
+        raise MissingExpectation(
+            f"{card_path} records no {mask}-mask first-step loss at data-parallel degree {dp} "
+            f"({table}.{key}; it has {sorted(card[table])}): add {key} to RECORD_SHAPES in "
+            f"scripts/make_fixtures.py and regenerate the fixtures")
+    return float(card[table][key]), f"fixture card {model}/{table}.{key}"
 
 
 def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: float) -> float:
@@ -72,36 +81,51 @@ def _analytic(model: str, spec: dict) -> tuple[float, str]:
 
 
 class ExpectationRegistry:
+    """Entries keyed by backend, model, init, device kind and attention mask; "any" in the
+    device or mask of an entry matches every value, and an exact entry wins over "any"."""
+
     def __init__(self, path: Path = EXPECTATIONS_FILE) -> None:
         data = tomllib.loads(Path(path).read_text())
         self.path = Path(path)
         self.entries: list[dict] = data["expectation"]
 
-    def keys(self) -> list[tuple[str, str, str, str]]:
-        return [(e["backend"], e["model"], e["init"], e["device"]) for e in self.entries]
+    def keys(self) -> list[tuple[str, ...]]:
+        return [(e["backend"], e["model"], e["init"], e["device"], e.get("mask", "any"))
+                for e in self.entries]
 
-    def get(self, backend: str, model: str, init: str, device: str) -> Expectation:
-        matches = [
-            e for e in self.entries
-            if (e["backend"], e["model"], e["init"]) == (backend, model, init)
-            and e["device"] in (device, "any")
-        ]
-        exact = [e for e in matches if e["device"] == device]
-        chosen = (exact or matches)[:1]
-        if not chosen:
+    def get(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
+            dp: int = 2) -> Expectation:
+        """The expected first-step loss of a run; ``dp`` is its data-parallel degree (a recorded
+        loss depends on the global batch)."""
+        def score(entry):  # exact matches first
+            return (entry["device"] != device) + (entry.get("mask", "any") != mask)
+
+        matches = sorted(
+            (e for e in self.entries
+             if (e["backend"], e["model"], e["init"]) == (backend, model, init)
+             and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")),
+            key=score)
+        if not matches:
             raise MissingExpectation(
                 f"no expectation for backend={backend!r} model={model!r} init={init!r} "
-                f"device={device!r} in {self.path}; known keys: {self.keys()}"
-            )
-        entry = chosen[0]
-        key = (backend, model, init, entry["device"])
+                f"device={device!r} mask={mask!r} in {self.path}; known keys: {self.keys()}")
+        entry = matches[0]
+        key = (backend, model, init, entry["device"], entry.get("mask", "any"))
         if "value" in entry:
             value, source = float(entry["value"]), f"published value in {self.path.name}"
         elif "recorded" in entry:
-            value, source = _recorded_loss(entry["recorded"]), f"fixture card ({entry['recorded']})"
+            value, source = _recorded_loss(model, entry["recorded"], dp)
         elif "analytic_random_init" in entry:
             value, source = _analytic(model, entry["analytic_random_init"])
         else:
             raise ValueError(f"expectation {key} in {self.path} gives no value source")
         band = loss_band(entry["tolerance"])
         return Expectation(key, value, band.value, band.name, source)
+
+    def for_run(self, run) -> Expectation:
+        """The expectation of a launched run (a RunResult)."""
+        from harness.backends import backend
+
+        spec = backend(run.backend)
+        return self.get(run.backend, spec.size(run.size).model, run.init, run.device,
+                        spec.mask(run.attention or None), run.nproc)

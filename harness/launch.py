@@ -14,19 +14,24 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import psutil
 
-from harness.backends import asset_flags, module_name, paths
+from harness import known_issues
+from harness.backends import INITS, BackendSpec, backend, paths
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
-INITS = ("random", "pretrained")
+# Every process a launch starts inherits this marker: at the end of a session, exactly the
+# processes this harness process launched can be found (``leftover_processes``), and no other.
+SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
+SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "torch-neuronx")
 
 
@@ -36,64 +41,91 @@ class RunSpec:
     size: str = "tiny"
     init: str = "random"
     steps: int = 10
-    nproc: int | None = None  # default: the device profile's ranks per node
+    attention: str | None = None  # None: the backend's default (the source's configuration)
+    nproc: int | None = None  # default: the size's, else the device profile's ranks per node
     save_hf: bool = False
     timeout_s: float = 600.0
     hf_assets_path: str | None = None  # full-size runs: the HF assets dir
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
-    workarounds: tuple[str, ...] = ()  # opt-in shims for named upstream defects
+    # Workarounds for named upstream defects (harness/known_issues.py), on top of the ones the
+    # backend always gets (BackendSpec.workarounds).
+    workarounds: tuple[str, ...] = ()
     plants: tuple[str, ...] = ()  # faults planted in the system under test (harness/plants.py)
 
-
     def __post_init__(self) -> None:
-        module_name(self.backend)  # validates the backend name
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, not {self.init!r}")
+        spec = backend(self.backend)  # validates the backend name
+        if self.attention is None:  # one key per distinct run: the default, spelled out
+            object.__setattr__(self, "attention", spec.default_attention)
+        if self.init not in self.size_spec.inits:
+            raise ValueError(f"{self.backend}/{self.size}: init must be one of "
+                             f"{self.size_spec.inits}, not {self.init!r}")
+        spec.config_name(self.size, self.attention)  # validates size and attention
+        for name in self.workarounds:
+            known_issues.workaround(name)  # validates the name
+
+    @property
+    def spec(self) -> BackendSpec:
+        return backend(self.backend)
+
+    @property
+    def size_spec(self):
+        return backend(self.backend).size(self.size)
+
+    @property
+    def attention_name(self) -> str:
+        return self.attention or self.spec.default_attention
+
+    @property
+    def all_workarounds(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.spec.workarounds, *self.workarounds)))
+
+    def ranks(self, profile: DeviceProfile) -> int:
+        """Ranks of this run on one node: asked for, else the size's (never more than the node
+        has: a 1-GPU host runs the tiny models on one rank and asks for the dp1 expectation)."""
+        return self.nproc or min(self.size_spec.nproc or profile.ranks_per_node,
+                                 profile.ranks_per_node)
 
     @property
     def name(self) -> str:
-        suffix = "".join(f"+{w}" for w in (*self.workarounds, *self.plants))
-        return f"{self.backend}-{self.size}-{self.init}{suffix}"
+        attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
+        suffix = "".join(f"+{w}" for w in (*self.all_workarounds, *self.plants))
+        return f"{self.backend}-{self.size}{attention}-{self.init}{suffix}"
 
 
 def pretrained_weights_dir(spec: RunSpec) -> Path:
     """The HF safetensors a pretrained run starts from."""
-    if spec.size == "tiny":
-        return paths.TINY_MOE if spec.backend == "nki_moe" else paths.TINY_DENSE
-    if spec.hf_assets_path is None:
-        raise ValueError(f"{spec.name}: a full-size pretrained run needs hf_assets_path")
-    return Path(spec.hf_assets_path)
+    path = spec.size_spec.resolve(spec.size_spec.weights_dir, spec.hf_assets_path)
+    if path is None:
+        raise ValueError(f"{spec.name}: {spec.backend}/{spec.size} has no pretrained weights")
+    return path
 
 
 def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
     """(model config dir, tokenizer assets dir, weights dir or None) that ``spec`` reads."""
-    if spec.size == "tiny":
-        model_dir = paths.TINY_MOE if spec.backend == "nki_moe" else paths.TINY_DENSE
-    elif spec.hf_assets_path is None:
-        raise ValueError(f"{spec.name}: a full-size run needs hf_assets_path (--assets-dir)")
-    elif spec.backend == "nki_moe":
-        model_dir = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
-    else:
-        model_dir = Path(spec.hf_assets_path)
+    model_dir = spec.size_spec.resolve(spec.size_spec.model_dir, spec.hf_assets_path)
     assets = Path(spec.hf_assets_path) if spec.hf_assets_path else model_dir
     weights = pretrained_weights_dir(spec) if spec.init == "pretrained" else None
     return model_dir, assets, weights
 
 
 def package_versions() -> dict[str, str]:
+    """The versions every result records, with the torchtitan API generation."""
+    from harness.titan_api import generation
+
     versions = {"python": sys.version.split()[0]}
     for name in VERSIONED_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    versions["torchtitan-generation"] = generation()
     return versions
 
 
 def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[str]:
-    nproc = spec.nproc or profile.ranks_per_node
+    nproc = spec.ranks(profile)
     command = [
         sys.executable, "-m", "torch.distributed.run",
         *(spec.rendezvous or ("--standalone",)),
@@ -101,13 +133,13 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         f"--log-dir={run_dir / 'torchrun'}",
         "--redirects=3",
         "-m", "torchtitan.train",
-        "--module", module_name(spec.backend),
-        "--config", spec.size,
+        "--module", spec.spec.module,
+        "--config", spec.spec.config_name(spec.size, spec.attention),
         "--dump_folder", str(run_dir / "dump"),
         "--training.steps", str(spec.steps),
     ]
     if spec.hf_assets_path:
-        for flag in asset_flags(spec.backend):
+        for flag in spec.spec.asset_flags:
             command += [flag, spec.hf_assets_path]
     if spec.init == "pretrained" or spec.save_hf:
         command += ["--checkpoint.enable"]
@@ -122,6 +154,8 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
             "--checkpoint.last_save_model_only",
             "--checkpoint.interval", str(spec.steps),
         ]
+    for name in spec.all_workarounds:
+        command += list(known_issues.workaround(name).rank_overrides)
     return command + list(spec.overrides)
 
 
@@ -129,8 +163,10 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     env = dict(os.environ)
     env.update(profile.rank_env)
     env["PYTHONUNBUFFERED"] = "1"
+    env[SESSION_ENV] = SESSION_ID
     python_path = [str(paths.REPO_ROOT)]
-    shims = (*profile.shims, *spec.workarounds, *spec.plants)
+    workaround_shims = [known_issues.workaround(name).rank_shim for name in spec.all_workarounds]
+    shims = (*profile.shims, *(s for s in workaround_shims if s), *spec.plants)
     if shims:
         env["HARNESS_SHIMS"] = ",".join(shims)
         python_path.insert(0, str(BOOT_DIR))
@@ -166,6 +202,19 @@ def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
+
+
+def leftover_processes(session_id: str = SESSION_ID) -> list[psutil.Process]:
+    """Processes still running that a launch of this harness session started (found by the
+    marker every launched process inherits; unrelated processes are never matched)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(SESSION_ENV) == session_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def find_rank_logs(run_dir: Path) -> dict[int, list[Path]]:
@@ -238,7 +287,10 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         size=spec.size,
         init=spec.init,
         device=profile.kind,
-        nproc=spec.nproc or profile.ranks_per_node,
+        nproc=spec.ranks(profile),
+        attention=spec.attention_name,
+        workarounds=spec.all_workarounds,
+        assets_dir=spec.hf_assets_path,
         command=command,
         returncode=None if timed_out else proc.returncode,
         timed_out=timed_out,

@@ -12,19 +12,30 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.checks import Outcome
+from harness.known_issues import Verdict
 from harness.results import RunResult
 
 
 @dataclass
 class RunVerdict:
+    """A run and the verdict of each of its checks (harness/checks.py)."""
+
     run: RunResult
-    expected_first_loss: float | None
-    checks: dict[str, list[str]] = field(default_factory=dict)  # check name -> violations
-    comparison: str = ""  # how the step-1 comparison is made (bitwise, banded, why)
+    checks: dict[str, tuple[Verdict, Outcome]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return all(not problems for problems in self.checks.values())
+        return all(verdict.ok for verdict, _ in self.checks.values())
+
+    @property
+    def expected_first_loss(self) -> float | None:
+        _, outcome = self.checks.get("first_step_loss", (None, Outcome(None)))
+        return outcome.observed.get("expected")
+
+    def known_issues(self) -> list[str]:
+        return sorted({i.name for verdict, _ in self.checks.values()
+                       if verdict.status == "known" for i in verdict.issues})
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -35,9 +46,9 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 def _verdict_text(v: RunVerdict) -> str:
     if not v.ok:
-        return "FAIL: " + "; ".join(k for k, p in v.checks.items() if p)
-    xfails = [k.split("xfail: ", 1)[1].rstrip(")") for k in v.checks if "xfail: " in k]
-    return f"xfail (known defect: {', '.join(xfails)})" if xfails else "ok"
+        return "FAIL: " + "; ".join(k for k, (verdict, _) in v.checks.items() if not verdict.ok)
+    known = v.known_issues()
+    return f"xfail (known issue: {', '.join(known)})" if known else "ok"
 
 
 def table_rows(verdicts: list[RunVerdict]) -> list[tuple[str, ...]]:
@@ -97,12 +108,14 @@ def write_junit(verdicts: list[RunVerdict], path: Path) -> None:
     suite = ET.Element("testsuite", name="harness-run")
     failures = 0
     for v in verdicts:
-        for check, problems in v.checks.items():
+        for check, (verdict, _) in v.checks.items():
             case = ET.SubElement(suite, "testcase", classname=v.run.name, name=check,
                                  time=f"{v.run.duration_s:.1f}")
-            if problems:
+            if verdict.status == "fail":
                 failures += 1
-                ET.SubElement(case, "failure", message=problems[0]).text = "\n".join(problems)
+                ET.SubElement(case, "failure", message=verdict.message.splitlines()[0]).text = verdict.message
+            elif verdict.status == "known":
+                ET.SubElement(case, "skipped", type="pytest.xfail", message=verdict.message)
     suite.set("tests", str(sum(len(v.checks) for v in verdicts)))
     suite.set("failures", str(failures))
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
@@ -115,17 +128,22 @@ def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str]) 
     write_junit(verdicts, out / "junit.xml")
     (out / "results.json").write_text(json.dumps({
         "header": header,
-        "runs": [{**v.run.to_json(), "expected_first_loss": v.expected_first_loss,
-                  "checks": v.checks, "comparison": v.comparison, "ok": v.ok} for v in verdicts],
+        "runs": [{**v.run.to_json(), "expected_first_loss": v.expected_first_loss, "ok": v.ok,
+                  "checks": {name: {"status": verdict.status, "message": verdict.message,
+                                    "known_issues": [i.name for i in verdict.issues],
+                                    "observed": outcome.observed, "how": outcome.how}
+                             for name, (verdict, outcome) in v.checks.items()}}
+                 for v in verdicts],
     }, indent=2, default=str))
     lines = ["# Harness run", ""]
     lines += [f"- **{k}**: {val}" for k, val in header.items()]
     lines += ["", _markdown_table(rows), "", "![loss curves](loss_curves.png)", "", "## Checks", ""]
     for v in verdicts:
-        for check, problems in v.checks.items():
-            mark = "pass" if not problems else "FAIL"
-            lines.append(f"- `{v.run.name}` {check}: {mark}" + (f" ({problems[0]})" if problems else ""))
-        if v.comparison:
-            lines.append(f"  - comparison: {v.comparison}")
+        for check, (verdict, outcome) in v.checks.items():
+            mark = {"pass": "pass", "fail": "FAIL", "known": "xfail"}[verdict.status]
+            detail = f" ({verdict.message.splitlines()[0]})" if verdict.message else ""
+            lines.append(f"- `{v.run.name}` {check}: {mark}{detail}")
+            if outcome.how:
+                lines.append(f"  - how: {outcome.how}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return out

@@ -63,6 +63,9 @@ class RunResult:
     steps: list[StepRecord] = field(default_factory=list)
     rank_logs: dict[int, list[Path]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    attention: str = ""
+    workarounds: tuple[str, ...] = ()
+    assets_dir: str | None = None  # the HF assets dir of a full-size run
 
     @property
     def ok(self) -> bool:
@@ -100,7 +103,8 @@ class RunResult:
     def describe(self) -> str:
         state = "timed out" if self.timed_out else f"exit code {self.returncode}"
         return (
-            f"{self.name}: {self.backend}/{self.size}/{self.init} on {self.device} x{self.nproc}, "
+            f"{self.name}: {self.backend}/{self.size}/{self.init} ({self.attention} attention, "
+            f"workarounds: {', '.join(self.workarounds) or 'none'}) on {self.device} x{self.nproc}, "
             f"{state}, {len(self.steps)} step(s) in {self.duration_s:.1f}s\n"
             f"command: {' '.join(self.command)}\nrun dir: {self.run_dir}"
         )

@@ -1,37 +1,152 @@
-"""The three Qwen3 training backends, as torchtitan config functions.
+"""The backend registry: one ``BackendSpec`` per training backend, in the manner of torchtitan's
+``ModelSpec`` / ``model_registry``. Every run-level test, the CLI and the report are generated
+from ``BACKENDS``; nothing else lists the backends.
 
-Each module is a torchtitan ``--module``: ``torchrun -m torchtitan.train --module
-harness.backends.<name> --config <tiny|full>``.
+Each entry owns its torchtitan ``--module`` (a module of config functions, launched as
+``torchrun -m torchtitan.train --module <module> --config <size>[_<attention>]``), per size the
+model it trains (the directory whose config.json it is built from, where pretrained weights
+come from, its precision regime), the attention variants it offers, how the HF assets dir is
+passed to it, and the workarounds every run of it gets.
 
-- ``hf_v5``: torchtitan's transformers (v5) modeling backend; the HF model, safetensors in/out.
-- ``titan_native``: torchtitan's native Qwen3, weights through its HF state-dict adapter.
-- ``nki_moe``: native Qwen3 MoE whose RoPE and expert MLP run as custom operators
-  (NKI kernels on neuron, torch kernels elsewhere).
+Adding a backend: write its module of config functions, add one ``BackendSpec`` below.
 """
 
-BACKENDS = ("hf_v5", "titan_native", "nki_moe")
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.backends import paths
+
+# The HF assets dir of a full-size run (--assets-dir/<ASSETS_MODEL>); "{assets}" in a
+# SizeSpec path stands for it.
+ASSETS_MODEL = "Qwen3-4B-Instruct-2507"
+ASSETS = "{assets}"
 SIZES = ("tiny", "full")
+INITS = ("random", "pretrained")
 
 
-# The trainer-config flags that take the HF assets dir on the command line. The transformers
-# backend also builds its model class from ``hf_model``'s config.json.
-ASSET_FLAGS = {"hf_v5": ("--hf_assets_path", "--hf_model")}
-DEFAULT_ASSET_FLAGS = ("--hf_assets_path",)
+@dataclass(frozen=True)
+class SizeSpec:
+    """What one size of a backend trains."""
+
+    model: str  # the expectations' model key
+    model_dir: str  # the dir whose config.json the model is built from ("{assets}" allowed)
+    weights_dir: str | None  # pretrained weights; None: this size only starts from random init
+    precision: str  # parity precision regime: "float32" or "bf16_experts"
+    nproc: int | None = None  # ranks per run; None: every rank of the device's node
+
+    @property
+    def inits(self) -> tuple[str, ...]:
+        return INITS if self.weights_dir is not None else ("random",)
+
+    def resolve(self, path: str | None, assets: str | Path | None) -> Path | None:
+        if path is None:
+            return None
+        if ASSETS in path:
+            if assets is None:
+                raise ValueError(f"model {self.model!r} needs the HF assets dir (--assets-dir)")
+            path = path.replace(ASSETS, str(assets))
+        return Path(path)
 
 
-def asset_flags(backend: str) -> tuple[str, ...]:
-    return ASSET_FLAGS.get(backend, DEFAULT_ASSET_FLAGS)
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    module: str  # torchtitan --module
+    summary: str
+    sizes: dict[str, SizeSpec]
+    # attention variant -> the mask it applies over packed rows ("causal" or "document"); the
+    # first is the default (the source's configuration). The config function of a non-default
+    # variant is "<size>_<variant>".
+    attention: dict[str, str]
+    # Trainer-config flags that take the HF assets dir on the command line.
+    asset_flags: tuple[str, ...] = ("--hf_assets_path",)
+    # Workarounds (harness/known_issues.py) applied to every run: without them a known upstream
+    # defect would hide every other defect of this backend.
+    workarounds: tuple[str, ...] = ()
+
+    @property
+    def default_attention(self) -> str:
+        return next(iter(self.attention))
+
+    def size(self, size: str) -> SizeSpec:
+        if size not in self.sizes:
+            raise ValueError(f"backend {self.name!r} has no size {size!r}; it has {list(self.sizes)}")
+        return self.sizes[size]
+
+    def mask(self, attention: str | None = None) -> str:
+        return self.attention[attention or self.default_attention]
+
+    def config_name(self, size: str, attention: str | None = None) -> str:
+        self.size(size)
+        attention = attention or self.default_attention
+        if attention not in self.attention:
+            raise ValueError(f"backend {self.name!r} has no attention variant {attention!r}; "
+                             f"it has {list(self.attention)}")
+        return size if attention == self.default_attention else f"{size}_{attention}"
 
 
-def module_name(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    return f"{__name__}.{backend}"
+_TINY = {"nproc": 2}
+DENSE_TINY = SizeSpec("tiny_dense", str(paths.TINY_DENSE), str(paths.TINY_DENSE), "float32", **_TINY)
+MOE_TINY = SizeSpec("tiny_moe", str(paths.TINY_MOE), str(paths.TINY_MOE), "bf16_experts", **_TINY)
+QWEN3_4B = SizeSpec(ASSETS_MODEL, ASSETS, ASSETS, "bfloat16")
+# Random init only; the tokenizer is Qwen3's, from the assets dir.
+MOE_4L = SizeSpec("qwen3_30b_a3b_4l_64e_top4",
+                  str(paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"),
+                  None, "bfloat16")
+
+# Attention variants and the mask each applies over packed rows: "sdpa" (torch SDPA, causal),
+# as the source's configurations; "flex" (flex attention, causal within each document).
+NATIVE_ATTENTION = {"sdpa": "causal", "flex": "document"}
+
+_REGISTERED = (
+    BackendSpec(
+        name="hf_v5",
+        module="harness.backends.hf_v5",
+        summary="torchtitan's transformers (v5) modeling backend: the HF model class, HF "
+                "safetensors in and out",
+        sizes={"tiny": DENSE_TINY, "full": QWEN3_4B},
+        attention={"causal": "causal"},  # the backend's default attn_mask_type
+        asset_flags=("--hf_assets_path", "--hf_model"),
+        workarounds=("hf_rope_init",),
+    ),
+    BackendSpec(
+        name="titan_native",
+        module="harness.backends.titan_native",
+        summary="torchtitan's native Qwen3; weights through torchtitan's HF state-dict adapter",
+        sizes={"tiny": DENSE_TINY, "full": QWEN3_4B},
+        attention=NATIVE_ATTENTION,
+    ),
+    BackendSpec(
+        name="nki_moe",
+        module="harness.backends.nki_moe",
+        summary="native Qwen3 MoE whose RoPE and expert MLP are custom operators: NKI kernels "
+                "on neuron, torch kernels elsewhere",
+        sizes={"tiny": MOE_TINY, "full": MOE_4L},
+        attention=NATIVE_ATTENTION,
+    ),
+)
+
+BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in _REGISTERED}
 
 
-def model_name(backend: str, size: str) -> str:
-    """The model a backend's ``tiny``/``full`` config trains (the expectations' model key)."""
-    module_name(backend)
-    if size == "tiny":
-        return "tiny_moe" if backend == "nki_moe" else "tiny_dense"
-    return "qwen3_30b_a3b_4l_64e_top4" if backend == "nki_moe" else "Qwen3-4B-Instruct-2507"
+def backend(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; registered: {list(BACKENDS)} "
+                         f"(harness/backends/__init__.py)")
+    return BACKENDS[name]
+
+
+def register(spec: BackendSpec) -> BackendSpec:
+    """Add a backend at run time (tests of the registry itself); returns it."""
+    if spec.name in BACKENDS:
+        raise ValueError(f"backend {spec.name!r} is already registered")
+    BACKENDS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    if name in {s.name for s in _REGISTERED}:
+        raise ValueError(f"{name!r} is a built-in backend")
+    BACKENDS.pop(name, None)

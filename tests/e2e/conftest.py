@@ -1,31 +1,45 @@
+"""The run template's instantiation: one parameter per RunCase (device x backend x size x
+attention x init), marked with its device tier; the runs themselves are shared per session."""
+
+from pathlib import Path
+
 import pytest
 
-from harness import known_defects
-from harness.backends import BACKENDS
-from harness.launch import INITS, RunSpec
+from harness.backends import ASSETS_MODEL
+from harness.devices import TIER_MARKERS
+from harness.run_matrix import cases
+
+REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+DOWNLOAD = (f"huggingface-cli download Qwen/{ASSETS_MODEL} "
+            f"--local-dir <assets-dir>/{ASSETS_MODEL}")
+
+
+def _param(case):
+    marks = [getattr(pytest.mark, TIER_MARKERS[case.device])] if case.device in TIER_MARKERS else []
+    return pytest.param(case, id=case.id, marks=marks)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """An e2e test taking ``backend``/``init`` runs for each backend and each init, unless it
-    parametrizes them itself."""
-    own = {name for mark in metafunc.definition.iter_markers("parametrize")
-           for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
-    if "backend" in metafunc.fixturenames and "backend" not in own:
-        metafunc.parametrize("backend", BACKENDS)
-    if "init" in metafunc.fixturenames and "init" not in own:
-        metafunc.parametrize("init", INITS)
+    if "run_case" in metafunc.fixturenames:
+        metafunc.parametrize("run_case", [_param(c) for c in cases()], scope="session")
 
 
-@pytest.fixture
-def tiny_run(backend_runs, backend, init, steps, workarounds):
-    """The shared 2-rank tiny run of this backend/init (launched once per session)."""
-    return backend_runs.get(
-        RunSpec(backend=backend, init=init, steps=steps, save_hf=True, workarounds=workarounds)
-    )
+def full_size_assets(pytestconfig) -> Path:
+    """The HF assets dir of the full-size runs; a skip naming the download when absent."""
+    root = pytestconfig.getoption("--assets-dir")
+    if root is None:
+        pytest.skip(f"--assets-dir not given; fetch the assets with: {DOWNLOAD}")
+    path = Path(root) / ASSETS_MODEL
+    missing = [f for f in REQUIRED_ASSET_FILES if not (path / f).is_file()]
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        pytest.skip(f"{path} lacks {missing}; fetch the assets with: {DOWNLOAD}")
+    return path
 
 
-@pytest.fixture
-def expect_known_defects(request, backend, init, workarounds):
-    """Mark the test a strict xfail naming each confirmed upstream defect that applies."""
-    for defect in known_defects.for_run(backend, init, "tiny", workarounds):
-        request.applymarker(defect.xfail())
+@pytest.fixture(scope="session")
+def launched_run(run_case, device_runs, steps, workarounds, pytestconfig):
+    """The run of ``run_case``, launched once per session on its device."""
+    assets = str(full_size_assets(pytestconfig)) if run_case.size == "full" else None
+    return device_runs(run_case.device).get(run_case.run_spec(steps, assets, workarounds))

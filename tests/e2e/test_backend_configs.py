@@ -1,27 +1,31 @@
-"""Every backend's config function builds a model of the size its HF config.json describes.
+"""Every registered backend's config functions build a trainer config, and the native models
+have the parameter count of the HF model their config.json describes.
 
 Runs on the meta device (no memory, no weights): the full-size configs the Trainium tier
-launches are checked here on every commit, not first on the trn2 runner.
+launches are checked here on every commit, not first on the trn2 runner. Generated from the
+backend registry (harness/backends).
 """
 
-import json
+import importlib
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.backends import BACKENDS, SIZES, paths
-from harness.backends import hf_v5, nki_moe, titan_native  # noqa: F401  (config modules)
+from harness.backends import ASSETS_MODEL, BACKENDS, paths
 from harness.metrics_sink import JsonlMetricsProcessor
 
-MODULES = {"hf_v5": hf_v5, "titan_native": titan_native, "nki_moe": nki_moe}
-HF_CONFIG_DIRS = {
-    ("hf_v5", "tiny"): paths.TINY_DENSE,
-    ("titan_native", "tiny"): paths.TINY_DENSE,
-    ("nki_moe", "tiny"): paths.TINY_MOE,
-    ("titan_native", "full"): paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507",
-    ("nki_moe", "full"): nki_moe.FULL_SHAPE,
-}
+# Stand-in for the assets dir of the full-size runs: the published config.json of the model.
+REFERENCE_ASSETS = paths.FIXTURES / "reference_configs" / ASSETS_MODEL
+
+CONFIGS = [(b.name, size, attention) for b in BACKENDS.values() for size in b.sizes
+           for attention in b.attention]
+
+
+def _config(backend: str, size: str, attention: str):
+    spec = BACKENDS[backend]
+    module = importlib.import_module(spec.module)
+    return getattr(module, spec.config_name(size, attention))()
 
 
 def _hf_parameter_count(config_dir) -> int:
@@ -31,28 +35,33 @@ def _hf_parameter_count(config_dir) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_config_function_builds_a_trainer_config(backend, size):
-    config = getattr(MODULES[backend], size)()
+def _model_dir(backend: str, size: str):
+    size_spec = BACKENDS[backend].size(size)
+    return size_spec.resolve(size_spec.model_dir, REFERENCE_ASSETS)
+
+
+@pytest.mark.parametrize("backend,size,attention", CONFIGS)
+def test_config_function_builds_a_trainer_config(backend, size, attention):
+    config = _config(backend, size, attention)
     assert isinstance(config.metrics, JsonlMetricsProcessor.Config), "the harness's sink is wired"
     assert config.debug.seed is not None and config.debug.deterministic
 
 
-@pytest.mark.parametrize("backend,size", [k for k in HF_CONFIG_DIRS if k[0] != "hf_v5"])
-def test_native_model_has_the_hf_models_parameter_count(backend, size):
-    spec = getattr(MODULES[backend], size)().model_spec
+NATIVE = [(b, s, a) for b, s, a in CONFIGS if b != "hf_v5"]
+
+
+@pytest.mark.parametrize("backend,size,attention", NATIVE)
+def test_native_model_has_the_hf_models_parameter_count(backend, size, attention):
+    spec = _config(backend, size, attention).model_spec
     with torch.device("meta"):
         model = spec.model.build()
     native = sum(p.numel() for p in model.parameters())
-    expected = _hf_parameter_count(HF_CONFIG_DIRS[(backend, size)])
+    expected = _hf_parameter_count(_model_dir(backend, size))
     assert native == expected, f"{backend}/{size}: native {native:,} parameters, HF {expected:,}"
 
 
 def test_tiny_hf_v5_reads_the_fixture_config():
-    config = hf_v5.tiny()
-    assert json.loads((paths.TINY_DENSE / "config.json").read_text())["architectures"] == [
-        "Qwen3ForCausalLM"]
+    config = _config("hf_v5", "tiny", "causal")
     assert config.hf_model == str(paths.TINY_DENSE) == config.hf_assets_path
 
 
@@ -62,6 +71,6 @@ def test_catches_a_dense_model_built_from_a_moe_config(monkeypatch):
 
     monkeypatch.setattr(native_qwen3, "num_experts", lambda hf: 0)
     with torch.device("meta"):
-        model = nki_moe.tiny().model_spec.model.build()
+        model = _config("nki_moe", "tiny", "sdpa").model_spec.model.build()
     native = sum(p.numel() for p in model.parameters())
     assert native != _hf_parameter_count(paths.TINY_MOE)

@@ -11,11 +11,10 @@ Each fault is a real launch (about half a minute each on 2 cores): marked slow, 
 ``pytest -m slow tests/selftest``.
 """
 
-import psutil
 import pytest
 
 from harness import checks
-from harness.launch import RunSpec, launch
+from harness.launch import RunSpec, launch, leftover_processes
 from harness.plants import PLANT_STEP
 from harness.results import RunFailed
 
@@ -23,12 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 def _leftovers(run_dir) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(run_dir) in cmdline:
-            found.append(f"{proc.info['pid']}: {cmdline[:120]}")
-    return found
+    """What this session launched that is still running (run_dir names the launch checked)."""
+    return [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in leftover_processes()]
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +50,9 @@ def test_hung_rank_failure_shows_every_rank_log(hung_run):
 def test_crashed_rank_traceback_is_shown(device_profile, tmp_path):
     run = launch(RunSpec("titan_native", steps=4, plants=("plant_crash_rank1",)),
                  device_profile, tmp_path / "crash")
-    problems = checks.run_completed(run, 4)
-    assert problems and "exited with code" in problems[0]
-    message = str(RunFailed(run, checks.report(problems, run)))
+    problem = checks.completed(run, 4).problem
+    assert problem and "exited with code" in problem
+    message = str(RunFailed(run, problem))
     assert "Traceback" in message and f"plant crash_rank1: rank 1 crashed at step {PLANT_STEP}" in message
     assert _leftovers(run.run_dir) == []
 
@@ -69,7 +64,7 @@ def test_nan_loss_stops_the_run_at_the_first_bad_step(device_profile, tmp_path):
     # ... at step N"); the harness's sink raises too when upstream does not (metrics_sink.py).
     assert not run.ok
     assert [s.step for s in run.steps] == list(range(1, PLANT_STEP)), "kept training on NaN"
-    assert checks.run_completed(run, 6), "a NaN run must not count as completed"
+    assert checks.completed(run, 6).problem, "a NaN run must not count as completed"
     tails = run.log_tails()
     assert (f"Loss is not finite (global_avg_loss=nan) at step {PLANT_STEP}" in tails
             or f"non-finite loss nan at step {PLANT_STEP}" in tails), tails
@@ -85,4 +80,4 @@ def test_two_runs_in_parallel_do_not_collide(device_profile, tmp_path):
         runs = list(pool.map(lambda ix: launch(ix[1], device_profile, tmp_path / f"p{ix[0]}"),
                              enumerate(specs)))
     for run in runs:
-        assert checks.run_completed(run, 1) == [], run.log_tails()
+        assert checks.completed(run, 1).problem is None, run.log_tails()

@@ -7,7 +7,6 @@ the e2e tests apply must then fail. One command: ``pytest -m slow tests/selftest
 import pytest
 
 from harness import checks
-from harness.expectations import ExpectationRegistry
 from harness.launch import RunSpec
 
 pytestmark = pytest.mark.slow
@@ -19,10 +18,8 @@ DEFECTS_IN_THE_MODEL = [
 
 
 @pytest.mark.parametrize("plant", DEFECTS_IN_THE_MODEL)
-def test_first_step_expectation_catches(plant, backend_runs, device_profile):
+def test_first_step_expectation_catches(plant, backend_runs):
     run = backend_runs.get(RunSpec("titan_native", init="pretrained", steps=2, plants=(plant,)))
-    assert checks.run_completed(run, 2) == [], run.log_tails()
-    expectation = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained",
-                                            device_profile.kind)
-    problems = checks.first_step_loss(run, expectation)
-    assert problems, f"{plant} went unnoticed: step-1 loss {run.steps[0].loss}"
+    assert checks.completed(run, 2).problem is None, run.log_tails()
+    verdict, _ = checks.verdict("first_step_loss", run, 2)
+    assert verdict.status == "fail", f"{plant} went unnoticed: step-1 loss {run.steps[0].loss}"

@@ -1,0 +1,61 @@
+"""The runs every device tier makes, generated from the backend registry and the device tiers
+(``instantiate_device_type_tests`` for launched runs).
+
+A ``RunCase`` is one (device, backend, size, attention, init). Each device runs the sizes of
+its tier (harness/devices.py ``TIER_SIZES``); each backend runs every init of the size with
+its default attention (the source's configuration), and its other attention variants from the
+pretrained fixture at tiny size, where a recorded loss tells the masks apart (on the devices
+that can run them: ``UNSUPPORTED_ATTENTION``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.backends import BACKENDS
+from harness.devices import KINDS, TIER_SIZES, UNSUPPORTED_ATTENTION
+from harness.launch import RunSpec
+
+# Full-size runs on trn2: compile on the first step plus 10 steps of the real model. Five of
+# them must fit the nightly job's limit (.github/workflows/nightly-trn2.yml).
+FULL_TIMEOUT_S = 2 * 3600
+TINY_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class RunCase:
+    device: str
+    backend: str
+    size: str
+    init: str
+    attention: str
+
+    @property
+    def id(self) -> str:
+        default = BACKENDS[self.backend].default_attention
+        attention = "" if self.attention == default else f"-{self.attention}"
+        return f"{self.device}-{self.backend}-{self.size}{attention}-{self.init}"
+
+    def run_spec(self, steps: int, assets_dir: str | None = None, workarounds=()) -> RunSpec:
+        full = self.size == "full"
+        return RunSpec(backend=self.backend, size=self.size, init=self.init, steps=steps,
+                       attention=self.attention, save_hf=True, workarounds=tuple(workarounds),
+                       hf_assets_path=assets_dir if full else None,
+                       timeout_s=FULL_TIMEOUT_S if full else TINY_TIMEOUT_S)
+
+
+def cases(devices=KINDS) -> list[RunCase]:
+    out = []
+    for device in devices:
+        for size in TIER_SIZES[device]:
+            for spec in BACKENDS.values():
+                if size not in spec.sizes:
+                    continue
+                for attention in spec.attention:
+                    if attention in UNSUPPORTED_ATTENTION.get(device, ()):
+                        continue
+                    for init in spec.size(size).inits:
+                        default = attention == spec.default_attention
+                        if default or (size == "tiny" and init == "pretrained"):
+                            out.append(RunCase(device, spec.name, size, init, attention))
+    return out
