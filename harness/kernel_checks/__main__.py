@@ -1,7 +1,7 @@
-"""``python -m harness.kernels {list,replay,calibrate}``."""
+"""``python -m harness.kernel_checks {list,replay,calibrate}``."""
 
 import sys
 
-from harness.kernels.cli import main
+from harness.kernel_checks.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""Measure the numbers behind the tolerance policy: ``python -m harness.kernels calibrate``.
+"""Measure the numbers behind the tolerance policy: ``python -m harness.kernel_checks calibrate``.
 
 For every implementation, case, dtype and available device it runs the conformance check with
 the arbitration always computed and prints, per (op class, precision):
@@ -7,8 +7,8 @@ the arbitration always computed and prints, per (op class, precision):
   over elements, via the worst element's ratio to the current bound),
 * ``arb``: the largest arbitration ratio (max and rms) among tensors rule 1 rejected,
 
-excluding the (op, impl, case, dtype) combinations listed as findings (harness/kernels/findings.py),
-which are reported separately with their numbers.
+excluding the checks a known issue excuses (check "kernel" in harness/known_issues.py, per
+property), which are reported separately with their numbers.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from collections import defaultdict
 
 import torch
 
-from harness.kernels.findings import finding_for
-from harness.kernels.registry import OPS
-from harness.kernels.runner import run
-from harness.kernels.spec import device_status, dtype_name
+from harness.kernel_checks.registry import OPS
+from harness.kernel_checks.runner import issues_for, run
+from harness.kernel_checks.spec import device_status, dtype_name
 from harness.tolerances import kernel_tolerance as tolerance
 
 
@@ -55,8 +54,8 @@ def summarize(rows) -> str:
     where = {}
     findings = []
     for op, impl, device, case, dtype, result in rows:
-        finding = finding_for(op.name, impl.name, case.name, dtype, device)
         for check in result.checks:
+            finding = issues_for(result, check.name)
             d = check.details
             if "worst_in_tau" not in d:
                 continue
@@ -66,7 +65,7 @@ def summarize(rows) -> str:
             needed = d["worst_in_tau"] * current.c
             key = (op.op_class, precision)
             label = f"{op.name}/{impl.name}/{case.name}/{dtype_name(dtype)}/{check.name}"
-            if finding is not None:
+            if finding:
                 findings.append((label, needed, d.get("arbitration", {})))
                 continue
             need999[key] = max(need999[key], d.get("p999_in_tau", 0.0) * current.c)
@@ -93,7 +92,7 @@ def summarize(rows) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.kernels calibrate")
+    parser = argparse.ArgumentParser(prog="python -m harness.kernel_checks calibrate")
     parser.add_argument("ops", nargs="*", help="restrict to these ops")
     parser.add_argument("--device", action="append", default=None)
     args = parser.parse_args(argv)

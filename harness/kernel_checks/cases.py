@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.kernels.references import IGNORE_INDEX
-from harness.kernels.spec import Case
+from harness.kernel_checks.references import IGNORE_INDEX
+from harness.kernel_checks.spec import Case
 
 F64 = torch.float64
 

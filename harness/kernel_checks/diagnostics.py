@@ -5,7 +5,7 @@ and relative error, how many elements mismatch, a histogram of |error| / bound, 
 nki-library-style max-norm ratio and the float64 arbitration numbers. The inputs (float64
 masters; the implementation's inputs are re-derived by rounding) are saved with
 ``torch.save`` under the given directory (a pytest ``tmp_path``), and the report ends with the
-command that replays the case: ``python -m harness.kernels replay <file>``.
+command that replays the case: ``python -m harness.kernel_checks replay <file>``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.kernels.spec import dtype_name
+from harness.kernel_checks.spec import dtype_name
 
 REPLAY_FORMAT = 1
 
@@ -58,7 +58,7 @@ def format_report(result) -> str:
         lines += format_check(check)
     if result.replay_path is not None:
         lines.append(f"  inputs saved: {result.replay_path}")
-        lines.append(f"  replay: python -m harness.kernels replay {result.replay_path}")
+        lines.append(f"  replay: python -m harness.kernel_checks replay {result.replay_path}")
     return "\n".join(lines)
 
 
@@ -88,8 +88,8 @@ def save_replay(result, op, case, master: dict, directory: Path) -> Path:
 def replay(path: Path, save_dir: Path | None = None, impl=None):
     """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
     the registry lookup (for implementations that are not registered, e.g. planted defects)."""
-    from harness.kernels.registry import get_op
-    from harness.kernels.runner import run
+    from harness.kernel_checks.registry import get_op
+    from harness.kernel_checks.runner import run
 
     bundle = torch.load(path, weights_only=False)
     op = get_op(bundle["op"])

@@ -1,4 +1,4 @@
-"""Planted defects: deliberately broken implementations the checker must catch.
+"""Planted defects (formerly ``defects.py``): deliberately broken implementations the checker must catch.
 
 Each ``Defect`` is an ``Implementation`` with one bug, the cases/dtypes on which it must be
 caught and the checks that must fail there. tests/kernels/test_checker_catches.py runs each
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.kernels.spec import Implementation
+from harness.kernel_checks.spec import Implementation
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,11 +39,10 @@ def _impl(name, run, compute=_f32, output_dtypes=None) -> Implementation:
 
 
 def _rope_angles(x, positions, theta):
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    angle = positions.to(torch.float64)[..., None] * inv_freq
-    emb = torch.cat((angle, angle), dim=-1)
-    return emb.cos().float()[:, :, None, :], emb.sin().float()[:, :, None, :]
+    from harness.ops.rope_torch import rope_cos_sin  # the one RoPE reference; the plant is in the rotation
+
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, dtype=torch.float64)
+    return cos.float()[:, :, None, :], sin.float()[:, :, None, :]
 
 
 def _rope(swap_sign: bool = False, keep_float32: bool = False):

@@ -5,6 +5,11 @@ floating inputs (call it with float64 tensors for the float64 truth; ``gradcheck
 them); autograd is torch's, so the references carry no hand-written backward to get wrong.
 
 Each returns a dict of named outputs; the names are the op's output names in the registry.
+
+References of ops the harness itself implements live beside their kernel (nki-library's
+``X.py`` / ``X_torch.py``) and are re-exported here: RoPE from ``harness.ops.rope_torch`` (the
+repository's one RoPE reference), the grouped SwiGLU from ``harness.ops.grouped_swiglu_torch``.
+The others are references of upstream kernels only and are written here.
 """
 
 from __future__ import annotations
@@ -12,25 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.ops.grouped_swiglu_torch import grouped_swiglu  # noqa: F401  (re-export)
+from harness.ops.rope_torch import rotary_embedding  # noqa: F401  (re-export)
+
 IGNORE_INDEX = -100
-
-
-def rotary_embedding(x: Tensor, positions: Tensor, *, theta: float) -> dict[str, Tensor]:
-    """Rotate-half RoPE. ``x`` (B, S, H, D), ``positions`` (B|1, S) int.
-
-    For pair ``i < D/2`` the angle is ``p * theta**(-2i/D)``; dims ``i`` and ``i + D/2`` rotate
-    together: ``y_i = x_i cos - x_{i+D/2} sin``, ``y_{i+D/2} = x_{i+D/2} cos + x_i sin``.
-    """
-    dim = x.shape[-1]
-    half = dim // 2
-    exponent = torch.arange(half, dtype=x.dtype, device=x.device) * (2.0 / dim)
-    inv_freq = torch.pow(torch.as_tensor(theta, dtype=x.dtype, device=x.device), -exponent)
-    angle = positions.to(x.dtype)[..., None] * inv_freq  # (B|1, S, D/2)
-    cos = torch.cos(angle)[:, :, None, :]
-    sin = torch.sin(angle)[:, :, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    y = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return {"y": y}
 
 
 def rms_norm(x: Tensor, weight: Tensor, *, eps: float) -> dict[str, Tensor]:
@@ -52,23 +42,6 @@ def moe_router(x: Tensor, gate_weight: Tensor, *, top_k: int, ids: Tensor | None
         ids = torch.topk(probs, k=top_k, dim=-1).indices
     chosen = probs.gather(-1, ids)
     return {"weights": chosen / chosen.sum(dim=-1, keepdim=True), "ids": ids, "probs": probs}
-
-
-def grouped_swiglu(x: Tensor, num_tokens_per_expert: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> dict[str, Tensor]:
-    """Rows of ``x`` (R, D) are sorted by expert; expert ``e`` owns the next
-    ``num_tokens_per_expert[e]`` rows: ``y = (silu(x w1_e^T) * (x w3_e^T)) w2_e^T``.
-    Rows owned by no expert are zero."""
-    outputs = []
-    start = 0
-    for e, count in enumerate(num_tokens_per_expert.tolist()):
-        rows = x[start : start + count]
-        gate = rows @ w1[e].transpose(0, 1)
-        up = rows @ w3[e].transpose(0, 1)
-        hidden = gate * torch.sigmoid(gate) * up
-        outputs.append(hidden @ w2[e].transpose(0, 1))
-        start += count
-    outputs.append(x[start:] * 0)
-    return {"y": torch.cat(outputs, dim=0)}
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, *, ignore_index: int = IGNORE_INDEX) -> dict[str, Tensor]:

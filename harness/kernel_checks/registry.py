@@ -6,11 +6,14 @@ there. Add an implementation here and it is tested on every case, dtype and devi
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import torch
 
-from harness.kernels import cases, references
-from harness.kernels.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
-from harness.kernels.spec import Implementation, OpSpec, module_probe
+from harness.kernel_checks import cases, references
+from harness.kernel_checks.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
+from harness.kernel_checks.spec import Implementation, OpSpec, module_probe
 
 HOST = ("cpu", "cuda")
 
@@ -66,6 +69,7 @@ ROTARY_EMBEDDING = OpSpec(
     diff_outputs=("y",),
     cases=cases.rope_cases(),
     gradcheck_case=cases.rope_gradcheck_case(),
+    kernels=(("harness.ops.rope", "rope"), ("harness.ops.nki.rope_kernel", "rope_halves_kernel")),
     implementations=(
         Implementation(
             "torchtitan", "torchtitan", "torchtitan.models.common.rope.CosSinRoPE", HOST,
@@ -154,6 +158,7 @@ GROUPED_SWIGLU = OpSpec(
     diff_outputs=("y",),
     cases=cases.swiglu_cases(),
     gradcheck_case=cases.swiglu_gradcheck_case(),
+    kernels=(("harness.ops.grouped_swiglu", "grouped_swiglu"), ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel")),
     implementations=(
         Implementation(
             "torchtitan", "torchtitan", "torchtitan.models.common.moe.GroupedExperts", HOST,
@@ -205,7 +210,8 @@ CROSS_ENTROPY = OpSpec(
             output_dtypes=lambda dtype, device: {"loss": torch.promote_types(dtype, torch.float32)},
         ),
         Implementation(
-            "nkilib", "nkilib", "nkilib.core.loss.cross_entropy.cross_entropy_forward", ("nki-sim", "neuron"),
+            "nkilib", "nkilib", "nkilib.experimental.loss.cross_entropy_forward (nkilib.core.loss before 2026-04)",
+            ("nki-sim", "neuron"),
             nkilib.cross_entropy, _input, backward=False, requires=has_nkilib,
         ),
     ),
@@ -216,3 +222,64 @@ OPS: dict[str, OpSpec] = {op.name: op for op in (ROTARY_EMBEDDING, RMS_NORM, MOE
 
 def get_op(name: str) -> OpSpec:
     return OPS[name]
+
+
+# ------------------------------------------------------------------ kernel / torch twin pairing
+
+OWN_LIBRARIES = ("harness", "nki")  # implementations whose kernels live in harness/ops
+
+
+def twin_of(module_name: str, name: str) -> tuple[str, str]:
+    """nki-library's convention: kernel ``f`` in ``X.py`` -> ``f_torch_ref`` in ``X_torch.py``."""
+    return f"{module_name}_torch", f"{name}_torch_ref"
+
+
+def _callable(obj):
+    """The Python function behind a kernel object (custom op, decorated function)."""
+    if isinstance(obj, torch._library.custom_ops.CustomOpDef):
+        obj = obj._init_fn
+    return inspect.unwrap(obj)
+
+
+def _parameters(fn) -> list[tuple[str, str, object]]:
+    # Names, kinds and defaults; annotations are not compared (an NKI kernel carries none).
+    return [(p.name, p.kind.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def twin_problems(module_name: str, name: str) -> list[str]:
+    """Why the kernel ``module_name.name`` and its torch twin do not pair up ([] when they do).
+
+    The kernel is ``name + "_source"`` when the module defines it (the undecorated body of an
+    NKI kernel, which is ``None`` without ``nki``), else ``name``."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001
+        return [f"kernel module {module_name} does not import: {type(error).__name__}: {error}"]
+    kernel = getattr(module, f"{name}_source", None) or getattr(module, name, None)
+    if kernel is None:
+        return [f"{module_name} defines no kernel {name!r}"]
+    twin_module_name, twin_name = twin_of(module_name, name)
+    try:
+        twin_module = importlib.import_module(twin_module_name)
+    except ModuleNotFoundError as error:
+        return [f"kernel {module_name}.{name} has no torch twin: {twin_module_name} is missing ({error})"]
+    twin = getattr(twin_module, twin_name, None)
+    if twin is None:
+        return [f"kernel {module_name}.{name} has no torch twin: {twin_module_name} defines no {twin_name!r}"]
+    kernel_fn, twin_fn = _callable(kernel), _callable(twin)
+    if _parameters(kernel_fn) != _parameters(twin_fn):
+        return [f"kernel {module_name}.{name}{inspect.signature(kernel_fn)} and its twin "
+                f"{twin_module_name}.{twin_name}{inspect.signature(twin_fn)} differ in signature"]
+    return []
+
+
+def op_twin_problems(op: OpSpec) -> list[str]:
+    """Every pairing problem of ``op``'s kernels; an op with an implementation of the harness's
+    own (library in ``OWN_LIBRARIES``) must list its kernels."""
+    problems = []
+    own = [impl.name for impl in op.implementations if impl.library in OWN_LIBRARIES]
+    if own and not op.kernels:
+        problems.append(f"op {op.name}: implementations {own} are the harness's own but the op lists no kernels")
+    for module_name, name in op.kernels:
+        problems.extend(twin_problems(module_name, name))
+    return problems

@@ -4,6 +4,13 @@
 implementation's documented output dtypes, every output (forward), the gradient of every
 differentiable input for a seeded upstream gradient (backward), and for the router the
 routing-set rule. Rules: tolerances.py. Failure report and replay file: diagnostics.py.
+
+``judge(result)`` gives each check (= property of the cell: ``dtype:NAME``, an output or
+gradient name, ``routing:ids``, ``run``) its verdict under ``harness.known_issues`` (check
+``"kernel"``, context op / impl / device / case / dtype / property): a known issue excuses
+exactly the property it names, and only when that property fails as its signature records.
+``outcome(result)`` combines them: "fail" if any property fails, else "known" if a known
+issue showed, else "pass".
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from harness.kernels import compare
-from harness.kernels.compare import Check
-from harness.kernels.spec import Case, Implementation, OpSpec, dtype_name, torch_device
+from harness.kernel_checks import compare
+from harness.kernel_checks.compare import Check
+from harness.kernel_checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
 from harness.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
 
 
@@ -49,7 +56,7 @@ class RunResult:
         )
 
     def report(self) -> str:
-        from harness.kernels.diagnostics import format_report
+        from harness.kernel_checks.diagnostics import format_report
 
         return format_report(self)
 
@@ -57,7 +64,7 @@ class RunResult:
 @functools.lru_cache(maxsize=16)
 def master_inputs(op_name: str, case_name: str) -> dict[str, torch.Tensor]:
     """The case's seeded float64 master inputs (cached; treat as read-only)."""
-    from harness.kernels.registry import get_op
+    from harness.kernel_checks.registry import get_op
 
     op = get_op(op_name)
     case = op.case(case_name)
@@ -193,7 +200,8 @@ def run(
         for name, want in impl.output_dtypes(dtype, device).items():
             got = actual[name].dtype
             result.checks.append(
-                Check(f"dtype:{name}", got == want, f"{dtype_name(got)} (documented: {dtype_name(want)})")
+                Check(f"dtype:{name}", got == want, f"{dtype_name(got)} (documented: {dtype_name(want)})",
+                      {"dtype": str(got), "documented": str(want)})
             )
     for name in op.discrete_outputs:
         result.checks.append(_routing_check(op, case, name, actual, expected, compute))
@@ -207,7 +215,7 @@ def run(
 
 def _finish(result, op, impl, case, dtype, master, save_dir) -> None:
     if not result.passed and save_dir is not None:
-        from harness.kernels.diagnostics import save_replay
+        from harness.kernel_checks.diagnostics import save_replay
 
         result.replay_path = save_replay(result, op, case, master, Path(save_dir))
 
@@ -292,3 +300,63 @@ def _dense_check(op, name, value, reference, compute, arbiter: _Arbiter, always_
     if arbitration["passed"]:
         return Check(name, True, f"arbitrated against float64: {line} [{verdict}]", stats)
     return Check(name, False, f"{verdict}; arbitration FAILED: {line}", stats)
+
+
+# ------------------------------------------------------------------ verdicts per property
+
+KNOWN_ISSUE_CHECK = "kernel"  # the check name of kernel cells in harness/known_issues.py
+
+
+def context(result: RunResult, prop: str) -> dict[str, str]:
+    return {"op": result.op, "impl": result.impl, "device": result.device, "case": result.case,
+            "dtype": dtype_name(result.dtype), "property": prop}
+
+
+def observed(check: Check) -> dict:
+    """The quantities a known issue's signature may name: ``dtype`` (str(torch dtype)) for a
+    dtype property; ``error_u`` (max |a-b| / (|b| + rms_row(b)) in units of the compared
+    precision's u) for a value property that failed rule 1."""
+    details = check.details
+    values = {}
+    if "dtype" in details:
+        values["dtype"] = details["dtype"]
+    if "max_err_over_scale" in details and details.get("u"):
+        values["error_u"] = details["max_err_over_scale"] / details["u"]
+    return values
+
+
+def issues_for(result: RunResult, prop: str, workarounds=()) -> list:
+    from harness import known_issues
+
+    return known_issues.applicable(KNOWN_ISSUE_CHECK, workarounds, **context(result, prop))
+
+
+def judge(result: RunResult, workarounds=()) -> list[tuple[Check, object]]:
+    """``[(check, harness.known_issues.Verdict)]`` for every property of the cell."""
+    from harness import known_issues
+
+    verdicts = []
+    for check in result.checks:
+        problem = None if check.passed else check.summary()
+        verdicts.append((check, known_issues.judge(KNOWN_ISSUE_CHECK, problem, observed(check), workarounds,
+                                                   **context(result, check.name))))
+    return verdicts
+
+
+def outcome(result: RunResult, workarounds=()):
+    """One ``Verdict`` for the cell: "fail" if any property fails (known issues or not), else
+    "known" if a known issue showed exactly as recorded, else "pass"."""
+    from harness.known_issues import Verdict
+
+    verdicts = judge(result, workarounds)
+    if not verdicts:
+        return Verdict("fail", "no check ran")
+    failed = [(c, v) for c, v in verdicts if v.status == "fail"]
+    if failed:
+        return Verdict("fail", "\n".join(f"[{c.name}] {v.message}" for c, v in failed),
+                       tuple(i for _, v in failed for i in v.issues))
+    known = [(c, v) for c, v in verdicts if v.status == "known"]
+    if known:
+        return Verdict("known", "\n".join(f"[{c.name}] {v.message}" for c, v in known),
+                       tuple(i for _, v in known for i in v.issues))
+    return Verdict("pass")

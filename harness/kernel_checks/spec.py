@@ -44,24 +44,10 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
 @functools.lru_cache(maxsize=None)
 def device_status(device: str) -> tuple[bool, str]:
-    """(available, reason) for one of ``DEVICES`` on this machine."""
-    if device == "cpu":
-        return True, "CPU"
-    if device == "cuda":
-        if torch.cuda.is_available():
-            return True, f"{torch.cuda.device_count()} CUDA device(s)"
-        return False, "no CUDA device (torch.cuda.is_available() is False)"
-    if device == "nki-sim":
-        from harness.ops.neuron import nki_available
+    """(available, reason) for one of ``DEVICES``: harness.devices.device_status, the one probe."""
+    from harness.devices import device_status as probe
 
-        ok, reason = nki_available()
-        return ok, reason if ok else f"NKI simulator unavailable: {reason}"
-    if device == "neuron":
-        from harness.ops.neuron import neuron_available
-
-        ok, reason = neuron_available()
-        return ok, reason if ok else f"no Neuron hardware: {reason}"
-    raise ValueError(f"unknown device {device!r}")
+    return probe(device)
 
 
 def torch_device(device: str) -> torch.device:
@@ -120,6 +106,9 @@ class OpSpec:
     (the router pins the expert ids the implementation chose, so ties resolve the same way).
     ``cotangents(outputs, inputs, generator)`` builds float64 upstream gradients for the
     differentiable outputs (default: standard normal of each output's shape).
+    ``kernels`` lists the harness's own kernels of this op as ``(module, function)``; each must
+    have its torch twin ``(module + "_torch", function + "_torch_ref")`` with the same
+    signature (``registry.twin_problems``).
     """
 
     name: str
@@ -136,6 +125,7 @@ class OpSpec:
     discrete_outputs: tuple[str, ...] = ()
     ignore_outputs: tuple[str, ...] = ()
     gradcheck_case: Case | None = None
+    kernels: tuple[tuple[str, str], ...] = ()
 
     def case(self, name: str) -> Case:
         for case in self.cases:

@@ -3,10 +3,16 @@
 Two operators are registered with ``torch.library`` in the ``harness`` namespace:
 
 ``torch.ops.harness.rope(x, cos, sin) -> y``
-    rotate-half RoPE with exactly ``CosSinRoPE.apply_rotary_emb`` semantics (see ``_rope.py``).
+    rotate-half RoPE with exactly ``CosSinRoPE.apply_rotary_emb`` semantics (see ``rope.py``).
 ``torch.ops.harness.grouped_swiglu(x_RD, offsets_E, w1_EFD, w2_EDF, w3_EFD) -> y_RD``
     ``GroupedExperts.forward``'s computation with torchtitan's dtype policy (see
-    ``_grouped_swiglu.py``).
+    ``grouped_swiglu.py``).
+
+Every kernel module ``X.py`` here (and in ``nki/``) has its float64-capable torch reference
+``X_torch.py`` beside it: for each kernel function ``f`` in ``X.py``, ``X_torch.f_torch_ref``
+takes the same arguments (nki-library's convention). The kernel registry checks the pairing
+(``harness.kernel_checks.registry.twin_problems``). ``rope_torch`` is the repository's one
+RoPE reference (inverse frequencies, cos/sin, the rotation).
 
 Each has a CPU/CUDA kernel written in torch, a fake (meta) kernel and autograd, so
 registration, autograd and the module swap run on every device. On a Neuron device the
@@ -20,9 +26,7 @@ attribute access.
 
 from __future__ import annotations
 
-from harness.ops import _grouped_swiglu, _rope  # noqa: F401  (registers the operators)
-from harness.ops._grouped_swiglu import grouped_swiglu
-from harness.ops._rope import rope
+from harness.ops import grouped_swiglu, rope  # noqa: F401  (modules; importing registers the operators)
 from harness.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
 
 register_neuron_kernels()

@@ -31,6 +31,19 @@ Documented differences from torchtitan:
   CPU backward rejects it ("Invalid strides/sizes"), so ``GroupedExperts(...).sum().backward()``
   fails upstream on CPU while this op's backward does not.
 * the ``GroupedExperts._grouped_mm`` override seam (MXFP8 converter) is not consulted.
+
+The padded contract (every device). The forward runs as ``pad -> body -> unpad``
+(``grouped_swiglu_padded``): expert ``e``'s rows are scattered to slots ``e*C .. e*C+count_e``
+of a zero ``(E*C, D)`` buffer, the body computes every expert on its ``C`` slots, and the rows
+are gathered back. The capacity ``C = expert_capacity(R, E) = R`` depends only on shapes (no
+expert can receive more than the ``R`` rows there are, so nothing is ever dropped) and the
+routing (``offsets``) is used only as runtime tensor data by the scatter/gather: the Neuron body
+(the NKI kernel) is specialised once per shape, not per routing. Padding slots hold zeros and
+SwiGLU maps a zero row to a zero row, so no mask is needed inside the body. On CPU/CUDA the body
+is ``grouped_swiglu_math`` on the padded layout (static offsets ``C, 2C, ..., E*C``); this is
+bitwise the unpadded computation at the dims tested in tests/kernels/test_custom_ops.py and
+within rounding of it (f32 accumulation order of ``_grouped_mm``) at 30B dims. The backward
+is unchanged (offset-based, below). Cost: the body computes ``E*R`` rows instead of ``R``.
 """
 
 from __future__ import annotations
@@ -119,11 +132,63 @@ def grouped_swiglu_math(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: 
     return y.type_as(x).contiguous()
 
 
+def expert_capacity(num_rows: int, num_experts: int) -> int:
+    """Static per-expert capacity of the padded layout: ``num_rows`` (no routing can overflow it)."""
+    return num_rows
+
+
+def padded_slots(offsets: Tensor, num_rows: int, capacity: int) -> Tensor:
+    """(R,) int64: row ``r`` of expert ``e`` -> slot ``e*C + (r - start_e)``; a row owned by no
+    expert (``r >= offsets[-1]``) -> the discard slot ``E*C``. Tensor ops only (no host sync)."""
+    num_experts = offsets.shape[0]
+    rows = torch.arange(num_rows, device=offsets.device)
+    if num_experts == 0:
+        return torch.zeros_like(rows)
+    ends = offsets.to(torch.int64)
+    expert = torch.searchsorted(ends, rows, right=True)  # how many experts end at or before r
+    starts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    clamped = expert.clamp(max=num_experts - 1)
+    slot = clamped * capacity + rows - starts[clamped]
+    return torch.where(expert < num_experts, slot, torch.full_like(slot, num_experts * capacity))
+
+
+def pad_by_expert(x: Tensor, slots: Tensor, num_experts: int, capacity: int) -> Tensor:
+    """``(E*C, D)`` zero buffer with each row of ``x`` at its slot (unowned rows discarded)."""
+    buffer = x.new_zeros(num_experts * capacity + 1, x.shape[1])
+    buffer[slots] = x
+    return buffer[: num_experts * capacity]
+
+
+def unpad(y_padded: Tensor, slots: Tensor) -> Tensor:
+    """Rows back in ``x``'s order; a row whose slot is the discard slot is zero."""
+    return torch.cat((y_padded, y_padded.new_zeros(1, y_padded.shape[1]))).index_select(0, slots)
+
+
+def padded_offsets(num_experts: int, capacity: int, device) -> Tensor:
+    """The static offsets of the padded layout: ``C, 2C, ..., E*C`` (int32)."""
+    return torch.arange(1, num_experts + 1, dtype=torch.int32, device=device) * capacity
+
+
+def grouped_swiglu_padded(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, body) -> Tensor:
+    """The code path around every device's kernel body: pad, ``body(x_padded, w1, w2, w3)``
+    (``(E*C, D)`` -> ``(E*C, D)``, expert ``e`` on slots ``e*C:(e+1)*C``), unpad."""
+    num_experts = w1.shape[0]
+    capacity = expert_capacity(x.shape[0], num_experts)
+    slots = padded_slots(offsets, x.shape[0], capacity)
+    y_padded = body(pad_by_expert(x, slots, num_experts, capacity), w1, w2, w3)
+    return unpad(y_padded, slots).to(x.dtype).contiguous()
+
+
+def _torch_body(x_padded: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
+    capacity = x_padded.shape[0] // max(w1.shape[0], 1)
+    return grouped_swiglu_math(x_padded, padded_offsets(w1.shape[0], capacity, x_padded.device), w1, w2, w3)
+
+
 @torch.library.custom_op("harness::grouped_swiglu", mutates_args=(), device_types=("cpu", "cuda"))
 def grouped_swiglu(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """SwiGLU expert MLP over expert-sorted rows; see the module docstring."""
     _check(x, offsets, w1, w2, w3)
-    return grouped_swiglu_math(x, offsets, w1, w2, w3)
+    return grouped_swiglu_padded(x, offsets, w1, w2, w3, _torch_body)
 
 
 @grouped_swiglu.register_fake

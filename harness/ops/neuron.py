@@ -11,7 +11,7 @@ Registration: ``torch.library.register_kernel(op, "neuron", fn)`` adds a kernel 
 ``neuron`` device (torch-neuronx's PrivateUse1 backend) to each harness op; ``fn`` lays the
 tensors out for the NKI kernel and calls it on Neuron tensors, which torch-neuronx compiles
 and runs (eager: compiled per shape on first call). The autograd formulas registered in
-``_rope.py``/``_grouped_swiglu.py`` are device-independent torch code, so backward on Neuron
+``rope.py``/``grouped_swiglu.py`` are device-independent torch code, so backward on Neuron
 runs as ordinary torch-neuronx ops.
 """
 
@@ -59,21 +59,14 @@ def nki_available() -> tuple[bool, str]:
 
 @functools.lru_cache(maxsize=None)
 def neuron_available() -> tuple[bool, str]:
-    """(available, reason): real torch_neuronx + nki import and a 'neuron' device is present."""
-    for name in ("torch_neuronx", "nki"):
-        ok, reason = probe_module(name)
-        if not ok:
-            return False, reason
-    import torch
+    """(available, reason) for running the NKI kernels: the 'neuron' device is present
+    (``harness.devices.neuron_status``, the one device probe) and the real ``nki`` imports."""
+    from harness.devices import neuron_status
 
-    backend = torch._C._get_privateuse1_backend_name()
-    if backend != "neuron":
-        return False, f"torch_neuronx imported but the PrivateUse1 backend is {backend!r}, not 'neuron'"
-    device_module = getattr(torch, "neuron", None)
-    count = device_module.device_count() if device_module is not None and hasattr(device_module, "device_count") else 0
-    if count < 1:
-        return False, "torch_neuronx imported but no NeuronCore is visible (torch.neuron.device_count() == 0)"
-    return True, f"{count} NeuronCore(s) visible"
+    ok, reason = probe_module("nki")
+    if not ok:
+        return False, reason
+    return neuron_status()
 
 
 def clear_caches() -> None:

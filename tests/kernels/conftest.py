@@ -6,23 +6,22 @@ KERNEL_TESTS_CORES_PER_WORKER widens the range). It must be set before the Neuro
 initialises in the worker, i.e. before the worker's first Neuron tensor, which the autouse
 fixture below guarantees for tests marked ``neuron`` as long as nothing earlier in the worker
 touched the device.
+
+The same tests run under the LNC the ranks use (``NEURON_LOGICAL_NC_CONFIG``, default "2" as in
+harness.devices): ``nki.jit`` would otherwise compile for LNC 1 against neuronx-cc's LNC 2 on trn2
+(NCC_EVRF066). See harness/kernel_checks/neuron_env.py.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from harness.kernels.xdist import visible_cores_for_worker
+from harness.kernel_checks.neuron_env import neuron_test_env
 
 
 @pytest.fixture(autouse=True)
-def _pin_neuron_cores(request, monkeypatch):
+def _neuron_env(request, monkeypatch):
     if request.node.get_closest_marker("neuron") is None:
         return
-    cores = visible_cores_for_worker(
-        os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("KERNEL_TESTS_CORES_PER_WORKER", "1"))
-    )
-    if cores is not None and "NEURON_RT_VISIBLE_CORES" not in os.environ:
-        monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", cores)
+    for name, value in neuron_test_env().items():
+        monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""The checker catches planted defects (harness/kernels/defects.py).
+"""The checker catches planted defects (harness/kernel_checks/plants.py).
 
 Every kind of assertion the conformance tests make -- values (rule 1 and the float64
 arbitration behind it), gradients, routing sets, documented dtypes -- is shown failing here on
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.kernels.defects import DEFECTS
-from harness.kernels.registry import OPS
-from harness.kernels.runner import run
-from harness.kernels.spec import dtype_name
+from harness.kernel_checks.plants import DEFECTS
+from harness.kernel_checks.registry import OPS
+from harness.kernel_checks.runner import run
+from harness.kernel_checks.spec import dtype_name
 
 
 def _check_caught(defect, case_name, dtype, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.kernels import compare
+from harness.kernel_checks import compare
 from harness.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_table as table, kernel_tolerance as tolerance
 
 TOL_BF16 = tolerance("elementwise", torch.bfloat16)

@@ -1,10 +1,12 @@
 """Conformance of every registered implementation against the float64 reference.
 
-Generated from harness.kernels.registry.OPS: op x implementation x device x case x dtype.
+Generated from harness.kernel_checks.registry.OPS: op x implementation x device x case x dtype.
 Each test checks forward outputs, the gradients of every differentiable input (for
 implementations with a backward), the documented output dtypes and, for the router, the
 routing-set rule. Unavailable libraries/devices give one skip per (op, impl, device) with the
-reason; known upstream findings are strict xfails (harness/kernels/findings.py).
+reason. Known upstream issues (harness/known_issues.py, check "kernel") are judged per property
+(runner.outcome): a cell xfails only when every failing property is excused by an issue and
+fails exactly as recorded; any other failure, or an excused property that passes, fails.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ import warnings
 
 import pytest
 
-from harness.kernels.findings import finding_for
-from harness.kernels.registry import OPS
-from harness.kernels.runner import run
-from harness.kernels.spec import DEVICE_MARKERS, device_status, dtype_name
+from harness.kernel_checks.registry import OPS
+from harness.kernel_checks.runner import outcome, run
+from harness.kernel_checks.spec import DEVICE_MARKERS, device_status, dtype_name
 
 
 def _params():
@@ -35,12 +36,8 @@ def _params():
                     continue
                 for case in op.cases:
                     for dtype in case.dtypes:
-                        case_marks = list(marks)
-                        finding = finding_for(op.name, impl.name, case.name, dtype, device)
-                        if finding is not None:
-                            case_marks.append(pytest.mark.xfail(strict=True, reason=f"{finding.key} (harness/kernels/findings.py)"))
                         yield pytest.param(
-                            op.name, impl.name, device, case.name, dtype, marks=case_marks,
+                            op.name, impl.name, device, case.name, dtype, marks=list(marks),
                             id=f"{op.name}-{impl.name}-{device}-{case.name}-{dtype_name(dtype)}",
                         )
 
@@ -49,6 +46,15 @@ def _params():
 def test_conformance(op_name, impl_name, device, case_name, dtype, tmp_path):
     op = OPS[op_name]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # upstream warnings (CPU autocast) are findings, not noise
+        warnings.simplefilter("ignore")  # upstream warnings (CPU autocast) are known issues, not noise
         result = run(op, op.implementation(impl_name), device, op.case(case_name), dtype, save_dir=tmp_path)
-    assert result.passed, "\n" + result.report()
+    enforce(result)
+
+
+def enforce(result) -> None:
+    """Fail, xfail (naming the known issues) or pass the cell by its per-property outcome."""
+    verdict = outcome(result)
+    if verdict.status == "fail":
+        pytest.fail(f"{verdict.message}\n{result.report()}", pytrace=False)
+    if verdict.status == "known":
+        pytest.xfail(" | ".join(sorted({i.reason() for i in verdict.issues})) + f" Observed: {verdict.message}")

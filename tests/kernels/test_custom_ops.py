@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import harness.ops
-from harness.ops import _grouped_swiglu as gs
-from harness.ops import _rope, neuron
+from harness import known_issues
+from harness.ops import grouped_swiglu as gs
+from harness.ops import neuron
+from harness.ops import rope as _rope
 from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
+from harness.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
 
 
 def _gen(seed):
@@ -37,7 +40,7 @@ def _swiglu_inputs(dtype, dims=(4, 16, 32), counts=(3, 0, 4, 2), seed=1):
 
 def test_ops_are_registered_in_the_harness_namespace():
     assert hasattr(torch.ops.harness, "rope") and hasattr(torch.ops.harness, "grouped_swiglu")
-    assert torch.ops.harness.rope is harness.ops.rope._opoverload.overloadpacket
+    assert torch.ops.harness.rope is harness.ops.rope.rope._opoverload.overloadpacket
 
 
 @pytest.mark.parametrize("name", ["rope", "grouped_swiglu"])
@@ -172,23 +175,57 @@ def test_expanded_upstream_gradient_is_accepted():
     assert xx.grad is not None and bool(xx.grad.isfinite().all())
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="F3: torch._grouped_mm CPU backward rejects a stride-0 grad")
+def _raised(fn, marker: str) -> tuple[str | None, dict]:
+    """(problem, observed) for a call that should run: ``error`` is "Type: marker" when the
+    message contains ``marker``, else the whole message."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001
+        message = f"{type(error).__name__}: {error}"
+        return message, {"error": f"{type(error).__name__}: {marker}" if marker in str(error) else message}
+    return None, {}
+
+
 def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
-    """Upstream (torch 2.14 CPU): GroupedExperts(...).sum().backward() raises 'Invalid strides/sizes'."""
+    """Upstream (torch 2.14 CPU): GroupedExperts(...).sum().backward() raises 'Invalid strides/sizes'
+    (known issue torch-grouped-mm-cpu-expanded-grad: xfails while it raises exactly that)."""
     from torchtitan.models.common.moe import GroupedExperts
 
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
     module = GroupedExperts.Config(dim=32, hidden_dim=16, num_experts=4).build().bfloat16()
-    module(x.clone().requires_grad_(), counts).sum().backward()
+    problem, observed = _raised(
+        lambda: module(x.clone().requires_grad_(), counts).sum().backward(), "Invalid strides/sizes"
+    )
+    known_issues.enforce("grouped_mm_expanded_grad", problem, observed, impl="torchtitan", device="cpu")
+
+
+def test_torchtitan_grouped_experts_needs_16_byte_strides_in_bfloat16():
+    """Upstream: dim/hidden not multiples of 8 in bfloat16 raise (known issue
+    torch-grouped-mm-bf16-alignment); the harness op runs them through its per-expert loop."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16, dims=(3, 12, 20), counts=(2, 1, 3))
+    module = GroupedExperts.Config(dim=20, hidden_dim=12, num_experts=3).build().bfloat16()
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    assert torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3).isfinite().all()
+    problem, observed = _raised(lambda: module(x, counts), "strides should be multiple of 16 bytes")
+    known_issues.enforce("grouped_mm_alignment", problem, observed, impl="torchtitan", dtype="bfloat16")
+
+
+def test_enforce_fails_a_grouped_mm_error_other_than_the_recorded_one():
+    """The two tests above can fail: another error (or none) where the issue applies is a failure."""
+    other = known_issues.judge("grouped_mm_alignment", "RuntimeError: out of memory",
+                               {"error": "RuntimeError: out of memory"}, impl="torchtitan", dtype="bfloat16")
+    fixed = known_issues.judge("grouped_mm_expanded_grad", None, {}, impl="torchtitan", device="cpu")
+    assert other.status == "fail" and fixed.status == "fail" and "but it passed" in fixed.message
 
 
 # ------------------------------------------------------------------ Neuron path (import-guarded)
 
 
-def test_neuron_is_absent_here_and_nothing_is_registered():
+def test_neuron_kernels_are_registered_exactly_when_neuron_is_available():
     ok, reason = neuron.neuron_available()
-    assert not ok and reason
-    assert harness.ops.NEURON_REGISTRATION["registered"] is False
+    assert harness.ops.NEURON_REGISTRATION["registered"] is ok
     assert reason in harness.ops.NEURON_REGISTRATION["reason"]
 
 
@@ -236,5 +273,5 @@ def test_nki_kernel_modules_import_without_nki():
 def test_rope_kernel_contract_twin_equals_the_op_bitwise(dtype):
     x, cos, sin = _rope_inputs(dtype, batch_cos=True)
     cos, sin = cos.float(), sin.float()
-    via_kernel_layout = rope_kernel.rope_via(rope_kernel.rope_halves_reference, x, cos, sin)
+    via_kernel_layout = rope_kernel.rope_via(rope_halves_kernel_torch_ref, x, cos, sin)
     assert torch.equal(via_kernel_layout, torch.ops.harness.rope(x, cos, sin))

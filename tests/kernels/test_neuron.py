@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import harness.ops
-from harness.kernels.spec import device_status
+from harness.kernel_checks.spec import device_status
 
 pytestmark = pytest.mark.neuron
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.kernels import references
-from harness.kernels.registry import OPS
+from harness.kernel_checks import references
+from harness.kernel_checks.registry import OPS
 from harness.tolerances import FLOAT64_AGREEMENT as AGREE
 
 

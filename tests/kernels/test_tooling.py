@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from harness.kernels import cli, diagnostics
-from harness.kernels.defects import DEFECTS
-from harness.kernels.registry import OPS
-from harness.kernels.runner import run
-from harness.kernels.xdist import visible_cores_for_worker
+from harness.kernel_checks.spec import device_status
+from harness.kernel_checks import cli, diagnostics
+from harness.kernel_checks.plants import DEFECTS
+from harness.kernel_checks.registry import OPS
+from harness.kernel_checks.runner import run
+from harness.kernel_checks.xdist import visible_cores_for_worker
 
 
 def test_list_names_every_op_and_says_why_skipped():
@@ -16,7 +18,9 @@ def test_list_names_every_op_and_says_why_skipped():
     for op in OPS:
         assert f"{op}:" in text
     assert "can run" in text
-    assert "skipped: no Neuron hardware" in text and "skipped: no CUDA device" in text
+    for device in ("cuda", "neuron"):  # whatever this machine has, the listing says why
+        ok, reason = device_status(device)
+        assert ok or reason in text, f"{device} is unavailable ({reason}) but the listing does not say so"
     assert cli.main(["list"]) == 0
 
 
@@ -26,7 +30,7 @@ def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
     case_name, dtype = defect.catch_on[0]
     result = run(op, defect.impl, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
     report = result.report()
-    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernels replay"):
+    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernel_checks replay"):
         assert needle in report
     assert result.replay_path.parent == tmp_path
     bundle = torch.load(result.replay_path, weights_only=False)
@@ -51,3 +55,56 @@ def test_visible_cores_follow_the_xdist_worker_id():
     assert visible_cores_for_worker("gw3") == "3"
     assert visible_cores_for_worker("gw1", cores_per_worker=4) == "4-7"
     assert visible_cores_for_worker(None) is None and visible_cores_for_worker("master") is None
+
+
+# ------------------------------------------------------------------ Neuron-only paths, CPU twins
+
+
+def test_neuron_kernel_env_is_the_ranks_lnc():
+    from harness.kernel_checks.neuron_env import neuron_kernel_env
+
+    assert neuron_kernel_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}  # harness.devices' rank default
+    assert neuron_kernel_env({"NEURON_LOGICAL_NC_CONFIG": "1"}) == {"NEURON_LOGICAL_NC_CONFIG": "1"}
+
+
+def test_neuron_marked_tests_get_the_ranks_lnc_and_their_cores():
+    """What tests/kernels/conftest.py sets for tests marked ``neuron`` (computed, not run on Neuron)."""
+    from harness.kernel_checks.neuron_env import neuron_test_env
+
+    assert neuron_test_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}
+    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw3"}) == {"NEURON_RT_VISIBLE_CORES": "3", "NEURON_LOGICAL_NC_CONFIG": "2"}
+    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw1", "NEURON_RT_VISIBLE_CORES": "9", "NEURON_LOGICAL_NC_CONFIG": "1"}) == {
+        "NEURON_LOGICAL_NC_CONFIG": "1"}
+
+
+def test_nkilib_cross_entropy_tries_the_documented_path_first():
+    from harness.kernel_checks.adapters import nkilib
+
+    tried = []
+
+    def importer(available):
+        def import_module(name):
+            tried.append(name)
+            if name not in available:
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return name
+
+        return import_module
+
+    assert nkilib.cross_entropy_module(importer({"nkilib.experimental.loss.cross_entropy"}))[1] == (
+        "nkilib.experimental.loss.cross_entropy")
+    module, found, missed = nkilib.cross_entropy_module(importer({"nkilib.core.loss.cross_entropy"}))
+    assert found == "nkilib.core.loss.cross_entropy" and "nkilib.experimental.loss.cross_entropy" in missed[0]
+    assert tried[0] == tried[1] == "nkilib.experimental.loss.cross_entropy"
+    with pytest.raises(ImportError, match="tried nkilib.experimental.loss.cross_entropy.*nkilib.core.loss"):
+        nkilib.cross_entropy_module(importer(set()))
+
+
+def test_bench_reports_first_call_separately_from_steady_state():
+    ticks = iter([0.0, 5.0, 10.0, 10.5, 20.0, 20.25, 30.0, 30.5])  # first call 5 s, then 0.5, 0.25, 0.5
+
+    op = OPS["rms_norm"]
+    bench = cli.benchmark(op, op.implementation("torchtitan"), "cpu", op.case("single_token"), torch.float32,
+                          iters=3, clock=lambda: next(ticks))
+    assert bench["first_call_s"] == 5.0 and bench["median_s"] == 0.5 and bench["min_s"] == 0.25
+    assert "first call 5000.000 ms (includes compile)" in cli.format_benchmark(bench)

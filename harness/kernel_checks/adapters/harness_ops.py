@@ -11,11 +11,11 @@ import functools
 
 from torch.func import functional_call
 
-from harness.kernels.adapters.torchtitan import rope_max_seq_len
+from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
 
 
 def _on(device: str):
-    from harness.kernels.spec import torch_device
+    from harness.kernel_checks.spec import torch_device
 
     return torch_device(device)
 

@@ -2,16 +2,17 @@
 
 "nki-sim": ``nki.simulate(kernel)`` on CPU tensors (needs the real ``nki``).
 "neuron":  the kernel called on Neuron tensors (needs torch-neuronx and a NeuronCore).
-"cpu" (implementation ``nki_contract``): the kernel's torch twin through the same layout
-           wrappers -- checks the wrappers and the contract everywhere, without ``nki``.
+"cpu" (implementation ``nki_contract``): the kernel's torch twin (``X_torch.py`` beside the
+           kernel) through the same layout wrappers -- checks the wrappers and the contract
+           everywhere, without ``nki``.
 
 The cos/sin fed to the RoPE kernel come from torchtitan's CosSinRoPE cache, as in the model.
 """
 
 from __future__ import annotations
 
-from harness.kernels.adapters.harness_ops import _rope_module
-from harness.kernels.adapters.torchtitan import rope_max_seq_len
+from harness.kernel_checks.adapters.harness_ops import _rope_module
+from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
 
 
 def _cos_sin(inputs, params, device):
@@ -31,19 +32,21 @@ def rotary_embedding(inputs, params, device):
         return {"y": rope_kernel.rope_simulated(x, cos, sin)}
     if device == "neuron":
         return {"y": rope_kernel.rope_neuron(x, cos, sin)}
-    return {"y": rope_kernel.rope_via(rope_kernel.rope_halves_reference, x, cos, sin)}
+    from harness.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
+
+    return {"y": rope_kernel.rope_via(rope_halves_kernel_torch_ref, x, cos, sin)}
 
 
 def grouped_swiglu(inputs, params, device):
+    import torch
+
     from harness.ops.nki import grouped_swiglu_kernel as gk
+    from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
-    counts = [int(c) for c in inputs["num_tokens_per_expert"].tolist()]
+    offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
     if device == "nki-sim":
-        return {"y": gk.grouped_swiglu_simulated(x, counts, w1, w2, w3)}
+        return {"y": gk.grouped_swiglu_simulated(x, offsets, w1, w2, w3)}
     if device == "neuron":
-        import torch
-
-        offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
         return {"y": gk.grouped_swiglu_neuron(x, offsets, w1, w2, w3)}
-    return {"y": gk.grouped_swiglu_via(gk.grouped_swiglu_reference, x, counts, w1, w2, w3)}
+    return {"y": gk.grouped_swiglu_via(grouped_swiglu_kernel_torch_ref, x, offsets, w1, w2, w3)}
