@@ -32,6 +32,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "multi-node runs, e.g. --torchrun-arg=--nnodes=2 "
                     "--torchrun-arg=--rdzv-backend=c10d --torchrun-arg=--rdzv-endpoint=HOST:29500 "
                     "--torchrun-arg=--rdzv-id=$RUN_ID (a fresh id per session)")
+    group.addoption("--subject", action="append", default=[], metavar="M:C",
+                    help="also run and check a torchtitan config function (--module M --config C) "
+                    "on this machine's device, repeatable; its module is imported from "
+                    "--subject-path (default: the current folder)")
+    group.addoption("--subject-path", action="append", default=[],
+                    help="folder holding the --subject modules, repeatable")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
 

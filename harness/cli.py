@@ -1,4 +1,11 @@
-"""``python -m harness run``: run the backends on the device, check them, write a report."""
+"""``python -m harness``: run backends or any torchtitan config function, check, report.
+
+- ``run``: the registered backends (default: all three, tiny, pretrained) or the subjects named
+  by ``--module M --config C`` / ``--subject M:C``, on the detected device; every run is
+  checked (harness/checks.py) and a report folder is written. ``--compare M:C1 M:C2`` runs two
+  subjects on the same data and seed and prints their loss curves side by side.
+- ``lint``: the config checks that need no rank (seconds, CPU, meta device).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +19,13 @@ from harness.backends import BACKENDS, INITS, SIZES
 from harness.devices import KINDS, detect
 from harness.launch import RunSpec, launch, package_versions
 from harness.report import RunVerdict, format_table, table_rows, write_report
+from harness.subjects import Subject, SubjectError, infer, lint
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the backends, check them, write a report")
+    run = sub.add_parser("run", help="run backends or config functions, check them, write a report")
     run.add_argument("--device", choices=KINDS, default=None, help="default: detected")
     run.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     run.add_argument("--inits", nargs="+", choices=INITS, default=["pretrained"])
@@ -29,51 +37,142 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workaround", action="append", default=[],
                      choices=sorted(known_issues.WORKAROUNDS),
                      help="apply the workaround of a known upstream defect (harness/known_issues.py)")
+    _subject_options(run)
+    run.add_argument("--compare", nargs=2, metavar="M:C",
+                     help="run two config functions on the same data and seed, side by side")
+    check = sub.add_parser("lint", help="check config functions before any rank starts")
+    _subject_options(check)
     return parser
 
 
+def _subject_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--module", help="a torchtitan --module (a module of config functions)")
+    parser.add_argument("--config", help="its config function (torchtitan --config)")
+    parser.add_argument("--subject", action="append", default=[], metavar="M:C",
+                        help="a config function as MODULE:CONFIG, repeatable")
+    parser.add_argument("--pythonpath", action="append", default=[],
+                        help="folder holding the subjects' modules (default: the current folder)")
+
+
+def _subjects(args: argparse.Namespace) -> list[Subject]:
+    if bool(args.module) != bool(args.config):
+        raise SubjectError("--module and --config go together (as for torchtitan.train)")
+    subjects = [Subject(args.module, args.config)] if args.module else []
+    subjects += [Subject.parse(text) for text in (*args.subject, *(getattr(args, "compare", None) or ()))]
+    return subjects
+
+
+def _import_path(args: argparse.Namespace) -> tuple[str, ...]:
+    folders = tuple(str(Path(p).resolve()) for p in (args.pythonpath or ["."]))
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    return folders
+
+
+def lint_command(args: argparse.Namespace) -> int:
+    _import_path(args)
+    reports = [lint(subject) for subject in _subjects(args)]
+    if not reports:
+        print("lint: name config functions with --module M --config C or --subject M:C")
+        return 2
+    for report in reports:
+        print(report.format())
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _specs(args: argparse.Namespace, subjects: list[Subject], folders) -> list[RunSpec]:
+    common = dict(steps=args.steps, save_hf=True, workarounds=tuple(args.workaround))
+    if subjects:
+        return [RunSpec.for_subject(infer(s), pythonpath=folders, **common) for s in subjects]
+    specs = []
+    for backend in args.backends:
+        for init in args.inits:
+            offered = BACKENDS[backend].size(args.profile).inits
+            if init not in offered:
+                print(f"[{backend}] {args.profile} starts only from {offered}: skipping init {init}")
+                continue
+            specs.append(RunSpec(backend=backend, size=args.profile, init=init,
+                                 hf_assets_path=args.assets_dir, **common))
+    return specs
+
+
+def compare_table(a, b) -> tuple[str, int | None]:
+    """The two runs' loss curves side by side and the first step where they differ by more
+    than the loss-curve parity tolerance of their precision regime."""
+    from harness.tolerances import parity_tolerance
+
+    regime = "bf16_experts" if "nki_moe" in (a.backend, b.backend) else "float32"
+    band = parity_tolerance("torchrun_loss", regime).atol
+    rows = [("step", a.name, b.name, "diff")]
+    first = None
+    for sa, sb in zip(a.steps, b.steps):
+        diff = sb.loss - sa.loss
+        if first is None and not abs(diff) <= band:
+            first = sa.step
+        rows.append((str(sa.step), f"{sa.loss:.6f}", f"{sb.loss:.6f}", f"{diff:+.2e}"))
+    verdict = (f"first divergent step: {first} (|diff| > {band:g}, torchrun_loss {regime})"
+               if first else f"no step differs by more than {band:g} (torchrun_loss {regime})")
+    return format_table(rows) + "\n" + verdict, first
+
+
 def run(args: argparse.Namespace) -> int:
+    folders = _import_path(args)
+    subjects = _subjects(args)
+    for subject in subjects:  # a trn2 hour is not spent to learn what lint can say in seconds
+        report = lint(subject)
+        print(report.format(), flush=True)
+        if not report.ok:
+            print(f"{subject.name}: lint failed; nothing launched")
+            return 1
     profile = detect(args.device)
     out = Path(args.output_dir).resolve()
     versions = package_versions()
     print(f"device: {profile.describe()}\nversions: {versions}\nreport: {out}", flush=True)
     verdicts = []
-    for backend in args.backends:
-        for init in args.inits:
-            if init not in BACKENDS[backend].size(args.profile).inits:
-                print(f"[{backend}] {args.profile} starts only from "
-                      f"{BACKENDS[backend].size(args.profile).inits}: skipping init {init}")
-                continue
-            spec = RunSpec(backend=backend, size=args.profile, init=init, steps=args.steps,
-                           save_hf=True, hf_assets_path=args.assets_dir, workarounds=tuple(args.workaround))
-            start = time.monotonic()
-            print(f"[{spec.name}] launching {spec.steps} steps ...", flush=True)
+    for spec in _specs(args, subjects, folders):
+        start = time.monotonic()
+        print(f"[{spec.name}] launching {spec.steps} steps ...", flush=True)
 
-            def progress(record, name=spec.name, start=start):
-                print(f"[{name}] step {record.step:3d}  loss {record.loss:.6f}  "
-                      f"({time.monotonic() - start:.0f}s)", flush=True)
+        def progress(record, name=spec.name, start=start):
+            print(f"[{name}] step {record.step:3d}  loss {record.loss:.6f}  "
+                  f"({time.monotonic() - start:.0f}s)", flush=True)
 
-            result = launch(spec, profile, out / "runs" / spec.name, on_step=progress)
-            verdict = RunVerdict(result, checks.verdicts(result, spec.steps))
-            verdicts.append(verdict)
-            state = "ok" if verdict.ok else "FAIL"
-            print(f"[{spec.name}] {state} in {result.duration_s:.0f}s", flush=True)
-            if not result.ok:
-                print(result.log_tails(15), flush=True)
+        folder = spec.name.replace(":", "__").replace("/", "_")
+        result = launch(spec, profile, out / "runs" / folder, on_step=progress)
+        verdict = RunVerdict(result, checks.verdicts(result, spec.steps))
+        verdicts.append(verdict)
+        print(f"[{spec.name}] {'ok' if verdict.ok else 'FAIL'} in {result.duration_s:.0f}s", flush=True)
+        for name, (v, _) in verdict.checks.items():
+            if v.status != "pass":
+                print(f"  {name}: {v.status}: {v.message}", flush=True)
+        if not result.ok:
+            print(result.log_tails(15), flush=True)
     header = {"device": profile.describe(), "profile": args.profile, "steps": str(args.steps),
               **{f"version {k}": v for k, v in versions.items()},
               "workarounds": ", ".join(args.workaround) or "none"}
     write_report(verdicts, out, header)
     print()
     print(format_table(table_rows(verdicts)))
+    status = 0 if all(v.ok for v in verdicts) else 1
+    if args.compare:
+        text, _ = compare_table(verdicts[-2].run, verdicts[-1].run)
+        print("\n" + text)
+        (out / "compare.txt").write_text(text + "\n")
     print(f"\nreport: {out / 'summary.md'}")
-    return 0 if all(v.ok for v in verdicts) else 1
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "run":
-        return run(args)
+    try:
+        if args.command == "run":
+            return run(args)
+        if args.command == "lint":
+            return lint_command(args)
+    except SubjectError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 2
 
 

@@ -47,7 +47,9 @@ class Expectation:
 def _recorded_loss(model: str, mask: str, dp: int) -> tuple[float, str]:
     card_path = paths.FIXTURES / model / "fixture_card.json"
     card = json.loads(card_path.read_text())
-    table = {"document": "recorded_first_step_loss", "causal": "recorded_first_step_loss_causal_mask"}[mask]
+    table = {"document": "recorded_first_step_loss",
+             "causal": "recorded_first_step_loss_causal_mask",
+             "row_causal": "recorded_first_step_loss_row_causal"}[mask]
     key = f"dp{dp}_lbs2_seq256"
     if key not in card[table]:
         raise MissingExpectation(
@@ -71,11 +73,25 @@ def _model_config(model: str) -> dict:
     raise FileNotFoundError(f"no config.json for model {model!r} under {paths.FIXTURES}")
 
 
+def _std_rule(rule, hidden: int) -> float:
+    return hidden ** -0.5 if rule == "hidden^-0.5" else float(rule)
+
+
+def configured_lm_head_std(backend: str, hidden: int, path: Path = EXPECTATIONS_FILE) -> float:
+    """The lm_head init std ``backend`` is configured with at width ``hidden``: its random-init
+    entries' rule (the same init code at every width), never a std measured on a model."""
+    rules = {str(e["analytic_random_init"]["lm_head_std"])
+             for e in tomllib.loads(Path(path).read_text())["expectation"]
+             if e["backend"] == backend and "analytic_random_init" in e}
+    if len(rules) != 1:
+        raise MissingExpectation(f"{path}: backend {backend!r} needs exactly one lm_head_std rule "
+                                 f"among its analytic_random_init entries, found {sorted(rules)}")
+    return _std_rule(rules.pop(), hidden)
+
+
 def _analytic(model: str, spec: dict) -> tuple[float, str]:
     hf = _model_config(model)
-    std = spec["lm_head_std"]
-    if std == "hidden^-0.5":
-        std = hf["hidden_size"] ** -0.5
+    std = _std_rule(spec["lm_head_std"], hf["hidden_size"])
     value = analytic_random_init_loss(hf["vocab_size"], hf["hidden_size"], float(std))
     return value, f"ln V + std^2*hidden/2 (V={hf['vocab_size']}, hidden={hf['hidden_size']}, std={std:.4g})"
 
@@ -124,8 +140,7 @@ class ExpectationRegistry:
 
     def for_run(self, run) -> Expectation:
         """The expectation of a launched run (a RunResult)."""
-        from harness.backends import backend
-
-        spec = backend(run.backend)
-        return self.get(run.backend, spec.size(run.size).model, run.init, run.device,
-                        spec.mask(run.attention or None), run.nproc)
+        if run.model is None:
+            raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
+                                     f"knows, so it has no expectation")
+        return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc)

@@ -26,6 +26,7 @@ from harness.backends import INITS, BackendSpec, backend, paths
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
+from harness.subjects import Facts
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
 # Every process a launch starts inherits this marker: at the end of a session, exactly the
@@ -53,17 +54,28 @@ class RunSpec:
     # backend always gets (BackendSpec.workarounds).
     workarounds: tuple[str, ...] = ()
     plants: tuple[str, ...] = ()  # faults planted in the system under test (harness/plants.py)
+    # A user's config function instead of a registered backend's (``RunSpec.for_subject``):
+    # what the harness inferred about it (harness/subjects.py); ``backend`` is then its kind.
+    subject: Facts | None = None
+    pythonpath: tuple[str, ...] = ()  # folders the ranks need to import a subject's module
+
+    @classmethod
+    def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
+        return cls(backend=facts.kind, size=facts.size, init=facts.init,
+                   attention=facts.attention, subject=facts, **fields)
 
     def __post_init__(self) -> None:
         spec = backend(self.backend)  # validates the backend name
+        for name in self.workarounds:
+            known_issues.workaround(name)  # validates the name
+        if self.subject is not None:  # the subject's own config decides init, size, attention
+            return
         if self.attention is None:  # one key per distinct run: the default, spelled out
             object.__setattr__(self, "attention", spec.default_attention)
         if self.init not in self.size_spec.inits:
             raise ValueError(f"{self.backend}/{self.size}: init must be one of "
                              f"{self.size_spec.inits}, not {self.init!r}")
         spec.config_name(self.size, self.attention)  # validates size and attention
-        for name in self.workarounds:
-            known_issues.workaround(name)  # validates the name
 
     @property
     def spec(self) -> BackendSpec:
@@ -78,24 +90,45 @@ class RunSpec:
         return self.attention or self.spec.default_attention
 
     @property
+    def module(self) -> str:
+        return self.subject.module if self.subject else self.spec.module
+
+    @property
+    def config(self) -> str:
+        return self.subject.config if self.subject else self.spec.config_name(self.size, self.attention)
+
+    @property
+    def model(self) -> str | None:
+        """The expectations' model key."""
+        return self.subject.model if self.subject else self.size_spec.model
+
+    @property
+    def mask(self) -> str:
+        return self.subject.mask if self.subject else self.spec.mask(self.attention)
+
+    @property
     def all_workarounds(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.spec.workarounds, *self.workarounds)))
 
     def ranks(self, profile: DeviceProfile) -> int:
         """Ranks of this run on one node: asked for, else the size's (never more than the node
         has: a 1-GPU host runs the tiny models on one rank and asks for the dp1 expectation)."""
-        return self.nproc or min(self.size_spec.nproc or profile.ranks_per_node,
-                                 profile.ranks_per_node)
+        wanted = (2 if self.size == "tiny" else None) if self.subject else self.size_spec.nproc
+        return self.nproc or min(wanted or profile.ranks_per_node, profile.ranks_per_node)
 
     @property
     def name(self) -> str:
-        attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
         suffix = "".join(f"+{w}" for w in (*self.all_workarounds, *self.plants))
+        if self.subject:
+            return f"{self.subject.module}:{self.subject.config}{suffix}"
+        attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
         return f"{self.backend}-{self.size}{attention}-{self.init}{suffix}"
 
 
 def pretrained_weights_dir(spec: RunSpec) -> Path:
     """The HF safetensors a pretrained run starts from."""
+    if spec.subject:
+        return spec.subject.weights_dir
     path = spec.size_spec.resolve(spec.size_spec.weights_dir, spec.hf_assets_path)
     if path is None:
         raise ValueError(f"{spec.name}: {spec.backend}/{spec.size} has no pretrained weights")
@@ -104,6 +137,9 @@ def pretrained_weights_dir(spec: RunSpec) -> Path:
 
 def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
     """(model config dir, tokenizer assets dir, weights dir or None) that ``spec`` reads."""
+    if spec.subject:
+        facts = spec.subject
+        return facts.model_dir or facts.weights_dir or facts.assets_dir, facts.assets_dir, facts.weights_dir
     model_dir = spec.size_spec.resolve(spec.size_spec.model_dir, spec.hf_assets_path)
     assets = Path(spec.hf_assets_path) if spec.hf_assets_path else model_dir
     weights = pretrained_weights_dir(spec) if spec.init == "pretrained" else None
@@ -133,17 +169,17 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         f"--log-dir={run_dir / 'torchrun'}",
         "--redirects=3",
         "-m", "torchtitan.train",
-        "--module", spec.spec.module,
-        "--config", spec.spec.config_name(spec.size, spec.attention),
+        "--module", spec.module,
+        "--config", spec.config,
         "--dump_folder", str(run_dir / "dump"),
         "--training.steps", str(spec.steps),
     ]
-    if spec.hf_assets_path:
+    if spec.hf_assets_path and not spec.subject:
         for flag in spec.spec.asset_flags:
             command += [flag, spec.hf_assets_path]
     if spec.init == "pretrained" or spec.save_hf:
         command += ["--checkpoint.enable"]
-    if spec.init == "pretrained":
+    if spec.init == "pretrained" and not spec.subject:  # a subject's config loads its own
         command += [
             "--checkpoint.initial_load_in_hf",
             "--checkpoint.initial_load_path", str(pretrained_weights_dir(spec).resolve()),
@@ -164,9 +200,12 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     env.update(profile.rank_env)
     env["PYTHONUNBUFFERED"] = "1"
     env[SESSION_ENV] = SESSION_ID
-    python_path = [str(paths.REPO_ROOT)]
+    python_path = [*spec.pythonpath, str(paths.REPO_ROOT)]
     workaround_shims = [known_issues.workaround(name).rank_shim for name in spec.all_workarounds]
-    shims = (*profile.shims, *(s for s in workaround_shims if s), *spec.plants)
+    # A subject's config has torchtitan's own metrics processor: the ranks swap in the
+    # harness's JSONL sink (the harness reads results from nowhere else).
+    sink = ("jsonl_metrics_sink",) if spec.subject else ()
+    shims = (*profile.shims, *sink, *(s for s in workaround_shims if s), *spec.plants)
     if shims:
         env["HARNESS_SHIMS"] = ",".join(shims)
         python_path.insert(0, str(BOOT_DIR))
@@ -289,6 +328,8 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         device=profile.kind,
         nproc=spec.ranks(profile),
         attention=spec.attention_name,
+        model=spec.model,
+        mask=spec.mask,
         workarounds=spec.all_workarounds,
         assets_dir=spec.hf_assets_path,
         command=command,

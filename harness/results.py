@@ -64,6 +64,8 @@ class RunResult:
     rank_logs: dict[int, list[Path]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     attention: str = ""
+    model: str | None = None  # the expectations' model key
+    mask: str = ""  # how attention treats packed rows (the recorded loss that applies)
     workarounds: tuple[str, ...] = ()
     assets_dir: str | None = None  # the HF assets dir of a full-size run
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from harness.backends import BACKENDS
 from harness.devices import KINDS, TIER_SIZES, UNSUPPORTED_ATTENTION
 from harness.launch import RunSpec
+from harness.subjects import Subject, infer
 
 # Full-size runs on trn2: compile on the first step plus 10 steps of the real model. Five of
 # them must fit the nightly job's limit (.github/workflows/nightly-trn2.yml).
@@ -42,6 +43,25 @@ class RunCase:
                        attention=self.attention, save_hf=True, workarounds=tuple(workarounds),
                        hf_assets_path=assets_dir if full else None,
                        timeout_s=FULL_TIMEOUT_S if full else TINY_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class SubjectCase:
+    """A user's config function (``--subject M:C``) on one device: the same checks."""
+
+    device: str
+    subject: Subject
+    pythonpath: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.device}-{self.subject.name}"
+
+    def run_spec(self, steps: int, assets_dir: str | None = None, workarounds=()) -> RunSpec:
+        facts = infer(self.subject)
+        timeout = FULL_TIMEOUT_S if facts.size == "full" else TINY_TIMEOUT_S
+        return RunSpec.for_subject(facts, steps=steps, save_hf=True, timeout_s=timeout,
+                                   workarounds=tuple(workarounds), pythonpath=self.pythonpath)
 
 
 def cases(devices=KINDS) -> list[RunCase]:

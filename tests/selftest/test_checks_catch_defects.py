@@ -10,17 +10,17 @@ from harness import checks, known_issues
 from harness.expectations import ExpectationRegistry, MissingExpectation
 from harness.results import RunResult, StepRecord
 
-EXPECTED = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained", "cpu", "causal", 2)
+EXPECTED = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 2)
 
 
 def _run(losses, returncode=0, timed_out=False, backend="titan_native", init="pretrained",
-         attention="sdpa", grad_norm=1.0) -> RunResult:
+         attention="sdpa", mask="row_causal", grad_norm=1.0) -> RunResult:
     steps = [StepRecord(step=i + 1, loss=loss, grad_norm=grad_norm, tokens_per_s=1.0,
                         step_time_s=1.0, peak_memory_gib=1.0) for i, loss in enumerate(losses)]
     return RunResult(name="planted", backend=backend, size="tiny", init=init,
                      device="cpu", nproc=2, command=["torchrun"], returncode=returncode,
                      timed_out=timed_out, duration_s=1.0, run_dir=Path("/nonexistent"),
-                     steps=steps, attention=attention)
+                     steps=steps, attention=attention, model="tiny_dense", mask=mask)
 
 
 def _problem(check, run, steps):
@@ -60,10 +60,10 @@ def test_catches_a_nan_first_step():
 def test_the_recorded_value_depends_on_the_mask_and_the_data_parallel_degree():
     registry = ExpectationRegistry()
     values = {(mask, dp): registry.get("titan_native", "tiny_dense", "pretrained", "cpu", mask, dp).value
-              for mask in ("causal", "document") for dp in (1, 2)}
+              for mask in ("row_causal", "document") for dp in (1, 2)}
     assert len(set(values.values())) == 4, values
     with pytest.raises(MissingExpectation, match="data-parallel degree 3"):
-        registry.get("titan_native", "tiny_dense", "pretrained", "cpu", "causal", 3)
+        registry.get("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 3)
 
 
 def test_missing_expectation_names_the_key():
@@ -72,7 +72,7 @@ def test_missing_expectation_names_the_key():
 
 
 def test_a_run_without_expectation_fails_with_the_observed_value_and_how_to_record_it():
-    run = replace(_run([3.25]), device="cuda", backend="titan_native", size="full")
+    run = replace(_run([3.25]), device="cuda", size="full", model="Qwen3-4B-Instruct-2507")
     problem = _problem("first_step_loss", run, 1)
     assert "no expectation" in problem and "3.250000" in problem and "record it" in problem
 
@@ -89,7 +89,8 @@ TIED = known_issues.issue("hf_v5-tied-embedding-init-scale")
 
 def _hf_random(deviation):
     expected = ExpectationRegistry().get("hf_v5", "tiny_dense", "random", "cpu")
-    return _run([expected.value + deviation], backend="hf_v5", init="random", attention="causal")
+    return _run([expected.value + deviation], backend="hf_v5", init="random", attention="causal",
+                mask="causal")
 
 
 def test_known_issue_is_accepted_only_with_its_recorded_signature():
