@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 KINDS = ("neuron", "cuda", "cpu")
+# The logical-NeuronCore configuration ranks run at unless the environment says otherwise:
+# trn2's default (neuronx-cc compiles for LNC 2); NKI 0.7 rejects a kernel whose LNC differs
+# from the compiler's (NCC_EVRF066), so in-process kernel tests use the same value.
+NEURON_LNC_DEFAULT = "2"
 
 # The model sizes each device tier runs (the run template instantiates every backend at each).
 TIER_SIZES = {"cpu": ("tiny",), "cuda": ("tiny",), "neuron": ("tiny", "full")}
@@ -62,13 +66,21 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def device_status(kind: str) -> tuple[bool, str]:
+    """(available, reason) of a device kind: the one definition every tier and suite asks.
+
+    Besides ``KINDS``, kernel tests know "nki-sim": NKI's CPU simulator (no hardware)."""
     if kind == "neuron":
         return neuron_status()
     if kind == "cuda":
         return cuda_status()
     if kind == "cpu":
         return True, f"{os.cpu_count()} CPU cores"
-    raise ValueError(f"unknown device kind {kind!r}; choose one of {KINDS}")
+    if kind == "nki-sim":
+        from harness.ops.neuron import nki_available
+
+        ok, reason = nki_available()
+        return ok, reason if ok else f"NKI simulator unavailable: {reason}"
+    raise ValueError(f"unknown device kind {kind!r}; choose one of {(*KINDS, 'nki-sim')}")
 
 
 # Shims torchtitan 0.3.0 needs on CPU; see harness/upstream/.
@@ -87,7 +99,8 @@ def profile_for(kind: str) -> DeviceProfile:
             ranks_per_node=count,
             device_count=count,
             rank_env={
-                "NEURON_LOGICAL_NC_CONFIG": os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"),
+                "NEURON_LOGICAL_NC_CONFIG": os.environ.get("NEURON_LOGICAL_NC_CONFIG",
+                                                           NEURON_LNC_DEFAULT),
                 "TORCH_NEURONX_NEFF_CACHE_DIR": os.environ.get(
                     "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")
                 ),

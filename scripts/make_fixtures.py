@@ -215,8 +215,11 @@ def make_tokenizer(corpus_dir: Path, out_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # tiny "pretrained" checkpoints
 # ---------------------------------------------------------------------------------------------
+# Every dimension real Qwen3 keeps distinct is distinct here too, so a defect that confuses
+# two of them cannot hide: head_dim 48 != hidden/heads 32 (Qwen3-4B: 128 vs 80), kv heads !=
+# heads, intermediate != hidden, moe_intermediate != head_dim.
 COMMON_CONFIG = dict(vocab_size=VOCAB_SIZE, hidden_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=48,
                      intermediate_size=384, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                      max_position_embeddings=1024, bos_token_id=0, eos_token_id=0)
 MODELS = {
@@ -235,11 +238,14 @@ RECORD_NOTES = (
     "dp<world size>_lbs<local batch>_seq<seq_len>. Batches come from torchtitan's "
     "HuggingFaceTextDataLoader(dataset='c4_test', dataset_path=fixtures/corpus) with "
     "HuggingFaceTokenizer(fixtures/tokenizer); rank r reads the contiguous shard r of the docs. "
-    "RoPE uses torchtitan's per-document positions. 'recorded_first_step_loss' confines attention "
-    "to each packed document (native qwen3 flex/varlen; transformers backend with "
+    "'recorded_first_step_loss' confines attention to each packed document, RoPE at "
+    "per-document positions (native qwen3 flex/varlen; transformers backend with "
     "attn_mask_type='block_causal'); '..._causal_mask' is plain causal attention across the "
-    "packed row (transformers backend default attn_mask_type='causal'). Computed with the HF "
-    "model in float32, not with torchtitan's trainer.")
+    "packed row with per-document positions (transformers backend default "
+    "attn_mask_type='causal'); '..._row_causal' is causal attention over the row with row "
+    "positions 0..seq-1, the row read as one sequence (native qwen3 attn_backend='sdpa', as "
+    "spring-2026 torchtitan builds it). Computed with the HF model in float32, not with "
+    "torchtitan's trainer.")
 
 
 def build_model(name: str):
@@ -326,7 +332,7 @@ def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int,
     return batches
 
 
-def global_avg_loss(model, batches, document_mask: bool) -> float:
+def global_avg_loss(model, batches, document_mask: bool, row_positions: bool = False) -> float:
     """torchtitan's logged ``global_avg_loss`` for one step: each rank's summed token CE divided
     by the global valid-token count, summed over ranks (same float32 order as the trainer).
 
@@ -335,7 +341,8 @@ def global_avg_loss(model, batches, document_mask: bool) -> float:
     confines attention to each packed document (what HF does by itself when position_ids
     restart and attention_mask is None; torchtitan's native flex/varlen masks do the same);
     False is plain causal attention over the packed row (the transformers backend's default
-    ``attn_mask_type="causal"``): an all-ones 2D mask turns HF's packing detection off."""
+    ``attn_mask_type="causal"``): an all-ones 2D mask turns HF's packing detection off.
+    ``row_positions=True`` gives RoPE the row positions 0..seq-1 instead (native SDPA)."""
     import torch
     import torch.nn.functional as F
 
@@ -345,6 +352,8 @@ def global_avg_loss(model, batches, document_mask: bool) -> float:
     with torch.no_grad():
         for inputs, positions, labels in batches:
             mask = None if document_mask else torch.ones_like(inputs)
+            if row_positions:
+                positions = torch.arange(inputs.shape[1]).expand_as(inputs)
             logits = model(input_ids=inputs, position_ids=positions, attention_mask=mask,
                            use_cache=False).logits
             local_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1),
@@ -355,11 +364,13 @@ def global_avg_loss(model, batches, document_mask: bool) -> float:
 
 def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path) -> dict:
     """``{"document_mask": {shape_key: loss}, "causal_mask": {...}}`` for every RECORD_SHAPES."""
-    recorded: dict[str, dict[str, float]] = {"document_mask": {}, "causal_mask": {}}
+    recorded: dict[str, dict[str, float]] = {"document_mask": {}, "causal_mask": {}, "row_causal": {}}
     for key, (dp, lbs, seq_len) in RECORD_SHAPES.items():
         batches = first_global_batch(corpus_dir, tokenizer_dir, dp, lbs, seq_len)
         recorded["document_mask"][key] = global_avg_loss(model, batches, document_mask=True)
         recorded["causal_mask"][key] = global_avg_loss(model, batches, document_mask=False)
+        recorded["row_causal"][key] = global_avg_loss(model, batches, document_mask=False,
+                                                      row_positions=True)
     return recorded
 
 
@@ -386,6 +397,7 @@ def fixture_card(name: str, model, losses: list[float], recorded: dict) -> dict:
                      "final_train_loss_mean_last_20": sum(losses[-20:]) / 20},
         "recorded_first_step_loss": recorded["document_mask"],
         "recorded_first_step_loss_causal_mask": recorded["causal_mask"],
+        "recorded_first_step_loss_row_causal": recorded["row_causal"],
         "recorded_first_step_loss_notes": RECORD_NOTES,
         "versions": {"torch": torch.__version__.split("+")[0],
                      "transformers": transformers.__version__,

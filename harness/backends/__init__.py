@@ -56,9 +56,11 @@ class BackendSpec:
     module: str  # torchtitan --module
     summary: str
     sizes: dict[str, SizeSpec]
-    # attention variant -> the mask it applies over packed rows ("causal" or "document"); the
-    # first is the default (the source's configuration). The config function of a non-default
-    # variant is "<size>_<variant>".
+    # attention variant -> how it treats packed rows (the recorded loss that applies):
+    # "row_causal" (causal over the row, RoPE at row positions: the row is one sequence),
+    # "causal" (causal over the row, RoPE at per-document positions), "document" (causal
+    # within each document, per-document positions). The first variant is the default (the
+    # source's configuration); a non-default variant's config function is "<size>_<variant>".
     attention: dict[str, str]
     # Trainer-config flags that take the HF assets dir on the command line.
     asset_flags: tuple[str, ...] = ("--hf_assets_path",)
@@ -96,9 +98,9 @@ MOE_4L = SizeSpec("qwen3_30b_a3b_4l_64e_top4",
                   str(paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"),
                   None, "bfloat16")
 
-# Attention variants and the mask each applies over packed rows: "sdpa" (torch SDPA, causal),
-# as the source's configurations; "flex" (flex attention, causal within each document).
-NATIVE_ATTENTION = {"sdpa": "causal", "flex": "document"}
+# Native Qwen3's attention variants: "sdpa" (torch SDPA, causal over the row, row positions),
+# as the source's configurations; "flex" (flex attention, per-document mask and positions).
+NATIVE_ATTENTION = {"sdpa": "row_causal", "flex": "document"}
 
 _REGISTERED = (
     BackendSpec(
@@ -107,7 +109,9 @@ _REGISTERED = (
         summary="torchtitan's transformers (v5) modeling backend: the HF model class, HF "
                 "safetensors in and out",
         sizes={"tiny": DENSE_TINY, "full": QWEN3_4B},
-        attention={"causal": "causal"},  # the backend's default attn_mask_type
+        # The backend's default attn_mask_type "causal", with the dataloader's per-document
+        # RoPE positions.
+        attention={"causal": "causal"},
         asset_flags=("--hf_assets_path", "--hf_model"),
         workarounds=("hf_rope_init",),
     ),
