@@ -9,6 +9,7 @@ upstream defect is accepted only when it shows exactly as recorded.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +35,12 @@ def completed(run: RunResult, steps: int) -> Outcome:
     logged = [s.step for s in run.steps]
     if logged != list(range(1, steps + 1)):
         problems.append(f"logged steps {logged}, expected 1..{steps}")
-    return Outcome("; ".join(problems) or None, {"steps_logged": len(logged)},
+    observed = {"steps_logged": len(logged)}
+    if problems:
+        observed["error"] = run.first_error()
+        if observed["error"]:
+            problems.append(f"first error: {observed['error']}")
+    return Outcome("; ".join(problems) or None, observed,
                    "exit code 0, no timeout, every step logged")
 
 
@@ -72,7 +78,8 @@ def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
 
     dirs = run.hf_checkpoint_dirs
     if not dirs:
-        return Outcome(f"no HF checkpoint under {run.run_dir / 'dump' / 'checkpoint'}")
+        problem = f"no HF checkpoint under {run.run_dir / 'dump' / 'checkpoint'}"
+        return Outcome(problem, {"error": problem})
     spec = backend(run.backend).size(run.size)
     model_dir = spec.resolve(spec.model_dir, run.assets_dir)
     return _reload_problems(dirs[-1], model_dir)
@@ -99,12 +106,14 @@ def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
         except Exception as error:  # a wrong shape raises
             return Outcome(f"transformers could not load {checkpoint}: {error}")
     missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    kinds = tuple(sorted({re.sub(r"^model\.layers\.\d+\.", "", key) for key in missing}))
     mismatched = sorted(str(m) for m in info.get("mismatched_keys", []))
     problems = [f"{name} ({len(keys)}): {keys[:8]}" for name, keys in
                 (("missing keys", missing), ("unexpected keys", unexpected),
                  ("mismatched shapes", mismatched)) if keys]
     return Outcome(("; ".join(problems) + f" reloading {checkpoint}") if problems else None,
-                   {"missing": len(missing), "unexpected": len(unexpected)},
+                   {"missing": len(missing), "unexpected": len(unexpected),
+                    "missing_key_kinds": kinds if missing and not unexpected else None},
                    f"transformers from_pretrained({checkpoint.name}) with {model_dir}/config.json")
 
 
@@ -125,6 +134,14 @@ def context(run: RunResult) -> dict[str, str]:
 
 def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdict, Outcome]:
     outcome = RUN_CHECKS[check](run, steps)
+    if check != "completed":
+        # A run that a known issue stops before it completes cannot be checked further; that
+        # is the same known issue, not a new failure (and not a pass).
+        completed_verdict, _ = verdict("completed", run, steps)
+        if completed_verdict.status == "known":
+            return known_issues.Verdict(
+                "known", f"not checkable: the run stopped early ({completed_verdict.message})",
+                completed_verdict.issues), outcome
     return known_issues.judge(check, outcome.problem, outcome.observed, run.workarounds,
                               **context(run)), outcome
 

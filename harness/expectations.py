@@ -44,19 +44,19 @@ class Expectation:
         return observed - self.value
 
 
-def _recorded_loss(model: str, mask: str, dp: int) -> tuple[float, str]:
-    card_path = paths.FIXTURES / model / "fixture_card.json"
-    card = json.loads(card_path.read_text())
-    table = {"document": "recorded_first_step_loss",
-             "causal": "recorded_first_step_loss_causal_mask",
-             "row_causal": "recorded_first_step_loss_row_causal"}[mask]
+def _recorded_loss(model: str, mask: str, dp: int, generation: str) -> tuple[float, str]:
+    path = paths.FIXTURES / model / "recorded_losses.json"
+    recorded = json.loads(path.read_text())
     key = f"dp{dp}_lbs2_seq256"
-    if key not in card[table]:
+    try:
+        value = recorded[generation][mask][key]
+    except KeyError:
         raise MissingExpectation(
-            f"{card_path} records no {mask}-mask first-step loss at data-parallel degree {dp} "
-            f"({table}.{key}; it has {sorted(card[table])}): add {key} to RECORD_SHAPES in "
-            f"scripts/make_fixtures.py and regenerate the fixtures")
-    return float(card[table][key]), f"fixture card {model}/{table}.{key}"
+            f"{path} records no {mask} first-step loss for torchtitan API generation "
+            f"{generation!r} at data-parallel degree {dp} ({generation}.{mask}.{key}): record it "
+            f"with `python scripts/make_fixtures.py --only recorded` in that generation's "
+            f"environment (add {key} to RECORD_SHAPES for another degree)") from None
+    return float(value), f"{path.parent.name}/recorded_losses.json {generation}.{mask}.{key}"
 
 
 def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: float) -> float:
@@ -66,10 +66,11 @@ def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: fl
 
 
 def _model_config(model: str) -> dict:
+    from harness.hf_config import read_config_json
+
     for root in (paths.FIXTURES, paths.FIXTURES / "reference_configs"):
-        path = root / model / "config.json"
-        if path.is_file():
-            return json.loads(path.read_text())
+        if (root / model / "config.json").is_file():
+            return read_config_json(root / model)
     raise FileNotFoundError(f"no config.json for model {model!r} under {paths.FIXTURES}")
 
 
@@ -77,12 +78,19 @@ def _std_rule(rule, hidden: int) -> float:
     return hidden ** -0.5 if rule == "hidden^-0.5" else float(rule)
 
 
-def configured_lm_head_std(backend: str, hidden: int, path: Path = EXPECTATIONS_FILE) -> float:
+def configured_lm_head_std(backend: str, hidden: int, generation: str | None = None,
+                           path: Path = EXPECTATIONS_FILE) -> float:
     """The lm_head init std ``backend`` is configured with at width ``hidden``: its random-init
     entries' rule (the same init code at every width), never a std measured on a model."""
+    if generation is None:
+        from harness.titan_api import generation as installed
+
+        generation = installed()
+    entries = [e for e in tomllib.loads(Path(path).read_text())["expectation"]
+               if e["backend"] == backend and "analytic_random_init" in e]
+    own = [e for e in entries if e.get("generation") == generation]
     rules = {str(e["analytic_random_init"]["lm_head_std"])
-             for e in tomllib.loads(Path(path).read_text())["expectation"]
-             if e["backend"] == backend and "analytic_random_init" in e}
+             for e in (own or [e for e in entries if "generation" not in e])}
     if len(rules) != 1:
         raise MissingExpectation(f"{path}: backend {backend!r} needs exactly one lm_head_std rule "
                                  f"among its analytic_random_init entries, found {sorted(rules)}")
@@ -106,31 +114,41 @@ class ExpectationRegistry:
         self.entries: list[dict] = data["expectation"]
 
     def keys(self) -> list[tuple[str, ...]]:
-        return [(e["backend"], e["model"], e["init"], e["device"], e.get("mask", "any"))
-                for e in self.entries]
+        return [(e["backend"], e["model"], e["init"], e["device"], e.get("mask", "any"),
+                 e.get("generation", "any")) for e in self.entries]
 
     def get(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
-            dp: int = 2) -> Expectation:
+            dp: int = 2, generation: str | None = None) -> Expectation:
         """The expected first-step loss of a run; ``dp`` is its data-parallel degree (a recorded
-        loss depends on the global batch)."""
+        loss depends on the global batch), ``generation`` its torchtitan API generation
+        (default: the installed one)."""
+        if generation is None:
+            from harness.titan_api import generation as installed
+
+            generation = installed()
+
         def score(entry):  # exact matches first
-            return (entry["device"] != device) + (entry.get("mask", "any") != mask)
+            return ((entry["device"] != device) + (entry.get("mask", "any") != mask)
+                    + (entry.get("generation", "any") != generation))
 
         matches = sorted(
             (e for e in self.entries
              if (e["backend"], e["model"], e["init"]) == (backend, model, init)
-             and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")),
+             and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")
+             and e.get("generation", "any") in (generation, "any")),
             key=score)
         if not matches:
             raise MissingExpectation(
                 f"no expectation for backend={backend!r} model={model!r} init={init!r} "
-                f"device={device!r} mask={mask!r} in {self.path}; known keys: {self.keys()}")
+                f"device={device!r} mask={mask!r} generation={generation!r} in {self.path}; "
+                f"known keys: {self.keys()}")
         entry = matches[0]
-        key = (backend, model, init, entry["device"], entry.get("mask", "any"))
+        key = (backend, model, init, entry["device"], entry.get("mask", "any"),
+               entry.get("generation", "any"))
         if "value" in entry:
             value, source = float(entry["value"]), f"published value in {self.path.name}"
         elif "recorded" in entry:
-            value, source = _recorded_loss(model, entry["recorded"], dp)
+            value, source = _recorded_loss(model, entry["recorded"], dp, generation)
         elif "analytic_random_init" in entry:
             value, source = _analytic(model, entry["analytic_random_init"])
         else:
@@ -143,4 +161,5 @@ class ExpectationRegistry:
         if run.model is None:
             raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
                                      f"knows, so it has no expectation")
-        return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc)
+        return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
+                        run.versions.get("torchtitan-generation"))

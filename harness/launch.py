@@ -15,14 +15,14 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import psutil
 
 from harness import known_issues
-from harness.backends import INITS, BackendSpec, backend, paths
+from harness.backends import BackendSpec, backend, paths
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records

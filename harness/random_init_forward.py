@@ -58,9 +58,7 @@ import psutil
 
 from harness.backends import paths
 from harness.devices import CPU_SHIMS
-from harness.expectations import ExpectationRegistry, analytic_random_init_loss
 from harness.launch import BOOT_DIR, package_versions
-from harness.tolerances import loss_band
 
 GIB = 1024**3
 QWEN3_4B = "Qwen3-4B-Instruct-2507"
@@ -249,8 +247,15 @@ def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
     import torch
 
     # One document per row (random ids contain no EOS): positions 0..L-1, the masks the
-    # trainer builds from them (native: causal + per-document; transformers backend: causal).
+    # trainer builds from them (native flex: causal + per-document; transformers backend:
+    # causal). Native SDPA (the backends' default, as the source's configurations) takes no
+    # mask: it is causal by itself.
     positions = torch.arange(seq_len).unsqueeze(0).expand(batch, seq_len)
+    if kind == "native":
+        from harness.subjects import _native_attention
+
+        if _native_attention(model.config) == "sdpa":
+            return positions, None
     return positions, model.get_attention_masks(positions)
 
 

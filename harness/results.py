@@ -87,6 +87,21 @@ class RunResult:
         root = self.run_dir / "dump" / "checkpoint"
         return sorted({p.parent for p in root.glob("step-*/*.safetensors")}) if root.exists() else []
 
+    def first_error(self) -> str | None:
+        """The first exception line any rank logged ("SomeError: message"), if any."""
+        import re
+
+        pattern = re.compile(r"^(?:\[rank\d+\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+        for _, files in sorted(self.rank_logs.items()):
+            for path in files:
+                if not path.exists():
+                    continue
+                for line in path.read_text(errors="replace").splitlines():
+                    match = pattern.match(line.strip())
+                    if match:
+                        return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+        return None
+
     def log_tails(self, lines: int = 30) -> str:
         out = []
         for rank, files in sorted(self.rank_logs.items()):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
-ALL_PARTS = ("corpus", "tokenizer", "tiny_dense", "tiny_moe")
+ALL_PARTS = ("corpus", "tokenizer", "tiny_dense", "tiny_moe", "recorded")
+MODEL_PARTS = ("tiny_dense", "tiny_moe")
 REGENERATE_CMD = "python scripts/make_fixtures.py"
 
 # ---------------------------------------------------------------------------------------------
@@ -231,21 +232,23 @@ MODELS = {
 }
 TRAIN = dict(seed=1234, steps=600, batch_size=8, seq_tokens=257, lr=3e-3, warmup_steps=40,
              min_lr_ratio=0.1, weight_decay=0.01, betas=(0.9, 0.95))
+RECORDED = "recorded_losses.json"  # per torchtitan API generation: {generation: {masking: {shape: loss}}}
 RECORD_SHAPES = {"dp1_lbs2_seq256": (1, 2, 256), "dp2_lbs2_seq256": (2, 2, 256)}
 RECORD_NOTES = (
     "Step-1 global_avg_loss torchtitan should log when starting from this checkpoint (before any "
-    "update): sum over dp ranks of (rank's summed token CE / global valid tokens). Keys are "
-    "dp<world size>_lbs<local batch>_seq<seq_len>. Batches come from torchtitan's "
-    "HuggingFaceTextDataLoader(dataset='c4_test', dataset_path=fixtures/corpus) with "
-    "HuggingFaceTokenizer(fixtures/tokenizer); rank r reads the contiguous shard r of the docs. "
-    "'recorded_first_step_loss' confines attention to each packed document, RoPE at "
+    "update): sum over dp ranks of (rank's summed token CE / global valid tokens). One section "
+    "per torchtitan API generation (harness/titan_api): its HuggingFaceTextDataLoader "
+    "(dataset='c4_test', dataset_path=fixtures/corpus, HuggingFaceTokenizer(fixtures/tokenizer)) "
+    "decides the batches (0.3.0 shifts labels within each document, spring-2026 main across the "
+    "packed row). Shape keys are dp<world size>_lbs<local batch>_seq<seq_len>; rank r reads shard "
+    "r of the docs. Masking: 'document' confines attention to each packed document, RoPE at "
     "per-document positions (native qwen3 flex/varlen; transformers backend with "
-    "attn_mask_type='block_causal'); '..._causal_mask' is plain causal attention across the "
-    "packed row with per-document positions (transformers backend default "
-    "attn_mask_type='causal'); '..._row_causal' is causal attention over the row with row "
-    "positions 0..seq-1, the row read as one sequence (native qwen3 attn_backend='sdpa', as "
-    "spring-2026 torchtitan builds it). Computed with the HF model in float32, not with "
-    "torchtitan's trainer.")
+    "attn_mask_type='block_causal'); 'causal' is causal attention across the packed row with "
+    "per-document positions (transformers backend default attn_mask_type='causal' on 0.3.0); "
+    "'row_causal' is causal attention over the row with row positions 0..seq-1, the row read as "
+    "one sequence (native qwen3 attn_backend='sdpa'). Computed with the HF model in float32, not "
+    "with torchtitan's trainer. Regenerate in each generation's environment: "
+    "python scripts/make_fixtures.py --only recorded")
 
 
 def build_model(name: str):
@@ -318,7 +321,8 @@ def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int,
     """The (inputs, positions, labels) each dp rank gets as its first batch, built with
     torchtitan's own tokenizer and dataloader classes exactly as its trainer builds them."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    from harness.titan_api import HuggingFaceTextDataLoader
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(tokenizer_dir))
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(corpus_dir))
@@ -363,18 +367,19 @@ def global_avg_loss(model, batches, document_mask: bool, row_positions: bool = F
 
 
 def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path) -> dict:
-    """``{"document_mask": {shape_key: loss}, "causal_mask": {...}}`` for every RECORD_SHAPES."""
-    recorded: dict[str, dict[str, float]] = {"document_mask": {}, "causal_mask": {}, "row_causal": {}}
+    """``{"document": {shape_key: loss}, "causal": {...}, "row_causal": {...}}`` for every
+    RECORD_SHAPES (the masking names of harness/backends BackendSpec.attention)."""
+    recorded: dict[str, dict[str, float]] = {"document": {}, "causal": {}, "row_causal": {}}
     for key, (dp, lbs, seq_len) in RECORD_SHAPES.items():
         batches = first_global_batch(corpus_dir, tokenizer_dir, dp, lbs, seq_len)
-        recorded["document_mask"][key] = global_avg_loss(model, batches, document_mask=True)
-        recorded["causal_mask"][key] = global_avg_loss(model, batches, document_mask=False)
+        recorded["document"][key] = global_avg_loss(model, batches, document_mask=True)
+        recorded["causal"][key] = global_avg_loss(model, batches, document_mask=False)
         recorded["row_causal"][key] = global_avg_loss(model, batches, document_mask=False,
                                                       row_positions=True)
     return recorded
 
 
-def fixture_card(name: str, model, losses: list[float], recorded: dict) -> dict:
+def fixture_card(name: str, model, losses: list[float]) -> dict:
     """What the harness asserts against, plus enough provenance to tell why it might change."""
     import tokenizers
     import torch
@@ -395,10 +400,6 @@ def fixture_card(name: str, model, losses: list[float], recorded: dict) -> dict:
                      "data": f"fixtures/corpus minus the first {HELD_OUT} docs of each quarter",
                      "first_train_loss": losses[0], "final_train_loss": losses[-1],
                      "final_train_loss_mean_last_20": sum(losses[-20:]) / 20},
-        "recorded_first_step_loss": recorded["document_mask"],
-        "recorded_first_step_loss_causal_mask": recorded["causal_mask"],
-        "recorded_first_step_loss_row_causal": recorded["row_causal"],
-        "recorded_first_step_loss_notes": RECORD_NOTES,
         "versions": {"torch": torch.__version__.split("+")[0],
                      "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__},
@@ -420,11 +421,27 @@ def make_model_fixture(name: str, corpus_dir: Path, tokenizer_dir: Path, out_dir
     model.save_pretrained(out_dir, safe_serialization=True)
     for f in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / f, out_dir / f)
-    # Record with the model as saved and reloaded, i.e. exactly what a run will load.
     saved = getattr(transformers, MODELS[name][0]).from_pretrained(out_dir).eval()
-    recorded = record_first_step_losses(saved, corpus_dir, tokenizer_dir)
-    write_json(out_dir / "fixture_card.json", fixture_card(name, saved, losses, recorded))
-    print(f"  [{name}] recorded {json.dumps(recorded)}", flush=True)
+    write_json(out_dir / "fixture_card.json", fixture_card(name, saved, losses))
+
+
+def record_losses(name: str, corpus_dir: Path, tokenizer_dir: Path, model_dir: Path,
+                  previous: Path, out: Path) -> None:
+    """The recorded first-step losses of the saved model, for the installed torchtitan API
+    generation (its dataloader decides the batches), into ``out`` (recorded_losses.json);
+    the other generations' sections are kept from ``previous``. Run it in each generation's
+    environment (CI checks each section in its own)."""
+    import transformers
+
+    from harness.titan_api import generation
+
+    # Recorded with the model as saved and reloaded, i.e. exactly what a run will load.
+    saved = getattr(transformers, MODELS[name][0]).from_pretrained(model_dir).eval()
+    data = json.loads(previous.read_text()) if previous.is_file() else {"notes": RECORD_NOTES}
+    data["notes"] = RECORD_NOTES
+    data[generation()] = record_first_step_losses(saved, corpus_dir, tokenizer_dir)
+    write_json(out, data)
+    print(f"  [{name}] recorded for {generation()}: {json.dumps(data[generation()])}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,17 +461,31 @@ def generate(root: Path, parts: list[str], inputs: Path) -> None:
     datasets.disable_progress_bars()
     corpus = (root if "corpus" in parts else inputs) / "corpus"
     tokenizer = (root if "tokenizer" in parts else inputs) / "tokenizer"
+    if set(parts) & set(MODEL_PARTS) and "recorded" not in parts:
+        parts = [*parts, "recorded"]  # new weights, new recorded losses
+
+    def record():
+        for name in MODEL_PARTS:
+            retrained = name in parts
+            model_dir = (root if retrained else inputs) / name
+            (root / name).mkdir(parents=True, exist_ok=True)
+            # Retrained weights make every generation's old section stale: only this one is kept.
+            previous = Path("/nonexistent") if retrained else inputs / name / RECORDED
+            record_losses(name, corpus, tokenizer, model_dir, previous, root / name / RECORDED)
+
     steps = {
         "corpus": lambda: make_corpus(root / "corpus"),
         "tokenizer": lambda: make_tokenizer(corpus, root / "tokenizer"),
         "tiny_dense": lambda: make_model_fixture("tiny_dense", corpus, tokenizer, root / "tiny_dense"),
         "tiny_moe": lambda: make_model_fixture("tiny_moe", corpus, tokenizer, root / "tiny_moe"),
+        "recorded": record,
     }
     for part in ALL_PARTS:
         if part in parts:
             start = time.perf_counter()
             print(f"{part}: generating", flush=True)
-            shutil.rmtree(root / part, ignore_errors=True)
+            if part != "recorded":
+                shutil.rmtree(root / part, ignore_errors=True)
             steps[part]()
             print(f"{part}: done in {time.perf_counter() - start:.1f}s", flush=True)
 
@@ -463,8 +494,12 @@ def compare(generated: Path, committed: Path, parts: list[str]) -> list[str]:
     """Relative paths that differ (or exist on one side only) between the two trees."""
     bad = []
     for part in parts:
-        files = {p.relative_to(generated) for p in (generated / part).rglob("*") if p.is_file()}
-        files |= {p.relative_to(committed) for p in (committed / part).rglob("*") if p.is_file()}
+        if part == "recorded":
+            files = {Path(name) / RECORDED for name in MODEL_PARTS}
+        else:  # a model's recorded losses belong to the "recorded" part
+            files = {p.relative_to(generated) for p in (generated / part).rglob("*") if p.is_file()}
+            files |= {p.relative_to(committed) for p in (committed / part).rglob("*") if p.is_file()}
+            files = {f for f in files if f.name != RECORDED}
         for rel in sorted(files):
             a, b = generated / rel, committed / rel
             if not (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False)):

@@ -13,7 +13,7 @@ Adding a backend: write its module of config functions, add one ``BackendSpec`` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.backends import paths

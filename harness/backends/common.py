@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
 from harness.backends import paths
+from harness.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 from harness.metrics_sink import JsonlMetricsProcessor
 
 

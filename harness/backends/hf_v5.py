@@ -4,22 +4,25 @@ The HF model class is built from ``hf_model``'s config.json (a local dir: nothin
 the Hub); weights arrive through ``checkpoint.initial_load_in_hf`` from ``hf_assets_path``,
 and leave as HF safetensors with ``checkpoint.last_save_in_hf``. The "full" flavor takes
 every shape field from config.json, so tiny and full differ only in the directory.
+
+The backend's classes come from harness.titan_api: on spring-2026 ``main`` they need three
+shims (harness/upstream/hf_config_kw_only.py, hf_shape_from_config.py, hf_tied_fsdp.py), and
+each generation routes HF attention differently (``titan_api.transformers_backend().attention``).
 """
 
-from torchtitan.experiments.transformers_modeling_backend import model_registry
-from torchtitan.experiments.transformers_modeling_backend.configs import (
-    TransformersBackendConfig,
-)
-
+from harness import titan_api
 from harness.backends import paths
 from harness.backends.common import FULL, TINY, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
+
+_backend = titan_api.transformers_backend()
+TransformersBackendConfig = _backend.TransformersBackendConfig
 
 
 def _config(model_dir: str, shape) -> TransformersBackendConfig:
     return TransformersBackendConfig(
         hf_model=model_dir,
-        model_spec=model_registry("full"),
+        model_spec=_backend.model_registry("full"),
         **shared_fields(shape, hf_assets_path=model_dir),
     )
 

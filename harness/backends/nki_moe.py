@@ -7,29 +7,50 @@ module swap run on every device. Eager, as on Trainium.
 ``tiny``: the tiny MoE fixture's shape (fixtures/tiny_moe/config.json).
 ``full``: Qwen3-30B-A3B's shape cut to 4 layers, 64 experts, top-4
 (fixtures/reference_configs/qwen3_30b_a3b_4l_64e_top4/config.json).
+
+Attention, as the source's configurations build native Qwen3: "sdpa", causal over the packed
+row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the per-document
+(block-causal) mask. See harness.titan_api.ATTN_BACKENDS.
 """
 
 from torchtitan.trainer import Trainer
 
 from harness.backends import paths
 from harness.backends.common import FULL, TINY, shared_fields
-from harness.backends.native_qwen3 import model_spec_from_hf
+from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 from harness.backends.titan_native import FULL_ASSETS
 from harness.ops import use_custom_ops
 
 FULL_SHAPE = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
 
 
-def _config(model_dir, flavor: str, shape, hf_assets_path: str) -> Trainer.Config:
-    spec = model_spec_from_hf(model_dir, flavor=flavor)
+def _config(model_dir, flavor: str, shape, hf_assets_path: str,
+            attn_backend: str) -> Trainer.Config:
+    spec = model_spec_from_hf(model_dir, flavor=flavor, attn_backend=attn_backend)
     spec.model = use_custom_ops(spec.model)
     return Trainer.Config(model_spec=spec, **shared_fields(shape, hf_assets_path=hf_assets_path))
 
 
+def _tiny(attn_backend: str) -> Trainer.Config:
+    return _config(paths.TINY_MOE, "tiny_moe", TINY, str(paths.TINY_MOE), attn_backend)
+
+
+def _full(attn_backend: str) -> Trainer.Config:
+    # Random init only; the tokenizer is Qwen3's, from the Qwen3-4B-Instruct-2507 assets dir.
+    return _config(FULL_SHAPE, "30b_a3b_4l_64e_top4", FULL, FULL_ASSETS, attn_backend)
+
+
 def tiny() -> Trainer.Config:
-    return _config(paths.TINY_MOE, "tiny_moe", TINY, str(paths.TINY_MOE))
+    return _tiny(DEFAULT_ATTN_BACKEND)
+
+
+def tiny_flex() -> Trainer.Config:
+    return _tiny("flex")
 
 
 def full() -> Trainer.Config:
-    # Random init only; the tokenizer is Qwen3's, from the Qwen3-4B-Instruct-2507 assets dir.
-    return _config(FULL_SHAPE, "30b_a3b_4l_64e_top4", FULL, FULL_ASSETS)
+    return _full(DEFAULT_ATTN_BACKEND)
+
+
+def full_flex() -> Trainer.Config:
+    return _full("flex")

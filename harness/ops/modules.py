@@ -27,6 +27,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.common.rope import CosSinRoPE
 
 import harness.ops  # noqa: F401  (registers torch.ops.harness.*)
+from harness import titan_api
 
 
 class CustomOpCosSinRoPE(CosSinRoPE):
@@ -53,12 +54,18 @@ class CustomOpGroupedExperts(GroupedExperts):
     class Config(GroupedExperts.Config):
         pass
 
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+    def _grouped_swiglu(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         w1_EFD, w2_EDF, w3_EFD = self.w1_EFD, self.w2_EDF, self.w3_EFD
         if isinstance(w1_EFD, DTensor):
             w1_EFD, w2_EDF, w3_EFD = w1_EFD.to_local(), w2_EDF.to_local(), w3_EFD.to_local()
         offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
         return torch.ops.harness.grouped_swiglu(x_RD, offsets_E, w1_EFD, w2_EDF, w3_EFD)
+
+
+# The GroupedExperts method that computes on already-dispatched tokens differs per torchtitan
+# generation ("forward" on 0.3.0, "_experts_forward" on spring-2026 main): harness.titan_api.
+setattr(CustomOpGroupedExperts, titan_api.GROUPED_EXPERTS_COMPUTE_METHOD,
+        CustomOpGroupedExperts._grouped_swiglu)
 
 
 def _convert(config, target_cls):
@@ -102,7 +109,7 @@ def use_custom_ops(model_config):
             raise ValueError(f"layer {i}: rope config {type(rope).__qualname__} is not a CosSinRoPE.Config")
         moe = getattr(layer, "moe", None)
         if moe is not None:
-            inner = moe.routed_experts.inner_experts
+            inner = titan_api.moe_grouped_experts(moe)
             if not isinstance(inner, CustomOpGroupedExperts.Config):
                 raise ValueError(f"layer {i}: inner experts config {type(inner).__qualname__} is not GroupedExperts.Config")
     return new

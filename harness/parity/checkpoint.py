@@ -251,10 +251,8 @@ def reload_report(directory: str | Path) -> tuple[object, list[Violation]]:
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         for item in sorted(info.get(kind) or [], key=str):
             out.append(Violation(f"from_pretrained {kind}", str(item), "reported by transformers"))
-    if getattr(model.config, "tie_word_embeddings", False):
-        if model.lm_head.weight is not model.model.embed_tokens.weight and not torch.equal(
-                model.lm_head.weight, model.model.embed_tokens.weight):
-            out.append(Violation("tied", "lm_head.weight", "tied config but reloaded lm_head differs from embed_tokens"))
+    # No tie check here: from_pretrained re-ties lm_head to embed_tokens whatever the file
+    # holds, so it could not fail. The native side is checked by tied_embedding_violations.
     return model.eval(), out
 
 
@@ -399,9 +397,25 @@ def tensor_equality_violations(directory: str | Path, expected: dict[str, torch.
             out.append(Violation(what, key, f"dtype {a.dtype}, expected {b.dtype}"))
         elif not torch.equal(a, b):
             n = int((a != b).sum())
-            if a.dim() == 2 and a.shape[0] == a.shape[1] and torch.equal(a.T, b):
+            if a.dim() == 2 and torch.equal(a, b.T.contiguous().reshape(b.shape)):
+                # a square matrix transposed, or any 2-D tensor's elements in transposed order
                 out.append(Violation(what, key, "transposed"))
             else:
                 out.append(Violation(what, key, f"{n}/{a.numel()} elements differ "
                                                 f"(max |d| {float((a.float() - b.float()).abs().max()):.3e})"))
+    return out
+
+
+def tied_embedding_violations(native_module, titan_written: set[str], hf_written: set[str]) -> list[str]:
+    """Tied word embeddings, the native side: its ``lm_head.weight`` must be its
+    ``tok_embeddings.weight`` (the same tensor), and torchtitan's save must write exactly the
+    keys transformers' ``save_pretrained`` writes for the same tied model (``hf_written``)."""
+    out = []
+    if native_module.lm_head.weight is not native_module.tok_embeddings.weight:
+        out.append("native lm_head.weight is not tok_embeddings.weight: two tensors (untied), "
+                   "though the checkpoint ties them")
+    if titan_written != hf_written:
+        out.append(f"torchtitan's save writes other keys than save_pretrained: only torchtitan "
+                   f"{sorted(titan_written - hf_written)}, only save_pretrained "
+                   f"{sorted(hf_written - titan_written)}")
     return out

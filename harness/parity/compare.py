@@ -139,8 +139,9 @@ def compare_activations(name_a: str, acts_a: dict, name_b: str, acts_b: dict, to
                         router_fraction: float = 0.0, settings: str = "") -> ActivationReport:
     """``tol_for(activation name) -> Tolerance``; ``acts_b`` is the reference side."""
     names = activation_order(set(acts_a) & set(acts_b))
-    missing = sorted((set(acts_a) ^ set(acts_b)) - {n for n in set(acts_a) ^ set(acts_b)
-                                                     if n.endswith("router_top_ids")})
+    # Every side records the same activations, router ids included (every MoE model here
+    # exposes its routers): an activation recorded on one side only is a failure, never skipped.
+    missing = sorted(set(acts_a) ^ set(acts_b))
     diffs = []
     for n in names:
         if n.endswith("router_top_ids"):
@@ -251,3 +252,22 @@ def versions_line() -> str:
 def parity_message(*parts: str) -> str:
     """Assertion message: every part, then the package versions (part of every result)."""
     return "\n".join([*(p for p in parts if p), versions_line()])
+
+
+def document_mask_problem(mask_mod, positions: torch.Tensor) -> str | None:
+    """A flex ``mask_mod`` (e.g. a BlockMask's) against causal AND same-document over packed
+    rows with per-document ``positions``: None when equal, else how many (query, key) pairs
+    differ and how many of them cross a document boundary."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from harness.parity.reference import document_causal_mask
+
+    B, L = positions.shape
+    got = create_mask(mask_mod, B, 1, L, L, device="cpu")
+    want = document_causal_mask(positions)
+    wrong = int((got != want).sum())
+    if wrong == 0:
+        return None
+    return (f"attention mask: {wrong} of {got.numel()} (query, key) pairs differ from same-document "
+            f"causal; {int((got & ~want).sum())} cross a document boundary, "
+            f"{int((~got & want).sum())} same-document causal pairs are masked out")

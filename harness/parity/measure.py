@@ -1,10 +1,13 @@
-"""Re-measure the numbers behind harness/parity/tolerances.py.
+"""Re-measure the numbers behind the parity section of harness/tolerances.py.
 
     python -m harness.parity.measure                      # everything (~10 min on 2 cores)
     python -m harness.parity.measure tiny_moe training    # a subset: tiny_dense, tiny_moe, training
 
 Prints, for several data batches and several random-weight checkpoints besides the trained
-fixtures, the worst relative differences (max|a-b| / max|ref|) per quantity. Tolerances are
+fixtures, the worst relative differences (max|a-b| / max|ref|) per quantity, and for training
+the per-tensor update error, size ratio and direction. The torchrun numbers (update ratio and
+cosine of saved checkpoints, grad norms per step) come from tests/parity/test_torchrun_parity.py's
+runs: its failure messages print every tensor's ratio, cosine and error. Tolerances are
 set from these with a stated margin; rerun this after a torch/transformers/torchtitan bump.
 """
 
@@ -98,6 +101,9 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
     for s in range(1, steps + 1):
         errs = T.update_errors(rn, rh, s)
         stats[f"train step {s} update rel err (worst tensor)"].append(max(errs.values()))
+        agree = T.record_update_agreement(rn, rh, s)
+        stats[f"train step {s} update |ratio-1| (worst tensor)"].append(max(abs(a.ratio - 1) for a in agree.values()))
+        stats[f"train step {s} update 1-cos (worst tensor)"].append(max(1 - a.cosine for a in agree.values()))
         stats[f"train step {s} |loss diff|"].append(abs(rn.losses[s - 1] - rh.losses[s - 1]))
         stats[f"train step {s} |grad norm diff|/norm"].append(abs(rn.grad_norms[s - 1] - rh.grad_norms[s - 1]) / rh.grad_norms[s - 1])
 

@@ -33,7 +33,7 @@ from torch import nn
 from harness.parity import reference
 from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
-from harness.parity.spec import Qwen3Arch, normalized_hf_dict
+from harness.hf_config import Qwen3Arch, normalized_hf_dict
 
 
 @dataclass
@@ -45,6 +45,19 @@ class Batch:
     @staticmethod
     def cat(batches: list["Batch"]) -> "Batch":
         return Batch(*(torch.cat([getattr(b, f) for b in batches]) for f in ("inputs", "positions", "labels")))
+
+    def masked_as(self, mask: str) -> "Batch":
+        """This batch as a model that treats packed rows as ``mask`` sees it, for models that
+        derive the mask from positions (transformers without an attention mask, the
+        reference): "document" (per-document positions: causal within each document) as is;
+        "row_causal" (native Qwen3 with sdpa: causal over the row, RoPE at row positions)
+        with positions ``arange(L)`` on every row."""
+        if mask == "document":
+            return self
+        if mask == "row_causal":
+            L = self.inputs.shape[1]
+            return Batch(self.inputs, torch.arange(L).expand_as(self.inputs).contiguous(), self.labels)
+        raise ValueError(f"no position-derived form of mask {mask!r} (known: document, row_causal)")
 
 
 def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_size: int = 2,
@@ -158,6 +171,9 @@ class ParityModel:
         finally:
             for h in handles:
                 h.remove()
+        silent = sorted(n for n in (*self.activation_modules, *self.router_modules) if n not in acts)
+        if silent:  # a hooked module the forward never ran: its comparison would vanish
+            raise RuntimeError(f"{self.name}: modules registered for comparison did not run: {silent}")
         acts["logits"] = logits.detach()
         return logits, acts
 
@@ -197,8 +213,14 @@ def _hf_activation_modules(base: nn.Module, lm_head: nn.Module, arch: Qwen3Arch)
         mods[f"layers.{i}.attn"] = layer.self_attn
         mods[f"layers.{i}.mlp"] = layer.mlp
         mods[f"layers.{i}"] = layer
-        if arch.layer_is_moe(i) and hasattr(layer.mlp, "gate"):
-            routers[f"layers.{i}.mlp.router_top_ids"] = layer.mlp.gate
+        if arch.layer_is_moe(i):
+            gate = getattr(layer.mlp, "gate", None)
+            if not isinstance(gate, nn.Module):
+                raise AttributeError(
+                    f"MoE layer {i} ({type(layer.mlp).__name__}) has no router module `.gate`: the "
+                    f"harness cannot record its expert choices (transformers renamed it?); update "
+                    f"harness/parity/models.py _hf_activation_modules")
+            routers[f"layers.{i}.mlp.router_top_ids"] = gate
     mods["norm"] = base.norm
     return mods, routers
 
@@ -309,11 +331,13 @@ def load_hf_checkpoint_like_trainer(model: nn.Module, adapter, model_dir: str | 
     )
 
 
-def native_model_config(model_dir: str | Path, *, custom_ops: bool = False):
-    """torchtitan ``Qwen3Model.Config`` for the checkpoint's shape (harness.backends helper)."""
+def native_model_config(model_dir: str | Path, *, custom_ops: bool = False, attention: str = "flex"):
+    """torchtitan ``Qwen3Model.Config`` for the checkpoint's shape (harness.backends helper),
+    with attention backend ``attention`` ("flex": per-document mask; "sdpa": causal over the
+    row, as the source's configurations)."""
     from harness.backends.native_qwen3 import native_config_from_hf
 
-    config = native_config_from_hf(normalized_hf_dict(model_dir))
+    config = native_config_from_hf(normalized_hf_dict(model_dir), attention)
     if custom_ops:
         from harness.ops import use_custom_ops
 
@@ -337,15 +361,19 @@ def _native_activation_modules(model: nn.Module, arch: Qwen3Arch):
 
 
 def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int = 0,
-                 model_config=None, adapter_factory: Callable | None = None) -> ParityModel:
+                 model_config=None, adapter_factory: Callable | None = None,
+                 attention: str = "flex") -> ParityModel:
     """``adapter_factory(model_config, model_dir) -> adapter`` replaces torchtitan's
-    ``Qwen3StateDictAdapter`` (the self-tests plant broken adapters this way)."""
+    ``Qwen3StateDictAdapter`` (the self-tests plant broken adapters this way). ``attention``
+    (when ``model_config`` is not given): "flex" or "sdpa"; a model with SDPA attention is fed
+    as the trainer feeds it: no mask, RoPE at row positions (``Batch.masked_as("row_causal")``)."""
     prepare_in_process()
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
     arch = Qwen3Arch.from_dir(model_dir)
-    config = model_config if model_config is not None else native_model_config(model_dir, custom_ops=custom_ops)
-    spec = model_registry("debugmodel")
+    config = model_config if model_config is not None else native_model_config(
+        model_dir, custom_ops=custom_ops, attention=attention)
+    spec = copy.copy(model_registry("debugmodel"))  # a shared object: never edit it in place
     spec.model = config
     trainer_config = trainer_config_for(spec, model_dir)
     config.update_from_config(config=trainer_config)
@@ -355,8 +383,16 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
     report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
     model.eval()
 
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    row_causal = isinstance(model.layers["0"].attention.inner_attention, ScaledDotProductAttention)
+
     def logits_fn(batch: Batch) -> torch.Tensor:
-        # Trainer.post_dataloading_process: masks from positions for flex/varlen attention.
+        # Trainer.post_dataloading_process: masks from positions for flex/varlen attention;
+        # for SDPA (spring-2026 "causal"), no mask and RoPE at row positions.
+        if row_causal:
+            batch = batch.masked_as("row_causal")
+            return model(batch.inputs, batch.positions, None)
         masks = model.get_attention_masks(positions=batch.positions)
         return model(batch.inputs, batch.positions, masks)
 
@@ -364,10 +400,12 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
         return adapter.to_hf(dict(module.state_dict()))
 
     mods, routers = _native_activation_modules(model, arch)
-    name = "native+custom_ops" if custom_ops else "native"
+    name = ("native+custom_ops" if custom_ops else "native") + ("[sdpa]" if row_causal else "")
     parity = ParityModel(name=name, kind="native", module=model, arch=arch, logits_fn=logits_fn,
                          activation_modules=mods, router_modules=routers, to_hf_fn=to_hf,
-                         settings=effective.native_settings(model), load_report=report)
+                         settings=effective.native_settings(
+                             model, **({"attn_mask": "row_causal (sdpa)"} if row_causal else {})),
+                         load_report=report)
     parity.adapter = adapter  # type: ignore[attr-defined]
     parity.model_config = config  # type: ignore[attr-defined]
     parity.trainer_config = trainer_config  # type: ignore[attr-defined]
@@ -407,7 +445,9 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
         (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
         (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
     }
-    spec = model_registry("full")
+    # model_registry returns one shared config object: copy it, or update_from_config and
+    # ``configure`` (a workaround) would leak into every later build in this process.
+    spec = copy.deepcopy(model_registry("full"))
     config = spec.model
     trainer_config = trainer_config_for(spec, model_dir, TransformersBackendConfig)
     trainer_config.hf_model = str(model_dir)

@@ -70,6 +70,15 @@ def transpose(key: str):
     return edit
 
 
+def relayout(key: str):
+    """The tensor's elements in transposed memory order, reshaped back to its own shape (a
+    row-major / column-major mix-up; for a square matrix, a transpose): shapes cannot see it."""
+    def edit(t):
+        t[key] = t[key].T.contiguous().reshape(t[key].shape)
+        return t
+    return edit
+
+
 def cast(key: str, dtype: torch.dtype):
     def edit(t):
         t[key] = t[key].to(dtype)
@@ -102,8 +111,9 @@ def adapter_with_map(adapter, changes: dict):
 
 
 class TransposingAdapter:
-    """Wraps an adapter: ``from_hf`` transposes the native tensors named in ``keys``
-    (an asymmetric conversion bug); ``to_hf`` is unchanged."""
+    """Wraps an adapter: ``from_hf`` puts the native tensors named in ``keys`` in transposed
+    memory order, keeping their shape (for a square matrix, a transpose): an asymmetric
+    conversion bug; ``to_hf`` is unchanged."""
 
     def __init__(self, inner, keys):
         self.inner, self.keys = inner, set(keys)
@@ -116,7 +126,7 @@ class TransposingAdapter:
 
     def from_hf(self, hf_state):
         out = self.inner.from_hf(hf_state)
-        return {k: (v.T.contiguous() if k in self.keys else v) for k, v in out.items()}
+        return {k: (v.T.contiguous().reshape(v.shape) if k in self.keys else v) for k, v in out.items()}
 
 
 class LossyAdapter(TransposingAdapter):

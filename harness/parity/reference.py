@@ -2,7 +2,7 @@
 
 When transformers and torchtitan disagree, this says which one moved. It reads the HF
 checkpoint's tensors by their on-disk names and the architecture from ``config.json``
-(:class:`~harness.parity.spec.Qwen3Arch`), and shares no code with either library: the
+(:class:`~harness.hf_config.Qwen3Arch`), and shares no code with either library: the
 math is written out from the Qwen3 model definition.
 
 - embedding; per layer ``x += o(attn(rmsnorm(x)))``, ``x += mlp(rmsnorm(x))``; final
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from harness.parity.spec import Qwen3Arch
+from harness.hf_config import Qwen3Arch
+from harness.ops import rope_torch as _rope
 
 
 def load_hf_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -48,23 +49,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
 
 
+# RoPE: the repository's one reference (harness/ops/rope_torch.py), in float32 here, where it
+# is bitwise torchtitan's CosSinRoPE cache (the parity tolerances were measured that way).
+
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-    return 1.0 / (theta**exponent)
+    return _rope.rope_inv_freq(head_dim, theta, dtype=torch.float32)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
     """cos, sin of shape [B, L, head_dim] (rotate-half layout: the half-angles repeated)."""
-    angles = positions.to(torch.float32)[..., None] * rope_inv_freq(head_dim, theta)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
+    return _rope.rope_cos_sin(positions, head_dim, theta, dtype=torch.float32)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [B, L, H, D]; cos/sin: [B, L, D]. Rotate-half convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return _rope.apply_rope(x, cos, sin)
 
 
 def document_causal_mask(positions: torch.Tensor) -> torch.Tensor:

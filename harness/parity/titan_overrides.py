@@ -2,8 +2,9 @@
 
 torchtitan imports an override module in every rank and applies the named factory to the
 matching config node after ``update_from_config`` (torchtitan/config/override.py). The harness
-uses this for workarounds that are configuration, not code: they are activated only when a
-test asks (tests/parity/conftest.py ``--parity-workaround``), never by default.
+uses this for workarounds that are configuration, not code (harness/known_issues.py
+``Workaround.rank_overrides`` / ``in_process``): applied only when asked (the root
+``--workaround``) or when a test names the workaround it needs, never by default.
 """
 
 from __future__ import annotations

@@ -236,3 +236,77 @@ def saved_update_errors(saved: dict[str, torch.Tensor], initial: dict[str, torch
         denom = float(ub.norm())
         out[key] = float((ua - ub).norm()) / denom if denom > 0 else float((ua - ub).norm())
     return out
+
+
+@dataclass(frozen=True)
+class UpdateAgreement:
+    """One tensor's update against the reference's: r = ||du|| / ||du_ref||, cos, and the
+    relative error ||du - du_ref|| / ||du_ref||."""
+
+    key: str
+    ratio: float
+    cosine: float
+    error: float
+
+    def problem(self, regime: str = "float32") -> str | None:
+        """Why this update is not the reference's (frozen, detached, double-counted, wrong
+        direction), or None."""
+        from harness.tolerances import parity_tolerance
+
+        r_tol = parity_tolerance("update_ratio", regime).atol
+        c_tol = parity_tolerance("update_cosine", regime).atol
+        reasons = []
+        if not abs(self.ratio - 1.0) <= r_tol:
+            kind = ("frozen: no update" if self.ratio == 0 else
+                    "update ~2x the reference's: double-counted?" if 1.7 <= self.ratio <= 2.3 else
+                    "update far smaller than the reference's: detached or frozen?" if self.ratio < 0.5
+                    else "update size differs")
+            reasons.append(f"||du||/||du_ref|| = {self.ratio:.6g} (|r-1| > {r_tol:g}; {kind})")
+        if not 1.0 - self.cosine <= c_tol:
+            reasons.append(f"1 - cos(du, du_ref) = {1.0 - self.cosine:.3g} (> {c_tol:g}; direction differs)")
+        return "; ".join(reasons) or None
+
+
+def _agreement(key: str, du: torch.Tensor, du_ref: torch.Tensor) -> UpdateAgreement:
+    du, du_ref = du.double(), du_ref.double()
+    ref_norm, norm = float(du_ref.norm()), float(du.norm())
+    ratio = norm / ref_norm if ref_norm > 0 else (0.0 if norm == 0 else float("inf"))
+    cosine = float((du * du_ref).sum()) / (norm * ref_norm) if norm > 0 and ref_norm > 0 else float("nan")
+    error = float((du - du_ref).norm()) / ref_norm if ref_norm > 0 else norm
+    return UpdateAgreement(key, ratio, cosine, error)
+
+
+def update_agreement(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor],
+                     reference_final: dict[str, torch.Tensor],
+                     reference_initial: dict[str, torch.Tensor] | None = None) -> dict[str, UpdateAgreement]:
+    """Per reference tensor: the update ``final - initial`` against the reference's
+    ``reference_final - reference_initial`` (default: the same initial). A tensor absent or
+    of another shape in ``final`` gets ratio and error inf."""
+    reference_initial = reference_initial if reference_initial is not None else initial
+    out = {}
+    for key, ref in reference_final.items():
+        if key not in final or final[key].shape != ref.shape:
+            out[key] = UpdateAgreement(key, float("inf"), float("nan"), float("inf"))
+            continue
+        out[key] = _agreement(key, final[key] - initial[key], ref - reference_initial[key])
+    return out
+
+
+def record_update_agreement(a: TrainRecord, b: TrainRecord, step: int) -> dict[str, UpdateAgreement]:
+    """:func:`update_agreement` of two in-process records after ``step`` steps (1-based)."""
+    return update_agreement(a.params[step - 1], a.initial, b.params[step - 1], b.initial)
+
+
+def update_agreement_problems(agreements: dict[str, UpdateAgreement], regime: str = "float32") -> dict[str, str]:
+    """{tensor: why} for every tensor whose update is not the reference's."""
+    return {k: p for k, a in agreements.items() if (p := a.problem(regime))}
+
+
+def format_update_agreement(agreements: dict[str, UpdateAgreement], problems: dict[str, str], limit: int = 10) -> list[str]:
+    worst = sorted(agreements.values(), key=lambda a: -max(abs(a.ratio - 1.0) if a.ratio == a.ratio else 9.0,
+                                                           1.0 - a.cosine if a.cosine == a.cosine else 9.0))
+    lines = [f"  {'tensor':<50} {'|du|/|du_ref|':>13} {'cos':>12} {'rel err':>10}"]
+    for a in worst[:limit]:
+        lines.append(f"  {a.key:<50} {a.ratio:>13.6g} {a.cosine:>12.8f} {a.error:>10.3e}"
+                     f"{'  <-- ' + problems[a.key] if a.key in problems else ''}")
+    return lines

@@ -1,58 +1,79 @@
-"""In-process versions of the opt-in workarounds named in harness/parity/defects.py.
+"""The registry's workarounds (harness/known_issues.py ``WORKAROUNDS``), realised for the parity suite.
 
-Applied only when a test asks for them (never by default). The torchrun equivalents are the
-``hf_rope_init`` upstream shim (harness/upstream/hf_rope_init.py) and the torchtitan override
-``harness.parity.titan_overrides.hf_block_causal_mask``.
+Which workarounds exist, and how each is realised, is data in the registry: ``in_process``
+names the function applied in this process; ``rank_shim`` / ``rank_overrides`` are what a
+torchrun launch adds (harness/launch.py applies those from ``RunSpec.workarounds``). This
+module applies the in-process data; the functions whose body lives here are the ones named
+``harness.parity.workarounds:...`` in the registry. Nothing is applied unless asked (the root
+``--workaround`` option, fixture ``workarounds``), except where a test names the workaround it
+applies to isolate one issue from another.
+
+What each ``in_process`` function is applied to:
+
+- ``hf_rope_init`` -> a built torchtitan transformers-backend model (``HFTransformerModel``);
+- ``hf_block_causal`` -> its ``HFTransformerModel.Config``, before the build;
+- ``titan_4b_theta`` -> a native ``Qwen3Model.Config`` and the checkpoint's config.json dict.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib
+from typing import Callable, Iterable
 
 import torch
 
-from harness.parity.spec import Qwen3Arch
+from harness import known_issues
+from harness.hf_config import rope_theta
 
 
-def hf_backend_configure(workarounds) -> "callable | None":
-    """``configure`` hook for :func:`harness.parity.models.build_hf_backend`."""
+def in_process(name: str) -> Callable:
+    """The registry's in-process function for workaround ``name`` (imported from its
+    ``module:function``); an unknown name, or one without an in-process form, is an error."""
+    w = known_issues.workaround(name)
+    if not w.in_process:
+        raise ValueError(f"workaround {name!r} has no in-process form in harness/known_issues.py")
+    module, _, function = w.in_process.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def apply(name: str, workarounds: Iterable[str], *args):
+    """``in_process(name)(*args)`` if ``name`` is among ``workarounds``; else None."""
+    if name not in set(workarounds):
+        return None
+    return in_process(name)(*args)
+
+
+def hf_backend_configure(workarounds) -> "Callable | None":
+    """``configure`` hook for :func:`harness.parity.models.build_hf_backend`: the
+    config-level workarounds among ``workarounds`` (``hf_block_causal``)."""
     if "hf_block_causal" not in set(workarounds):
         return None
-
-    def configure(config) -> None:
-        from harness.parity.titan_overrides import hf_block_causal_mask
-
-        hf_block_causal_mask(config)
-
-    return configure
+    return lambda config: apply("hf_block_causal", workarounds, config)
 
 
 def hf_backend_after_init(parity_model, workarounds) -> int:
-    """``hf_rope_init``: recompute RoPE ``inv_freq`` in an already built backend model."""
-    if "hf_rope_init" not in set(workarounds):
-        return 0
+    """The model-level workarounds among ``workarounds`` (``hf_rope_init``), applied to an
+    already built transformers-backend model; returns how many modules were changed."""
+    return apply("hf_rope_init", workarounds, parity_model.module) or 0
+
+
+# ------------------------------------------------------------------ in-process bodies
+
+def hf_rope_init(hf_transformer_model) -> int:
+    """``hf_rope_init``: recompute every rotary ``inv_freq`` of a built ``HFTransformerModel``
+    (the same code the rank shim runs after ``init_states``)."""
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     with torch.no_grad():
-        return _recompute_inv_freq(parity_model.module.model)
+        return _recompute_inv_freq(hf_transformer_model.model)
 
 
 def theta_from_hf(model_config, hf: dict):
     """``titan_4b_theta``: a copy of a Qwen3Model.Config whose every RoPE uses config.json's theta."""
-    import copy
-
-    theta = Qwen3Arch.from_hf_dict(hf).rope_theta
+    theta = rope_theta(hf)
     new = copy.deepcopy(model_config)
     for layer in new.layers:
         layer.attention.rope = dataclasses.replace(layer.attention.rope, theta=theta)
     return new
-
-
-def runspec_fields(backend: str, workarounds, known_shims) -> dict:
-    """RunSpec keyword arguments for a torchrun run of ``backend`` with the requested
-    workarounds: upstream shims by name, the block-causal override for ``hf_v5`` only."""
-    workarounds = set(workarounds)
-    fields = {"workarounds": tuple(w for w in sorted(workarounds) if w in known_shims)}
-    if backend == "hf_v5" and "hf_block_causal" in workarounds:
-        fields["overrides"] = ("--override.imports", "harness.parity.titan_overrides.hf_block_causal_mask")
-    return fields

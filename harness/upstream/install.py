@@ -80,10 +80,44 @@ def _install_hf_rope_init() -> None:
     )
 
 
+def _install_patches(module) -> None:
+    for module_name, patch in module.PATCHES:
+        after_import(module_name, patch)
+
+
+def _install_titan_sdpa_attention() -> None:
+    from harness.upstream import titan_sdpa_attention
+
+    _install_patches(titan_sdpa_attention)
+
+
+def _install_hf_config_kw_only() -> None:
+    from harness.upstream import hf_config_kw_only
+
+    _install_patches(hf_config_kw_only)
+
+
+def _install_hf_shape_from_config() -> None:
+    from harness.upstream import hf_shape_from_config
+
+    _install_patches(hf_shape_from_config)
+
+
+def _install_hf_tied_fsdp() -> None:
+    from harness.upstream import hf_tied_fsdp
+
+    _install_patches(hf_tied_fsdp)
+
+
 SHIMS: dict[str, Callable[[], None]] = {
     "cpu_device": _install_cpu_device,
     "flex_attention_cpu": _install_flex_attention_cpu,
     "gloo_reduce_op": _install_gloo_reduce_op,
+    # API-generation shims (harness.titan_api applies them in-process when needed):
+    "titan_sdpa_attention": _install_titan_sdpa_attention,  # torchtitan 0.3.0 only
+    "hf_config_kw_only": _install_hf_config_kw_only,  # spring-2026 main + transformers 5.x
+    "hf_shape_from_config": _install_hf_shape_from_config,  # spring-2026 main
+    "hf_tied_fsdp": _install_hf_tied_fsdp,  # spring-2026 main
     # Opt-in workarounds for named upstream defects (never installed by default):
     "hf_rope_init": _install_hf_rope_init,
 }

@@ -14,7 +14,11 @@ import json
 
 import pytest
 
-from harness.expectations import ExpectationRegistry, configured_lm_head_std
+from harness.expectations import (
+    ExpectationRegistry,
+    analytic_random_init_loss,
+    configured_lm_head_std,
+)
 from harness.random_init_forward import CASES, run_child
 from harness.tolerances import INIT_STD_RTOL, loss_band
 

@@ -138,3 +138,50 @@ def test_nightly_caches_the_compile_cache_the_device_profile_uses():
     assert cache_paths == {"~/.cache/neuron-neff"}, cache_paths
     runs = "\n".join(step.get("run", "") for step in steps)
     assert "TORCH_NEURONX_NEFF_CACHE_DIR=$HOME/.cache/neuron-neff" in runs
+
+
+def _job(workflow: Path) -> dict:
+    data = yaml.safe_load(workflow.read_text())
+    (job,) = data["jobs"].values()
+    return job
+
+
+def test_nightly_installs_with_the_image_constraints():
+    runs = "\n".join(step.get("run", "") for step in _steps(NIGHTLY))
+    assert "python3 constraints/neuron_image.py > reports/image-constraints.txt" in runs
+    assert "python3 -m pip install -e . -c reports/image-constraints.txt" in runs
+    assert (paths.REPO_ROOT / "constraints" / "neuron_image.py").is_file()
+
+
+def test_nightly_uploads_and_saves_the_cache_whatever_happened():
+    """Artifacts and the compile cache are kept on success, failure, cancellation and timeout
+    (``always()``; ``!cancelled()`` skips them when the job times out)."""
+    for step in _steps(NIGHTLY):
+        uses = str(step.get("uses", ""))
+        if uses.startswith(("actions/upload-artifact", "actions/cache/save")):
+            assert step.get("if") == "${{ always() }}", f"{uses}: if is {step.get('if')!r}"
+        assert "cancelled()" not in str(step.get("if", "")), step.get("name", uses)
+
+
+def test_nightly_time_budget_fits_the_job():
+    """Every step has a limit, they add up to less than the job's, and the test step's limit
+    holds every full-size neuron run at its per-run timeout."""
+    from harness.backends import BACKENDS
+    from harness.run_matrix import FULL_TIMEOUT_S
+
+    job = _job(NIGHTLY)
+    steps = job["steps"]
+    missing = [step.get("name", step.get("uses")) for step in steps if "timeout-minutes" not in step]
+    assert not missing, f"steps without timeout-minutes: {missing}"
+    total = sum(step["timeout-minutes"] for step in steps)
+    assert total <= job["timeout-minutes"], (
+        f"step limits add up to {total} min, over the job's {job['timeout-minutes']}: a timeout "
+        f"would cancel the always() steps that upload the artifacts"
+    )
+    (test_step,) = [step for step in steps if step.get("id") == "pytest"]
+    full_runs = sum(len(spec.size("full").inits) for spec in BACKENDS.values() if "full" in spec.sizes)
+    needed_min = full_runs * FULL_TIMEOUT_S / 60
+    assert needed_min < test_step["timeout-minutes"], (
+        f"{full_runs} full-size runs x {FULL_TIMEOUT_S / 60:.0f} min = {needed_min:.0f} min do "
+        f"not fit the test step's {test_step['timeout-minutes']} min"
+    )

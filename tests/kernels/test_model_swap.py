@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness import titan_api
+
 pytest.importorskip("torchtitan")
 
 import torchtitan.models.qwen3 as qwen3  # noqa: E402
@@ -52,8 +54,8 @@ def swapped_modules(model) -> list[str]:
     for name, layer in model.layers.items():
         if type(layer.attention.rope) is not CustomOpCosSinRoPE:
             missing.append(f"layers.{name}.attention.rope")
-        if layer.moe_enabled and type(layer.moe.routed_experts.inner_experts) is not CustomOpGroupedExperts:
-            missing.append(f"layers.{name}.moe.routed_experts.inner_experts")
+        if layer.moe_enabled and type(titan_api.moe_grouped_experts(layer.moe)) is not CustomOpGroupedExperts:
+            missing.append(f"layers.{name}.moe experts")
     return missing
 
 
@@ -85,11 +87,11 @@ def test_use_custom_ops_swaps_every_layer_and_nothing_else():
     assert swapped is not config
     for original, new in zip(config.layers, swapped.layers):
         assert type(original.attention.rope) is CosSinRoPE.Config  # the input is not mutated
-        assert type(original.moe.routed_experts.inner_experts) is GroupedExperts.Config
+        assert type(titan_api.moe_grouped_experts(original.moe)) is GroupedExperts.Config
         assert type(new.attention.rope) is CustomOpCosSinRoPE.Config
-        assert type(new.moe.routed_experts.inner_experts) is CustomOpGroupedExperts.Config
+        assert type(titan_api.moe_grouped_experts(new.moe)) is CustomOpGroupedExperts.Config
         for a, b in ((original.attention.rope, new.attention.rope),
-                     (original.moe.routed_experts.inner_experts, new.moe.routed_experts.inner_experts)):
+                     (titan_api.moe_grouped_experts(original.moe), titan_api.moe_grouped_experts(new.moe))):
             assert a.to_dict() == b.to_dict()  # every field (callables compared by repr)
     assert config.to_dict() == swapped.to_dict()  # every field, nested, is unchanged
 

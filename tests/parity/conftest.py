@@ -1,65 +1,27 @@
-"""Parity suite configuration: the models under comparison, the data, and opt-in workarounds.
+"""Parity suite configuration: the models under comparison and the data.
 
 Models are built once per session from the fixtures (in-process, no torchrun) and shared by
 read-only tests; tests that train or perturb build their own.
 
-Workarounds for the named upstream defects (harness/parity/defects.py) are never applied by
-default. Ask for them with ``--parity-workaround NAME`` (repeatable; ``all``), the
-``PARITY_WORKAROUNDS`` environment variable (comma-separated; works from any directory), or,
-for ``hf_rope_init``, the root ``--workaround``. Known names: hf_rope_init, hf_block_causal,
-titan_4b_theta.
+Known upstream issues come from the one registry, harness/known_issues.py, and are applied
+with ``known_issues.enforce``. Their workarounds are never applied by default: ask with the
+root ``--workaround NAME`` (validated against ``known_issues.WORKAROUNDS``; read here through
+the root session fixture ``workarounds``).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 from harness.backends import paths
 from harness.launch import package_versions
-from harness.parity import defects
 from harness.parity import models as M
-
-ENV_VAR = "PARITY_WORKAROUNDS"
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("parity")
-    group.addoption("--parity-workaround", action="append", default=[], metavar="NAME",
-                    choices=[*defects.WORKAROUNDS, "all"],
-                    help="apply an opt-in workaround for a named upstream defect in the parity "
-                         f"suite ({', '.join(defects.WORKAROUNDS)}, or all); also ${ENV_VAR}")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
-    return f"parity: {versions}; workarounds: {sorted(_requested(config)) or 'none'}"
-
-
-def _requested(config: pytest.Config) -> set[str]:
-    names = set(os.environ.get(ENV_VAR, "").replace(" ", "").split(",")) - {""}
-    try:
-        names |= set(config.getoption("--parity-workaround") or [])
-    except ValueError:  # option not registered (this conftest loaded after option parsing)
-        pass
-    if "all" in names:
-        names = set(defects.WORKAROUNDS)
-    unknown = names - set(defects.WORKAROUNDS)
-    if unknown:
-        raise pytest.UsageError(f"unknown parity workaround(s) {sorted(unknown)} in --parity-workaround / "
-                                f"${ENV_VAR}; known: {list(defects.WORKAROUNDS)}")
-    try:  # the root --workaround (upstream shims for every backend run): the parity ones only
-        names |= set(config.getoption("--workaround") or []) & set(defects.WORKAROUNDS)
-    except ValueError:
-        pass
-    return names
-
-
-@pytest.fixture(scope="session")
-def parity_workarounds(pytestconfig: pytest.Config) -> frozenset[str]:
-    return frozenset(_requested(pytestconfig))
+    return f"parity: {versions}; workarounds: {sorted(config.getoption('--workaround', default=None) or []) or 'none'}"
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ is in the data allow-list ``harness/parity/expected_unmapped_keys.toml`` (the Mo
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.parity import checkpoint as C
 from harness.parity import compare
@@ -28,13 +27,6 @@ def _native(family, dense_models, moe_models):
 
 
 FAMILIES = ["dense", "moe"]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_fixture_checkpoint_is_what_transformers_writes(family, dense_dir, moe_dir):
-    directory = dense_dir if family == "dense" else moe_dir
-    violations = C.checkpoint_violations(directory)
-    assert not violations, compare.parity_message(C.format_violations(str(directory), violations))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -113,43 +105,25 @@ def test_load_then_save_gives_back_the_checkpoint_bit_for_bit(family, saved, den
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_saved_checkpoint_reloads_in_transformers_with_identical_logits(
-        family, saved, dense_dir, moe_dir, dense_models, moe_models, dense_batch, moe_batch, tmp_path):
+def test_saved_checkpoint_reloads_in_transformers_without_missing_or_unexpected_keys(
+        family, saved, dense_dir, moe_dir, tmp_path):
+    """from_pretrained of the trainer-saved checkpoint (config.json added) reports no missing,
+    unexpected or mismatched keys. (Its logits are not compared: the tensors are bit-for-bit
+    the fixture's, test above, so they could not differ.)"""
     directory = dense_dir if family == "dense" else moe_dir
-    models, batch = (dense_models, dense_batch) if family == "dense" else (moe_models, moe_batch)
     loadable = C.with_config(saved[family], directory, tmp_path / "loadable")
-    reloaded, violations = C.reload_report(loadable)
-    with torch.no_grad():
-        got = reloaded(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False).logits
-        want = models["hf"].logits(batch)
-    # Same weights (bit for bit, test above) and the same code: measured identical; the fp32
-    # bound only keeps a thread-count change from being a false alarm.
-    diff = compare.diff_tensors("logits", got, want, tolerance("logits", "float32"))
-    assert not violations and diff.ok, compare.parity_message(
-        C.format_violations("from_pretrained", violations), diff.line())
+    _, violations = C.reload_report(loadable)
+    assert not violations, compare.parity_message(C.format_violations("from_pretrained", violations))
 
 
-def test_tied_embeddings_follow_the_transformers_convention(dense_dir, saved, dense_models, tmp_path):
-    """tie_word_embeddings: transformers' own save_pretrained does not write lm_head.weight;
-    torchtitan's to_hf omits it too, and from_pretrained ties it back. (A strict
-    ``load_state_dict`` of the file into the HF model fails for both alike.)"""
-    expected = C.expected_hf_checkpoint(dense_dir)
+def test_tied_embeddings_follow_the_transformers_convention(saved, dense_models, tmp_path):
+    """tie_word_embeddings: the native model's lm_head is its embedding (one tensor), and
+    torchtitan's save writes exactly the key set transformers' own save_pretrained writes for
+    the tied model (no lm_head.weight). What transformers does on reload is not checked here:
+    from_pretrained re-ties whatever the file holds."""
     hf_dir = tmp_path / "hf_save"
     dense_models["hf"].module.save_pretrained(str(hf_dir))
-    hf_written = set(C.list_checkpoint(hf_dir).tensors)
-    titan_written = set(C.list_checkpoint(saved["dense"]).tensors)
-    loadable = C.with_config(saved["dense"], dense_dir, tmp_path / "loadable")
-    reloaded, _ = C.reload_report(loadable)
-    facts = {
-        "transformers' expected set has no lm_head.weight": "lm_head.weight" not in expected,
-        "save_pretrained writes no lm_head.weight": "lm_head.weight" not in hf_written,
-        "torchtitan's save writes the same key set as save_pretrained": titan_written == hf_written,
-        "reloaded lm_head is tied to embed_tokens": reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
-        or torch.equal(reloaded.lm_head.weight, reloaded.model.embed_tokens.weight),
-        "native model ties lm_head to tok_embeddings": dense_models["native"].module.lm_head.weight
-        is dense_models["native"].module.tok_embeddings.weight,
-    }
-    assert all(facts.values()), compare.parity_message(
-        *(f"  {'ok ' if v else 'BAD'} {k}" for k, v in facts.items()),
-        f"  save_pretrained keys - torchtitan keys: {sorted(hf_written - titan_written)}",
-        f"  torchtitan keys - save_pretrained keys: {sorted(titan_written - hf_written)}")
+    problems = C.tied_embedding_violations(dense_models["native"].module,
+                                           set(C.list_checkpoint(saved["dense"]).tensors),
+                                           set(C.list_checkpoint(hf_dir).tensors))
+    assert not problems, compare.parity_message(*problems)

@@ -13,7 +13,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_mask
 
 from harness.parity import checkpoint as C
 from harness.parity import compare, plants, reference, routing
@@ -21,11 +20,11 @@ from harness.parity import models as M
 from harness.parity import training as T
 from harness.parity.config_conformance import config_violations
 from harness.parity.settings import settings_table
-from harness.parity.spec import read_config_json
+from harness.hf_config import read_config_json
 from harness.tolerances import parity_tolerance as tolerance
 
 Q = "model.layers.0.self_attn.q_proj.weight"
-O_PROJ = "model.layers.0.self_attn.o_proj.weight"  # square (128 x 128)
+O_PROJ = "model.layers.0.self_attn.o_proj.weight"  # 128 x (heads * head_dim)
 DOWN = "model.layers.1.mlp.down_proj.weight"  # 128 x 384
 
 
@@ -47,8 +46,9 @@ def test_conformance_catches_a_transposed_tensor(dense_dir, tmp_path):
 
 
 def test_weight_comparison_catches_a_transposed_square_tensor(dense_dir, tmp_path):
-    """Shapes cannot see a transposed square matrix; the bit-for-bit comparison names it."""
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.transpose(O_PROJ))
+    """Shapes cannot see a transposed square matrix, nor a tensor whose elements are in
+    transposed order but reshaped to its own shape; the bit-for-bit comparison names it."""
+    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.relayout(O_PROJ))
     assert not C.checkpoint_violations(d)
     v = C.tensor_equality_violations(d, reference.load_hf_tensors(dense_dir))
     assert [(x.key, x.detail) for x in v] == [(O_PROJ, "transposed")]
@@ -75,6 +75,15 @@ def test_reload_catches_a_missing_tensor(dense_dir, tmp_path):
     d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.drop(Q))
     _, v = C.reload_report(d)
     assert any(x.check == "from_pretrained missing_keys" and Q in x.key for x in v), v
+
+
+def test_tie_check_catches_an_untied_native_model_and_an_extra_saved_key(dense_dir):
+    native = M.build_native(dense_dir)
+    keys = set(reference.load_hf_tensors(dense_dir))
+    assert not C.tied_embedding_violations(native.module, keys, keys)
+    native.module.lm_head.weight = torch.nn.Parameter(native.module.tok_embeddings.weight.detach().clone())
+    problems = C.tied_embedding_violations(native.module, keys | {"lm_head.weight"}, keys)
+    assert len(problems) == 2 and "untied" in problems[0] and "lm_head.weight" in problems[1], problems
 
 
 # ---------------------------------------------------------------------- sharded index
@@ -111,7 +120,10 @@ def test_index_check_catches_an_unindexed_key_and_a_wrong_total_size(dense_dir, 
     d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
     plants.edit_index(d, lambda idx: idx["weight_map"].pop(Q))
     kinds = _kinds(C.checkpoint_violations(d))
-    assert ("index", Q) in kinds
+    assert ("index", Q) in kinds and ("index", "metadata.total_size") not in kinds, kinds
+    plants.edit_index(d, lambda idx: idx["metadata"].__setitem__("total_size", idx["metadata"]["total_size"] + 4))
+    v = [x for x in C.checkpoint_violations(d) if x.key == "metadata.total_size"]
+    assert v and "index says" in v[0].detail, v
 
 
 def test_index_check_catches_a_tensor_stored_twice(dense_dir, tmp_path):
@@ -253,6 +265,65 @@ def test_conformance_catches_a_dense_model_built_from_an_moe_config(dense_dir, m
     assert "MoE layer placement" in report.fields(), report.format()
 
 
+def _build_then(edit):
+    """A meta-device build of the config, then ``edit(model)``: a defect in the built model
+    that its config does not show."""
+    from harness.parity.config_conformance import build_meta
+
+    def build(cfg):
+        model = build_meta(cfg)
+        edit(model)
+        return model
+    return build
+
+
+def test_conformance_catches_an_lm_head_not_tied_despite_the_flag(dense_dir):
+    """The config says tied (enable_weight_tying) but lm_head holds its own tensor: the check
+    looks at the built parameters, not the flag."""
+    def untie(model):
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.tok_embeddings.weight))
+
+    report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(untie))
+    tie = [v for v in report.violations if v.key.startswith("tie_word_embeddings")]
+    assert tie and "False" in tie[0].detail, report.format()
+
+
+def test_conformance_runs_the_attention_and_catches_a_wrong_scale(dense_dir):
+    """Attention scaled by (hidden / heads * 2)^-0.5 instead of head_dim^-0.5: the check runs
+    the built attention and compares its output with softmax(q k^T / sqrt(head_dim)) v."""
+    def rescale(model):
+        for layer in model.layers.values():
+            layer.attention.scaling = (2 * layer.attention.head_dim) ** -0.5
+
+    report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(rescale))
+    assert report.fields() == {"attention scale"}, report.format()
+
+
+def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or_conforms():
+    """flavor:4B carries the known theta issue: it is 'known' only with exactly the recorded
+    fields; another violation on top is a failure, and so is conforming (fixed upstream)."""
+    import torchtitan.models.qwen3 as qwen3
+
+    from harness import known_issues
+    from harness.backends import paths
+    from harness.parity import workarounds as W
+    from harness.parity.config_conformance import conformance_outcome
+
+    hf = read_config_json(paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507")
+    cfg = qwen3.model_registry("4B").model
+
+    def verdict(config):
+        report = config_violations(config, hf, "flavor:4B")
+        return known_issues.judge("config_conformance", *conformance_outcome(report), (),
+                                  subject="flavor:4B")
+
+    assert verdict(cfg).status == "known"
+    worse = verdict(plants.with_norm_eps(cfg, 1e-5))
+    assert worse.status == "fail" and "not as known issue" in worse.message, worse.message
+    fixed = verdict(W.in_process("titan_4b_theta")(cfg, hf))
+    assert fixed.status == "fail" and "but it passed" in fixed.message, fixed.message
+
+
 # ---------------------------------------------------------------------- model comparisons
 
 def test_activation_comparison_localises_a_wrong_norm_eps(dense_dir, dense_models, dense_batch):
@@ -289,15 +360,75 @@ def test_routing_check_catches_an_unnormalised_router(moe_dir, moe_models, moe_b
     assert not rep.ok and rep.first_divergent.name == "layers.0.mlp", rep.format()
 
 
-def test_mask_check_catches_attention_across_documents(dense_batch):
+def test_mask_check_catches_attention_across_documents(dense_batch, dense_models):
+    """compare.document_mask_problem (the check test_hf_backend_parity applies to the backend's
+    BlockMask) passes native flex's per-document mask and names a causal-only one."""
     from torchtitan.models.common.attention import create_attention_mask, get_causal_mask_mod
 
     pos = dense_batch.positions
     B, L = pos.shape
+    native = dense_models["native"].module.get_attention_masks(positions=pos)
+    assert compare.document_mask_problem(native.mask_mod, pos) is None
     causal = create_attention_mask(get_causal_mask_mod(), B, None, L, L, device="cpu")
-    got = create_mask(causal.mask_mod, B, 1, L, L, device="cpu")
-    want = reference.document_causal_mask(pos)
-    assert int((got & ~want).sum()) > 0
+    problem = compare.document_mask_problem(causal.mask_mod, pos)
+    assert problem and "cross a document boundary" in problem and " 0 cross" not in problem, problem
+
+
+def test_mask_issue_signature_does_not_excuse_other_failures():
+    """The hf_v5 mask issue is 'known' only at its recorded size (measured +0.053 at step 1):
+    RoPE off in hf_v5 (+1.1 nats), or hf_v5 masked per document against native sdpa (-0.0004),
+    is a failure."""
+    from harness import known_issues
+
+    def status(deviation, attention="flex"):
+        return known_issues.judge("loss_curve_vs_titan_native", "curves differ", {"deviation": deviation},
+                                  (), backend="hf_v5", attention=attention).status
+
+    assert status(0.053) == "known" and status(0.0534, "sdpa") == "known"
+    assert status(1.13) == "fail" and status(-0.0004, "sdpa") == "fail" and status(float("nan")) == "fail"
+    assert known_issues.judge("loss_curve_vs_titan_native", None, {}, ("hf_block_causal",), backend="hf_v5",
+                              attention="flex").status == "pass"
+
+
+def test_activation_comparison_fails_when_router_choices_are_missing_on_one_side(moe_models, moe_batch, activations):
+    _, acts = activations(moe_models["native"], moe_batch)
+    _, ref = activations(moe_models["reference"], moe_batch)
+    without = {k: v for k, v in acts.items() if not k.endswith("router_top_ids")}
+    rep = compare.compare_activations("planted", without, "reference", ref,
+                                      lambda n: tolerance("activations", "bf16_experts"), 1.0)
+    assert not rep.ok and any(k.endswith("router_top_ids") for k in rep.missing), rep.format()
+
+
+def test_hf_model_without_a_router_module_is_refused(moe_dir):
+    """An MoE layer whose MLP has no `.gate` (a transformers rename) is an error, not a router
+    comparison that silently disappears."""
+    hf = M.load_hf(moe_dir)
+    mlp = hf.module.model.layers[0].mlp
+    mlp.router = mlp.gate
+    del mlp.gate
+    with pytest.raises(AttributeError, match="no router module"):
+        M._hf_activation_modules(hf.module.model, hf.module.lm_head, hf.arch)
+
+
+def test_recording_refuses_a_registered_module_that_never_runs(dense_models, dense_batch):
+    import dataclasses
+
+    native = dense_models["native"]
+    ghost = dataclasses.replace(native, activation_modules={**native.activation_modules,
+                                                            "layers.9.attn": torch.nn.Identity()})
+    with pytest.raises(RuntimeError, match="did not run: \\['layers.9.attn'\\]"):
+        ghost.record_activations(dense_batch)
+
+
+def test_sdpa_comparison_sees_a_per_document_mask_on_the_other_side(dense_dir, dense_models, dense_batch):
+    """The native sdpa model against the document-masked reference (the masking the sdpa
+    comparison must not have): the comparison fails at the first attention."""
+    native = M.build_native(dense_dir, attention="sdpa")
+    _, acts = native.record_activations(dense_batch)
+    _, ref = dense_models["reference"].record_activations(dense_batch)
+    rep = compare.compare_activations("native_sdpa", acts, "reference (document)", ref,
+                                      lambda n: tolerance("activations"), 0.0)
+    assert not rep.ok and rep.first_divergent.name == "layers.0.attn", rep.format()
 
 
 # ---------------------------------------------------------------------- training
@@ -334,3 +465,67 @@ def test_trajectory_check_catches_a_changed_beta2(dense_dir):
 def test_step_table_names_the_first_divergent_step():
     report = compare.compare_curves("loss", "a", [1.0, 0.9, 0.8, 0.7], "b", [1.0, 0.9, 0.85, 0.7], 1e-3)
     assert report.first_divergent_step == 3 and "first divergent step: 3" in report.format()
+
+
+# ---------------------------------------------------------------------- updates, grad norms
+
+@pytest.fixture(scope="module")
+def two_steps(dense_dir):
+    """An in-process reference trajectory (2 steps) and a torchtitan one on the same batches."""
+    steps = 2
+    batches = M.load_batches(dense_dir, steps)
+    ref = T.train_reference(M.load_hf(dense_dir), batches, total_steps=steps)
+    return batches, ref
+
+
+def _planted_update(ref, key, edit):
+    """The reference's final weights with ``key``'s update edited: edit(initial, update)."""
+    final = dict(ref.params[-1])
+    final[key] = edit(ref.initial[key], final[key] - ref.initial[key])
+    return final
+
+
+PLANTED_UPDATES = {
+    "frozen": (lambda w0, du: w0.clone(), "frozen: no update"),
+    "doubled": (lambda w0, du: w0 + 2 * du, "double-counted"),
+    "detached": (lambda w0, du: w0 * (1 - 8e-4 * 0.1) ** 2, "detached or frozen"),  # weight decay only
+    "ascent": (lambda w0, du: w0 - du, "direction differs"),
+}
+
+
+@pytest.mark.parametrize("regime", ["float32", "bf16_experts"])
+@pytest.mark.parametrize("plant", list(PLANTED_UPDATES))
+def test_update_checks_name_a_frozen_detached_doubled_or_reversed_tensor(two_steps, plant, regime):
+    """In both regimes (the bf16 one is where the error bound alone, rtol 1.0, passes a frozen
+    tensor: its error is exactly 1.0), the size/direction checks name the planted tensor only."""
+    _, ref = two_steps
+    edit, words = PLANTED_UPDATES[plant]
+    final = _planted_update(ref, DOWN, edit)
+    agreements = T.update_agreement(final, ref.initial, ref.params[-1])
+    problems = T.update_agreement_problems(agreements, regime)
+    assert list(problems) == [DOWN] and words in problems[DOWN], problems
+    if plant == "frozen":
+        assert agreements[DOWN].error == 1.0  # what torchrun_update (bf16 rtol 1.0) let through
+        assert agreements[DOWN].error <= tolerance("torchrun_update", "bf16_experts").rtol
+
+
+def test_update_check_names_a_parameter_frozen_in_real_training(dense_dir, two_steps):
+    """torchtitan's own optimizer on the native model with one parameter frozen
+    (requires_grad=False): the in-process comparison names it as frozen (the others move too:
+    the total grad norm, hence the clipping factor, changed)."""
+    batches, ref = two_steps
+    native = M.build_native(dense_dir)
+    native.module.layers["1"].feed_forward.w2.weight.requires_grad_(False)
+    rec = T.train_native(native, native.trainer_config, batches, total_steps=len(batches))
+    problems = T.update_agreement_problems(T.record_update_agreement(rec, ref, len(batches)))
+    frozen = [k for k, p in problems.items() if "frozen: no update" in p]
+    assert frozen == [DOWN], problems
+
+
+def test_grad_norm_curve_catches_a_double_counted_loss_in_the_bf16_band(two_steps):
+    _, ref = two_steps
+    tol = tolerance("grad_norm", "bf16_experts")
+    doubled = [2 * g for g in ref.grad_norms]
+    report = compare.compare_curves("grad norm", "planted", doubled, "reference", ref.grad_norms,
+                                    [tol.bound(abs(g)) for g in ref.grad_norms])
+    assert not report.ok and report.first_divergent_step == 1, report.format()

@@ -1,25 +1,28 @@
 """Config conformance: each native Qwen3 model the harness trains vs the config.json of the
-checkpoint it is used with, field by field, read from the built model's modules.
+checkpoint it is used with, field by field, read from the built model's modules (and the
+RoPE, attention scale and embedding tying exercised, not read).
 
 Subjects: the backends' own configs (``<backend>.tiny()`` / ``.full()``, exactly what their
 ``--module`` gives torchtitan) and torchtitan's registered flavors vs the published configs
-they correspond to. Known violations are data (harness/parity/known_config_violations.toml):
-any other violation fails; each known one is a strict xfail naming its upstream defect.
+they correspond to. Known violations are entries of harness/known_issues.py (check
+``config_conformance``, selected by ``subject``; the signature names the violated fields):
+a subject with no known issue fails on any violation; one with a known issue is an xfail
+naming it only when the violated fields are exactly the recorded ones, and fails when they
+differ or when it conforms (upstream fixed: delete the entry).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from harness import known_issues
 from harness.backends import nki_moe, paths, titan_native
-from harness.parity import compare, workarounds
-from harness.parity.config_conformance import config_violations, known_violations
-from harness.parity.defects import PARITY_DEFECTS
-from harness.parity.spec import read_config_json
+from harness.hf_config import read_config_json
+from harness.parity import workarounds as W
+from harness.parity.config_conformance import conformance_outcome, config_violations
 
 REFS = paths.FIXTURES / "reference_configs"
-KNOWN = known_violations()
-DEFECTS_BY_NAME = {d.name: d for d in PARITY_DEFECTS.values()}
+CHECK = "config_conformance"
 
 
 def _flavor(name):
@@ -40,47 +43,29 @@ SUBJECTS = {
     "flavor:30B-A3B": (_flavor("30B-A3B"), REFS / "Qwen3-30B-A3B"),
 }
 
-
-def known_fields(subject: str) -> dict[str, str]:
-    """{violation field: defect name} known for ``subject``."""
-    return {f: k["defect"] for k in KNOWN if k["subject"] == subject for f in k["fields"]}
-
-
 _cache: dict = {}
 
 
-def conformance(subject: str, applied=frozenset()):
+def conformance(subject: str, applied=()):
     key = (subject, frozenset(applied))
     if key not in _cache:
         factory, hf_dir = SUBJECTS[subject]
         hf = read_config_json(hf_dir)
-        config = factory()
-        if "titan_4b_theta" in applied and known_fields(subject):
-            config = workarounds.theta_from_hf(config, hf)
+        config = W.apply("titan_4b_theta", applied, factory(), hf) if "titan_4b_theta" in applied \
+            else factory()
         _cache[key] = config_violations(config, hf, f"{subject} vs {hf_dir.name}/config.json")
     return _cache[key]
 
 
 @pytest.mark.parametrize("subject", list(SUBJECTS))
-def test_no_violation_beyond_the_known_defects(subject, parity_workarounds):
-    report = conformance(subject, parity_workarounds)
-    known = known_fields(subject)
-    new = [v for v in report.violations if v.key not in known]
-    assert not new, compare.parity_message(
-        f"{len(new)} violation(s) not explained by a known defect:", *(f"  {v}" for v in new),
-        report.format())
+def test_native_config_conforms_to_config_json(subject, workarounds):
+    """Fails on any violation not covered by a known issue's recorded signature."""
+    report = conformance(subject, workarounds)
+    known_issues.enforce(CHECK, *conformance_outcome(report), workarounds, subject=subject)
 
 
-KNOWN_CASES = [(k["subject"], k["defect"]) for k in KNOWN]
-
-
-@pytest.mark.parametrize("subject,defect_name", KNOWN_CASES, ids=[f"{s}-{d}" for s, d in KNOWN_CASES])
-def test_known_defect_is_still_present(request, subject, defect_name, parity_workarounds):
-    """Strict xfail naming the defect: passes (XPASS -> failure) once upstream is fixed."""
-    defect = DEFECTS_BY_NAME[defect_name]
-    if defect.workaround_shim not in parity_workarounds:
-        request.applymarker(defect.xfail())
-    report = conformance(subject, parity_workarounds)
-    fields = {f for f, d in known_fields(subject).items() if d == defect_name}
-    hits = [v for v in report.violations if v.key in fields]
-    assert not hits, compare.parity_message(*(str(v) for v in hits), report.format())
+def test_every_known_config_issue_names_a_subject_checked_here():
+    """A registry entry for this check whose subject is not checked here would never show."""
+    stale = [f"{i.name}: {s}" for i in known_issues.ISSUES for w in i.where if w.check == CHECK
+             for s in w.subject if s not in SUBJECTS]
+    assert not stale, f"known issues for {CHECK!r} name subjects this suite does not check: {stale}"

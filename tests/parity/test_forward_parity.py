@@ -2,7 +2,10 @@
 reference compute the same logits, loss, activations (layer by layer) and gradients.
 
 The batch is the first one torchtitan's dataloader produces (packed documents, per-document
-positions), so masks and RoPE positions are exercised as in training. On a mismatch the
+positions), so masks and RoPE positions are exercised as in training. The shared native
+models use flex attention (per-document mask); native Qwen3 with sdpa (the source's
+configuration: causal over the row, RoPE at row positions) is compared with transformers and
+the reference fed the same row positions. On a mismatch the
 message names the first divergent activation, prints both models' effective settings side by
 side with the first differing one, and the package versions.
 """
@@ -121,3 +124,26 @@ def test_gradients_match_per_parameter(family, dense_models, moe_models, dense_b
                               tolerance("grads", "float32")),
     ]
     assert all(r.ok for r in reports), compare.parity_message(*(r.format() for r in reports))
+
+
+@pytest.fixture(scope="module")
+def dense_sdpa(dense_dir, dense_models):
+    from harness.parity import models as M
+
+    return {"native_sdpa": M.build_native(dense_dir, attention="sdpa"), "hf": dense_models["hf"],
+            "reference_causal": M.reference_model(dense_dir, document_mask=False)}
+
+
+SDPA_PAIRS = [("native_sdpa", "reference_causal"), ("native_sdpa", "hf")]
+
+
+@pytest.mark.parametrize("a,b", SDPA_PAIRS, ids=[f"{a}-vs-{b}" for a, b in SDPA_PAIRS])
+def test_native_sdpa_matches_on_row_positions(dense_sdpa, dense_batch, a, b):
+    """Native sdpa vs transformers / the reference on the batch at row positions (so they
+    mask causally over the row too): like for like with what the sdpa trainer computes."""
+    batch = dense_batch.masked_as("row_causal")
+    _, acts_a = dense_sdpa[a].record_activations(batch)
+    _, acts_b = dense_sdpa[b].record_activations(batch)
+    table, _ = settings_table(a, dense_sdpa[a].settings, b, dense_sdpa[b].settings)
+    report = compare.compare_activations(a, acts_a, b, acts_b, _tol_for("float32"), 0.0, table)
+    assert report.ok, compare.parity_message(report.format())

@@ -6,7 +6,7 @@ transformers' model with ``torch.optim.AdamW``, ``LambdaLR`` and ``clip_grad_nor
 the harness's statement of the run (harness/parity/training.py ``EXPECTED``: lr 8e-4, betas
 (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0, 2 warmup steps, linear decay to 0).
 Compared per step: loss, pre-clip grad norm, learning rate, and every tensor's accumulated
-update.
+update (relative error, and separately its size ratio and direction).
 """
 
 from __future__ import annotations
@@ -97,3 +97,16 @@ def test_parameters_after_each_step_match(three_steps, step):
         f"  tensors only on one side: {missing}" if missing else "",
         compare.compare_curves("loss", "torchtitan", n.losses, "reference", r.losses,
                                tolerance("train_loss").atol).format())
+
+
+@pytest.mark.parametrize("step", range(1, STEPS + 1))
+def test_each_tensor_update_has_the_reference_size_and_direction(three_steps, step):
+    """Per HF tensor, after ``step`` steps: ||du|| / ||du_ref|| within ``update_ratio`` of 1
+    and cos(du, du_ref) within ``update_cosine`` of 1 (a frozen, detached or double-counted
+    tensor, or an update in the wrong direction, is named)."""
+    n, r = three_steps
+    agreements = T.record_update_agreement(n, r, step)
+    problems = T.update_agreement_problems(agreements, "float32")
+    assert not problems and len(agreements) == len(r.params[step - 1]), compare.parity_message(
+        f"after step {step}: {len(problems)} of {len(agreements)} tensors' updates differ in size or "
+        f"direction:", *T.format_update_agreement(agreements, problems))

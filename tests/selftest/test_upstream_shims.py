@@ -92,3 +92,179 @@ def test_unknown_shim_is_a_clear_error():
     env = dict(os.environ, HARNESS_SHIMS="no_such_shim", PYTHONPATH=str(BOOT_DIR))
     done = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "unknown upstream shim(s) ['no_such_shim']" in done.stderr
+
+
+# --- API-generation shims (harness/titan_api): each is tested on the generation that needs it;
+# CI runs this file on both (.ci/run: the system env is v0_3, the spring venv spring2026).
+
+from harness import titan_api  # noqa: E402
+
+on_v0_3 = pytest.mark.skipif(titan_api.generation() != "v0_3",
+                             reason="torchtitan 0.3.0 only (the v0_3 generation)")
+on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
+                                   reason="torchtitan spring-2026 main only (scripts/make_titan_venv.sh)")
+
+
+def test_generation_names():
+    assert titan_api.generation_of("0.3.0") == "v0_3"
+    assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
+    assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026"
+    for unsupported in ("0.2.2", "0.3.1", "0.2.1+neuron.1"):
+        with pytest.raises(titan_api.UnsupportedTorchtitanError, match="Supported: v0_3"):
+            titan_api.generation_of(unsupported)
+
+
+SDPA_CONFIG = """
+import torchtitan.models.qwen3 as qwen3
+try:
+    spec = qwen3.model_registry("debugmodel", attn_backend="sdpa")
+except ValueError as error:
+    print("refused" if "sdpa is no longer supported" in str(error) else f"other: {error}")
+else:
+    print(type(spec.model.layers[0].attention.inner_attention).__qualname__)
+"""
+
+
+@on_v0_3
+def test_titan_sdpa_attention_still_needed():
+    assert _python(SDPA_CONFIG) == "refused", (
+        "torchtitan builds attn_backend='sdpa' again: delete harness/upstream/titan_sdpa_attention.py"
+    )
+
+
+@on_v0_3
+def test_titan_sdpa_attention_builds_causal_sdpa():
+    assert _python(SDPA_CONFIG, shims="titan_sdpa_attention") == "ScaledDotProductAttention.Config"
+
+
+SDPA_POSITIONS = """
+import types, torch
+from harness.backends.native_qwen3 import native_config_from_hf, read_hf_config
+from harness.backends import paths
+from harness.upstream import titan_sdpa_attention as shim
+import torchtitan.trainer as real_trainer
+shim.causal_positions_for_sdpa(real_trainer)  # the real class can be patched
+seen = {}
+class Trainer:  # records what the original post_dataloading_process receives
+    def post_dataloading_process(self, input_dict, labels):
+        seen[self.name] = input_dict["positions"].tolist()
+        return input_dict, labels
+fake = types.SimpleNamespace(Trainer=Trainer)
+shim.causal_positions_for_sdpa(fake)
+hf = read_hf_config(paths.TINY_DENSE)
+batch = {"input": torch.zeros(1, 5, dtype=torch.long),
+         "positions": torch.tensor([[0, 1, 0, 1, 2]])}
+for backend in ("sdpa", "flex"):
+    trainer = Trainer()
+    trainer.name, trainer.model_config = backend, native_config_from_hf(hf, backend)
+    trainer.post_dataloading_process(batch, None)
+print(seen["sdpa"], seen["flex"])
+"""
+
+
+@on_v0_3
+def test_titan_sdpa_attention_gives_sdpa_models_causal_positions():
+    """spring main feeds RoPE 0..L-1 for causal (SDPA) models; flex keeps per-document ones."""
+    assert _python(SDPA_POSITIONS) == "[[0, 1, 2, 3, 4]] [[0, 1, 0, 1, 2]]"
+
+
+HF_BACKEND_IMPORT = """
+import dataclasses
+try:
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+except TypeError as error:
+    print("refused" if "must be keyword-only" in str(error) else f"other: {error}")
+else:
+    from transformers import PretrainedConfig
+    leaked = [f.name for f in dataclasses.fields(PretrainedConfig) if f.kw_only]
+    print("ok", leaked)
+"""
+
+
+@on_spring2026
+def test_hf_config_kw_only_still_needed():
+    assert _python(HF_BACKEND_IMPORT) == "refused", (
+        "the transformers backend imports with this transformers: delete "
+        "harness/upstream/hf_config_kw_only.py"
+    )
+
+
+@on_spring2026
+def test_hf_config_kw_only_imports_without_touching_transformers():
+    assert _python(HF_BACKEND_IMPORT, shims="hf_config_kw_only") == "ok []"
+
+
+TIED_FSDP = """
+import os, socket, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+with socket.socket() as s:  # a free port: parallel test processes never collide
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+import torchtitan.experiments.transformers_modeling_backend.parallelize as par
+
+class Tied(nn.Module):  # the attribute names HFTransformerModel exposes to apply_fsdp
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([nn.Linear(8, 8)])
+        self.norm = nn.LayerNorm(8)
+        self.lm_head = nn.Linear(8, 16, bias=False)
+        self.lm_head.weight = self.tok_embeddings.weight
+    def forward(self, x):
+        h = self.tok_embeddings(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(self.norm(h))
+
+model = Tied()
+par.apply_fsdp(model, init_device_mesh("cpu", (1,)), param_dtype=torch.float32,
+               reduce_dtype=torch.float32, pp_enabled=False)
+try:
+    model(torch.tensor([[1, 2, 3]])).sum().backward()
+    print("ok", model.tok_embeddings.weight is model.lm_head.weight)
+except ValueError as error:
+    print("refused" if "already managed by another FSDP group" in str(error) else f"other: {error}")
+finally:
+    dist.destroy_process_group()
+"""
+
+
+@on_spring2026
+def test_hf_tied_fsdp_still_needed():
+    assert _python(TIED_FSDP, shims="hf_config_kw_only") == "refused", (
+        "FSDP now groups tied embeddings in the transformers backend: delete "
+        "harness/upstream/hf_tied_fsdp.py"
+    )
+
+
+@on_spring2026
+def test_hf_tied_fsdp_shards_tied_embeddings_together():
+    assert _python(TIED_FSDP, shims="hf_config_kw_only,hf_tied_fsdp") == "ok True"
+
+
+HF_SHAPE = """
+import json
+from harness.backends import paths
+from torchtitan.experiments.transformers_modeling_backend import model_registry
+from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
+hf = json.loads((paths.TINY_DENSE / "config.json").read_text())
+config = TransformersBackendConfig(hf_model=str(paths.TINY_DENSE), model_spec=model_registry("full"))
+model = config.model_spec.model.update_from_config(config=config)
+keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size")
+print({k: getattr(model, k) for k in keys} == {k: hf[k] for k in keys})
+"""
+
+
+@on_spring2026
+def test_hf_shape_from_config_still_needed():
+    assert _python(HF_SHAPE, shims="hf_config_kw_only") == "False", (
+        "the transformers backend builds config.json's shape itself: delete "
+        "harness/upstream/hf_shape_from_config.py"
+    )
+
+
+@on_spring2026
+def test_hf_shape_from_config_builds_the_checkpoint_shape():
+    assert _python(HF_SHAPE, shims="hf_config_kw_only,hf_shape_from_config") == "True"

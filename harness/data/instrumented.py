@@ -1,0 +1,99 @@
+"""A torchtitan ``--module`` that proxies another module's config functions and installs the
+rank-side hooks of harness/data/rank_hooks.py in the real trainer (batch dumps, state records,
+planted defects). Launched like any backend:
+
+    torchrun ... -m torchtitan.train --module harness.data.instrumented --config tiny
+    (env: HARNESS_INSTRUMENT_TARGET=harness.backends.titan_native)
+
+The config is the target's own, unchanged (except the ``untie_embeddings`` plant). In tests,
+``instrumented_backend(base)`` registers it for the duration as a backend whose sizes and
+attention variants are ``base``'s, so ``RunSpec``/``launch``/``backend_runs`` launch it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from dataclasses import replace
+
+TARGET_ENV = "HARNESS_INSTRUMENT_TARGET"
+MODULE = __name__
+
+
+def _target():
+    name = os.environ.get(TARGET_ENV)
+    if not name:
+        raise AttributeError(f"{MODULE}: set {TARGET_ENV} to the config module to instrument")
+    return importlib.import_module(name)
+
+
+def _instrumented(function):
+    def config():
+        from harness.data import rank_hooks
+
+        plants = rank_hooks.env_plants()
+        rank_hooks.install_data_plants(plants)
+        import torchtitan.trainer
+
+        rank_hooks.install_trainer_hooks(torchtitan.trainer, plants)
+        cfg = function()
+        if "untie_embeddings" in plants:
+            # Built untied; the embedding gets its own init (a tied flavor skips it), so the
+            # run trains normally and only the tying is wrong.
+            from torchtitan.models import qwen3
+
+            cfg.model_spec.model.enable_weight_tying = False
+            cfg.model_spec.model.tok_embeddings.param_init = qwen3._EMBEDDING_INIT
+        return cfg
+
+    config.__name__ = function.__name__
+    return config
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    function = getattr(_target(), name, None)
+    if function is None or not callable(function):
+        raise AttributeError(f"{os.environ.get(TARGET_ENV)} has no config function {name!r}")
+    return _instrumented(function)
+
+
+def backend_name(base: str) -> str:
+    return f"{base}_instrumented"
+
+
+@contextlib.contextmanager
+def instrumented_backend(base: str):
+    """Register ``<base>_instrumented`` (module: this one) for the block; yields its name."""
+    from harness.backends import BACKENDS, backend, register, unregister
+
+    name = backend_name(base)
+    if name in BACKENDS:  # registered by an enclosing block
+        yield name
+        return
+    register(replace(backend(base), name=name, module=MODULE))
+    try:
+        yield name
+    finally:
+        unregister(name)
+
+
+def env(target: str, *, plants: tuple[str, ...] = (), dump_steps: int = 1) -> tuple:
+    """RunSpec.extra_env for an instrumented run of config module ``target``."""
+    from harness.data.rank_hooks import DUMP_STEPS_ENV, PLANTS_ENV
+
+    out = [(TARGET_ENV, target), (DUMP_STEPS_ENV, str(dump_steps))]
+    if plants:
+        out.append((PLANTS_ENV, ",".join(plants)))
+    return tuple(out)
+
+
+def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str | None = None):
+    """The one-step instrumented titan_native run (random init, HF save at step 1) shared by the
+    data-path and tied-embedding checks (one launch per session serves both)."""
+    from harness.launch import RunSpec
+
+    return RunSpec(name, steps=1, attention=attention, save_hf=True,
+                   extra_env=env("harness.backends.titan_native", plants=plants))

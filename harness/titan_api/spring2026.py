@@ -1,0 +1,95 @@
+"""torchtitan ``main`` of spring 2026 (0.2.2+main.*; TorchTitan Neuron 0.2.2+neuron.1 forks it).
+
+The names harness.titan_api exposes; each says how it differs from 0.3.0 (v0_3.py) and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torchtitan.models.qwen3 as qwen3
+
+# spring main keeps the LR scheduler in its own module (0.3.0 moved it into optimizer/).
+from torchtitan.components.lr_scheduler import LRSchedulersContainer
+
+# Same class in both; spring's dataset shifts labels across the packed row (a document's
+# last token predicts the next document's first), 0.3.0's within each document.
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+from harness.upstream import hf_config_kw_only, hf_shape_from_config, hf_tied_fsdp
+
+GENERATION = "spring2026"
+
+# spring main still builds language models with "sdpa" (removed by #3571 on 2026-06-09).
+ATTN_BACKENDS = {
+    "sdpa": "causal attention over the whole packed row, RoPE positions 0..seq_len-1 "
+            "(mask_type 'causal'; the source's configurations)",
+    "flex": "FlexAttention, block-causal: attention and RoPE positions confined to each "
+            "packed document (mask_type 'block_causal')",
+}
+
+# Upstream shims a CPU run needs, per model kind (cpu_device: device falls back to cuda;
+# gloo_reduce_op: FSDP2 PREMUL_SUM; flex_attention_cpu: flex backward refused on CPU).
+CPU_SHIMS = {
+    "native-sdpa": ("cpu_device", "gloo_reduce_op"),
+    "native-flex": ("cpu_device", "flex_attention_cpu", "gloo_reduce_op"),
+    # spring's transformers backend routes HF attention through SDPA ("sdpa_torchtitan").
+    "transformers": ("cpu_device", "gloo_reduce_op"),
+}
+
+
+def require_attn_backend(attn_backend: str) -> None:
+    """spring main builds both natively: nothing to install, only the name to check."""
+    if attn_backend not in ATTN_BACKENDS:
+        raise ValueError(
+            f"attn_backend {attn_backend!r} is not one the harness runs; choose from "
+            f"{sorted(ATTN_BACKENDS)}"
+        )
+
+
+def qwen3_model_registry(flavor: str, attn_backend: str):
+    """``torchtitan.models.qwen3.model_registry`` (spring defaults to "sdpa"; always explicit)."""
+    require_attn_backend(attn_backend)
+    return qwen3.model_registry(flavor, attn_backend=attn_backend)
+
+
+def qwen3_lm_head_init(dim: int) -> dict:
+    """spring's Qwen3 flavors init the output projection trunc-normal(dim**-0.5, +-3 std)."""
+    return qwen3._output_linear_init(dim)
+
+
+def transformers_backend() -> SimpleNamespace:
+    """torchtitan's transformers modeling backend. Needs three shims on this generation (see
+    their modules): hf_config_kw_only (it does not import with transformers 5.x),
+    hf_shape_from_config (its flavor overrides config.json's shape) and hf_tied_fsdp (FSDP
+    fails on tied embeddings).
+    """
+    for shim in (hf_config_kw_only, hf_shape_from_config, hf_tied_fsdp):  # idempotent
+        for module_name, patch in shim.PATCHES:
+            patch(importlib.import_module(module_name))
+    from torchtitan.experiments.transformers_modeling_backend import model_registry
+    from torchtitan.experiments.transformers_modeling_backend.configs import (
+        TransformersBackendConfig,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    return SimpleNamespace(
+        TransformersBackendConfig=TransformersBackendConfig,
+        model_registry=model_registry,
+        HFTransformerModel=HFTransformerModel,
+        # spring: the plain Trainer; attention through SDPA, causal (is_causal).
+        attention="sdpa (HF AttentionInterface 'sdpa_torchtitan'), causal",
+    )
+
+
+def moe_grouped_experts(moe_config):
+    """The ``GroupedExperts.Config`` of an MoE layer config: spring holds it directly
+    (``moe.experts``; 0.3.0 later wrapped it in a RoutedExperts region)."""
+    return moe_config.experts
+
+
+# The GroupedExperts method that computes the experts' SwiGLU on already-dispatched tokens,
+# ``(x_RD, num_tokens_per_expert_E) -> out_RD``: spring's ``forward`` also dispatches and
+# combines (its token_dispatcher), and calls ``_experts_forward`` for the compute.
+GROUPED_EXPERTS_COMPUTE_METHOD = "_experts_forward"

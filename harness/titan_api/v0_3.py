@@ -1,0 +1,91 @@
+"""torchtitan 0.3.0 (PyPI, September 2026): the names harness.titan_api exposes.
+
+Each definition says how it differs from spring-2026 ``main`` (spring2026.py) and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torchtitan.models.qwen3 as qwen3
+
+# 0.3.0 moved the LR scheduler into the optimizer package (components/optimizer/lr_scheduler.py).
+from torchtitan.components.optimizer import LRSchedulersContainer
+
+# Same class in both; 0.3.0's dataset shifts labels within each document (a document's last
+# token never predicts the next document's first), spring's shifts across the packed row.
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+from harness.upstream import titan_sdpa_attention
+
+GENERATION = "v0_3"
+
+# 0.3.0 rejects "sdpa" for language models (#3571); the titan_sdpa_attention shim restores it.
+ATTN_BACKENDS = {
+    "sdpa": "causal attention over the whole packed row, RoPE positions 0..seq_len-1 "
+            "(spring-2026 behaviour, restored on 0.3.0 by the titan_sdpa_attention shim)",
+    "flex": "FlexAttention, block-causal: attention and RoPE positions confined to each "
+            "packed document",
+}
+
+# Upstream shims a CPU run needs, per model kind (cpu_device: device falls back to cuda;
+# gloo_reduce_op: FSDP2 PREMUL_SUM; flex_attention_cpu: flex backward refused on CPU).
+CPU_SHIMS = {
+    "native-sdpa": ("cpu_device", "gloo_reduce_op"),
+    "native-flex": ("cpu_device", "flex_attention_cpu", "gloo_reduce_op"),
+    # 0.3.0's transformers backend routes HF attention through flex ("flex_torchtitan").
+    "transformers": ("cpu_device", "flex_attention_cpu", "gloo_reduce_op"),
+}
+
+
+def require_attn_backend(attn_backend: str) -> None:
+    """Make ``attn_backend`` buildable by torchtitan's native layer builders."""
+    if attn_backend not in ATTN_BACKENDS:
+        raise ValueError(
+            f"attn_backend {attn_backend!r} is not one the harness runs; choose from "
+            f"{sorted(ATTN_BACKENDS)}"
+        )
+    if attn_backend == "sdpa":
+        # Patched in-process (the config is built in the rank that trains it); idempotent.
+        for module_name, patch in titan_sdpa_attention.PATCHES:
+            patch(importlib.import_module(module_name))
+
+
+def qwen3_model_registry(flavor: str, attn_backend: str):
+    """``torchtitan.models.qwen3.model_registry`` (0.3.0 defaults to "flex"; always explicit)."""
+    require_attn_backend(attn_backend)
+    return qwen3.model_registry(flavor, attn_backend=attn_backend)
+
+
+def qwen3_lm_head_init(dim: int) -> dict:
+    """0.3.0's Qwen3 flavors init the output projection like every linear: normal(0.02)."""
+    return qwen3._LINEAR_INIT
+
+
+def transformers_backend() -> SimpleNamespace:
+    """torchtitan's transformers modeling backend (imports cleanly on 0.3.0)."""
+    from torchtitan.experiments.transformers_modeling_backend import model_registry
+    from torchtitan.experiments.transformers_modeling_backend.configs import (
+        TransformersBackendConfig,
+    )
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    return SimpleNamespace(
+        TransformersBackendConfig=TransformersBackendConfig,
+        model_registry=model_registry,
+        HFTransformerModel=HFTransformerModel,
+        # 0.3.0: HFTransformerTrainer; attention through flex with a causal BlockMask.
+        attention="flex (HF AttentionInterface 'flex_torchtitan'), causal mask",
+    )
+
+
+def moe_grouped_experts(moe_config):
+    """The ``GroupedExperts.Config`` of an MoE layer config: 0.3.0 nests it in a RoutedExperts
+    region (``moe.routed_experts.inner_experts``, the EP ``local_map`` boundary)."""
+    return moe_config.routed_experts.inner_experts
+
+
+# The GroupedExperts method that computes the experts' SwiGLU on already-dispatched tokens,
+# ``(x_RD, num_tokens_per_expert_E) -> out_RD``: 0.3.0 dispatches outside it, in RoutedExperts.
+GROUPED_EXPERTS_COMPUTE_METHOD = "forward"

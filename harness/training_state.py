@@ -1,0 +1,137 @@
+"""State beyond the weights: torchtitan DCP checkpoints read back in process, compared key by
+key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of them.
+
+A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``) is a torch.distributed.checkpoint
+(DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
+nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def _flatten(obj, prefix: str, out: dict) -> None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _flatten(value, f"{prefix}.{i}", out)
+    else:
+        out[prefix] = obj
+
+
+def load_dcp(folder: str | Path) -> dict:
+    """Every entry of a DCP checkpoint folder, flattened to dotted keys."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(folder)
+    if not (folder / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder}: not a DCP checkpoint (no .metadata)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "state.pt"
+        dcp_to_torch_save(str(folder), str(out))
+        state = torch.load(out, weights_only=False)
+    flat: dict = {}
+    _flatten(state, "", flat)
+    return flat
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "dump" / "checkpoint" / f"step-{step}"
+
+
+def canonical_key(key: str) -> str:
+    """A model key as the checkpoint spells it: without the rank records' ``part<i>.`` prefix
+    and the activation-checkpoint wrapper's ``_checkpoint_wrapped_module.`` segment."""
+    parts = key.split(".")
+    if parts and parts[0].startswith("part") and parts[0][4:].isdigit():
+        parts = parts[1:]
+    return ".".join(p for p in parts if p != "_checkpoint_wrapped_module")
+
+
+def expert_bias(state: dict) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if "expert_bias" in k and isinstance(v, torch.Tensor)}
+
+
+def differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Keys missing on one side or not bitwise equal (``ignore``: substrings of keys to skip)."""
+    out = []
+    keys = sorted(set(a) | set(b))
+    for key in keys:
+        if any(s in key for s in ignore):
+            continue
+        if key not in a or key not in b:
+            out.append(f"{key}: only in {'first' if key in a else 'second'}")
+            continue
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+                out.append(f"{key}: tensor vs {type(y if isinstance(x, torch.Tensor) else x)}")
+            elif x.shape != y.shape or x.dtype != y.dtype:
+                out.append(f"{key}: {tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")
+            elif not torch.equal(x, y):
+                d = (x.double() - y.double()).abs().max() if x.is_floating_point() else "-"
+                out.append(f"{key}: differs (max |d| {d})")
+        elif x != y:
+            out.append(f"{key}: {x!r} vs {y!r}")
+    return out
+
+
+# ---- tied embeddings -------------------------------------------------------------------------
+
+def rank_state_records(run_dir: str | Path) -> dict[int, dict]:
+    """The rank-side records (harness/data/rank_hooks.py): rank -> phase -> record."""
+    import json
+
+    folder = Path(run_dir) / "dump" / "harness_state"
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))}
+
+
+def saved_hf_tensors(run_dir: str | Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    folder = checkpoint_dir(run_dir, step)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no safetensors (was the run saved with save_hf?)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def tie_findings(run_dir: str | Path, step: int, phases=("built", "loaded", "trained")) -> list[str]:
+    """What breaks "the tied embedding is one tensor" in a run of a tied model: in every rank's
+    trainer at every phase, the embedding and the output projection must be one parameter (one
+    storage, equal values); the saved HF checkpoint must hold no separate ``lm_head.weight``, or
+    one bitwise equal to ``model.embed_tokens.weight``."""
+    found = []
+    records = rank_state_records(run_dir)
+    if not records:
+        found.append("no rank-side state records (was the run instrumented?)")
+    for rank, record in records.items():
+        for phase in phases:
+            if phase not in record:
+                found.append(f"rank {rank}: no {phase!r} record")
+                continue
+            for i, part in enumerate(record[phase]["parts"]):
+                for key in ("weight_tying_flag", "tied_same_parameter", "tied_same_storage",
+                            "tied_values_equal"):
+                    if part.get(key) is not True:
+                        found.append(f"rank {rank} {phase} (step {record[phase]['step']}) "
+                                     f"part {i}: {key} = {part.get(key)}")
+    saved = saved_hf_tensors(run_dir, step)
+    emb = saved.get("model.embed_tokens.weight")
+    if emb is None:
+        found.append("saved HF checkpoint lacks model.embed_tokens.weight")
+    elif "lm_head.weight" in saved and not torch.equal(saved["lm_head.weight"], emb):
+        head = saved["lm_head.weight"]
+        n = int((head != emb).sum()) if head.shape == emb.shape else head.numel()
+        found.append(f"saved HF checkpoint: lm_head.weight differs from embed_tokens "
+                     f"({n} of {head.numel()} elements)")
+    return found

@@ -1,0 +1,90 @@
+"""Ignored labels through the real trainer (issue "No blind spots", item 3).
+
+Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
+never exercised. This run uses torchtitan 0.3.0's own SFT path (``ChatDataLoader``: prompt
+labels and EOS padding are -100; harness/data/sft_config.py) on the tiny native backend from
+the pretrained fixture, 2 ranks, and compares its step-1 ``global_avg_loss`` with an
+independent loss over the very batches each rank was fed (dumped rank-side): the HF model
+(transformers, float32), CE summed over valid labels on each rank, summed over ranks, divided
+by the global valid-label count (harness/data/loss_reference.py). Wrong normalisations (by all
+labels; by each rank's own valid labels, then averaged) are shown to be outside the band, and a
+trainer planted to normalise by all labels fails the check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.backends import paths
+from harness.data import instrumented
+from harness.data.loss_reference import IGNORE_INDEX, hf_loss_parts, load_batches
+from harness.launch import RunSpec
+
+# fp32 step-1 loss, torchrun 2 ranks vs in-process HF: titan_native matched a recorded HF loss
+# to 2.4e-7 (harness/tolerances.py); 2e-5 leaves room and stays far below every wrong
+# normalisation (>= 1e-2 here).
+TOLERANCE = 2e-5
+TARGET = "harness.data.sft_config"
+EOS_ID = 0  # the fixture tokenizer's <|endoftext|>
+
+
+@pytest.fixture(scope="module")
+def sft_backend():
+    with instrumented.instrumented_backend("titan_native") as name:
+        yield name
+
+
+def sft_run(backend_runs, name, plants=()):
+    spec = RunSpec(name, init="pretrained", steps=1,
+                   extra_env=instrumented.env(TARGET, plants=plants))
+    result = backend_runs.get(spec)
+    assert result.ok, f"{result.name} failed: see {result.run_dir}"
+    assert len(result.steps) == 1
+    return result
+
+
+def check(result):
+    batches = load_batches(result.run_dir)
+    assert len(batches) == 2
+    for b in batches:
+        ignored = (b["model_labels"] == IGNORE_INDEX).float().mean()
+        assert 0.1 < ignored < 0.9, f"ignored-label fraction {ignored:.2f}: not an SFT batch"
+    parts = hf_loss_parts(paths.TINY_DENSE, batches)
+    return result.steps[0].loss, parts
+
+
+def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
+    """The data path does produce ignored labels of both kinds: prompts on every rank, EOS
+    padding at a row end somewhere in the step."""
+    batches = load_batches(sft_run(backend_runs, sft_backend).run_dir)
+    padded = [bool(((b["labels"][:, -1] == IGNORE_INDEX) & (b["input"][:, -1] == EOS_ID)).any())
+              for b in batches]
+    assert any(padded), "no row ends in ignored EOS padding"
+    for b in batches:
+        labels, inputs, positions = b["labels"], b["input"], b["positions"]
+        assert (labels[:, 0] == IGNORE_INDEX).all(), "a row's first (prompt) label is not ignored"
+        # every document (positions restart at 0) begins with ignored prompt labels
+        starts = (positions == 0).nonzero(as_tuple=True)
+        assert (labels[starts] == IGNORE_INDEX).all()
+        assert (labels != IGNORE_INDEX).any(dim=1).all(), "a row without a trained label"
+
+
+def test_step1_loss_normalised_over_valid_tokens(backend_runs, sft_backend):
+    loss, parts = check(sft_run(backend_runs, sft_backend))
+    assert math.isfinite(loss)
+    diff = loss - parts.global_avg
+    assert abs(diff) <= TOLERANCE, (
+        f"step-1 loss {loss:.7f} vs independent {parts.global_avg:.7f} (sum CE {parts.ce_sum:.3f} "
+        f"/ {parts.valid} valid of {parts.total}): diff {diff:+.2e} > {TOLERANCE}")
+    # the band separates the right normalisation from the wrong ones
+    for wrong in (parts.all_token_avg, parts.mean_of_rank_means):
+        assert abs(loss - wrong) > 100 * TOLERANCE
+
+
+@pytest.mark.slow
+def test_check_fails_on_planted_all_token_normalisation(backend_runs, sft_backend):
+    loss, parts = check(sft_run(backend_runs, sft_backend, plants=("all_token_norm",)))
+    assert abs(loss - parts.global_avg) > TOLERANCE, "planted normalisation went unnoticed"
+    assert abs(loss - parts.all_token_avg) <= TOLERANCE  # and it is exactly the planted one
