@@ -23,10 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--steps", type=int, default=10, help="training steps per backend run")
     group.addoption("--assets-dir", default=None,
                     help="directory holding HF assets dirs (e.g. <dir>/Qwen3-4B-Instruct-2507)")
-    group.addoption("--workaround", action="append", default=[],
-                    choices=sorted(known_issues.WORKAROUNDS),
-                    help="apply the workaround of a known upstream defect (harness/known_issues.py) "
-                    "to every run and in-process suite, repeatable")
+    group.addoption("--workaround", **known_issues.WORKAROUND_OPTION)
     group.addoption("--torchrun-arg", action="append", default=[], metavar="ARG",
                     help="torchrun rendezvous option replacing --standalone, repeatable; for "
                     "multi-node runs, e.g. --torchrun-arg=--nnodes=2 "

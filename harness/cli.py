@@ -34,9 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--assets-dir", default=None,
                      help="full profile: dir holding Qwen3-4B-Instruct-2507/ (HF assets)")
     run.add_argument("--output-dir", default="reports/latest", help="report folder")
-    run.add_argument("--workaround", action="append", default=[],
-                     choices=sorted(known_issues.WORKAROUNDS),
-                     help="apply the workaround of a known upstream defect (harness/known_issues.py)")
+    run.add_argument("--workaround", **known_issues.WORKAROUND_OPTION)
     _subject_options(run)
     run.add_argument("--compare", nargs=2, metavar="M:C",
                      help="run two config functions on the same data and seed, side by side")

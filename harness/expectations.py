@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends import paths
+from harness import paths
 from harness.tolerances import loss_band
 
 EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"

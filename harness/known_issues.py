@@ -42,6 +42,11 @@ class Workaround:
     rank_shim: str | None = None  # harness/upstream/<name>.py, installed in each launched rank
     rank_overrides: tuple[str, ...] = ()  # torchtitan CLI overrides added to the launch
     in_process: str | None = None  # "module:function" the in-process suites apply
+    backends: tuple[str, ...] = ()  # the backends it changes (empty: any)
+    masking: str | None = None  # the masking of packed rows it gives those backends' runs
+
+    def applies_to(self, backend: str) -> bool:
+        return not self.backends or backend in self.backends
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,7 @@ HF_ROPE_INIT = Workaround(
     name="hf_rope_init",
     what="recompute every Qwen3RotaryEmbedding.inv_freq after HFTransformerModel.init_states",
     rank_shim="hf_rope_init",
+    backends=("hf_v5",),
     in_process="harness.parity.workarounds:hf_rope_init",
 )
 HF_BLOCK_CAUSAL = Workaround(
@@ -245,6 +251,8 @@ HF_BLOCK_CAUSAL = Workaround(
     what="attn_mask_type='block_causal' for the transformers backend (per-document mask, as "
          "native Qwen3 with flex attention)",
     rank_overrides=("--override.imports", "harness.parity.titan_overrides.hf_block_causal_mask"),
+    backends=("hf_v5",),
+    masking="document",
     in_process="harness.parity.titan_overrides:hf_block_causal_mask",
 )
 TITAN_4B_THETA = Workaround(
@@ -523,3 +531,9 @@ ISSUES: tuple[KnownIssue, ...] = (
 WORKAROUNDS: dict[str, Workaround] = {
     i.workaround.name: i.workaround for i in ISSUES if i.workaround is not None
 }
+
+# The one --workaround option (pytest and ``python -m harness`` alike): validated names only.
+WORKAROUND_OPTION = dict(
+    action="append", default=[], choices=sorted(WORKAROUNDS), metavar="NAME",
+    help="apply the workaround of a known upstream defect (harness/known_issues.py) to every run "
+         f"and in-process suite it changes, repeatable; one of {', '.join(sorted(WORKAROUNDS))}")

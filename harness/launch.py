@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 
 from harness import known_issues
-from harness.backends import BackendSpec, backend, paths
+from harness.backends import BackendSpec, backend
+from harness import paths
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
@@ -68,6 +69,9 @@ class RunSpec:
         spec = backend(self.backend)  # validates the backend name
         for name in self.workarounds:
             known_issues.workaround(name)  # validates the name
+        # Only the workarounds that change this backend: one key per distinct run.
+        object.__setattr__(self, "workarounds", tuple(
+            w for w in self.workarounds if known_issues.workaround(w).applies_to(self.backend)))
         if self.subject is not None:  # the subject's own config decides init, size, attention
             return
         if self.attention is None:  # one key per distinct run: the default, spelled out
@@ -104,10 +108,15 @@ class RunSpec:
 
     @property
     def mask(self) -> str:
+        """How this run's attention treats packed rows (a workaround may change it)."""
+        for name in self.all_workarounds:
+            if known_issues.workaround(name).masking:
+                return known_issues.workaround(name).masking
         return self.subject.mask if self.subject else self.spec.mask(self.attention)
 
     @property
     def all_workarounds(self) -> tuple[str, ...]:
+        """The backend's own workarounds and those asked for that change this backend."""
         return tuple(dict.fromkeys((*self.spec.workarounds, *self.workarounds)))
 
     def ranks(self, profile: DeviceProfile) -> int:

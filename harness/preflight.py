@@ -18,7 +18,7 @@ class PreflightError(ValueError):
 
 
 def _fix_for(path: Path) -> str:
-    from harness.backends import paths
+    from harness import paths
 
     if paths.FIXTURES in path.resolve().parents:
         return REGENERATE

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import psutil
 
-from harness.backends import paths
+from harness import paths
 from harness.devices import CPU_SHIMS
 from harness.launch import BOOT_DIR, package_versions
 
@@ -506,6 +506,40 @@ def _child_main(argv: list[str]) -> int:
         }
     print("RESULT " + json.dumps(report), flush=True)
     return 0
+
+
+def random_init_problems(result: dict, backend: str, published) -> tuple[list[str], str]:
+    """Every way a case's result misses its expectations: the measured lm_head init std vs the
+    std the backend is configured with, the loss vs ``ln V + s^2/2`` at that configured std
+    (never the measured one: a wrong init scale must not move its own expectation), the
+    sampled vs the label-averaged loss, and the published value. Returns (problems, summary)."""
+    from harness.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.tolerances import INIT_STD_RTOL, loss_band
+
+    tolerance = loss_band("analytic_random_init").value
+    configured = configured_lm_head_std(backend, result["hidden_size"])
+    analytic = analytic_random_init_loss(result["vocab_size"], result["hidden_size"], configured)
+    observed = result["label_averaged_loss"]
+    summary = (
+        f"label-averaged first-step loss {observed:.4f} +- {result['label_averaged_loss_se']:.4f}, "
+        f"sampled {result['sampled_loss']:.4f} +- {result['sampled_loss_se']:.4f} "
+        f"({result['tokens']} tokens), logit variance {result['logit_variance']:.4f}; analytic "
+        f"ln V + s^2/2 = {analytic:.4f} (configured lm_head std {configured:.5f}, measured "
+        f"{result['lm_head_std']:.5f}); published {published.value} ({published.source}); "
+        f"{result['wall_s']:.0f} s, peak RSS {result['peak_rss_gib']:.1f} GiB")
+    problems = []
+    if abs(result["lm_head_std"] / configured - 1) > INIT_STD_RTOL:
+        problems.append(f"lm_head init std {result['lm_head_std']:.5f} vs configured "
+                        f"{configured:.5f} (rtol {INIT_STD_RTOL})")
+    if abs(observed - analytic) > tolerance:
+        problems.append(f"vs analytic: |{observed:.4f} - {analytic:.4f}| > {tolerance}")
+    gap = abs(result["sampled_loss"] - observed)
+    if gap > 4 * result["sampled_loss_se"] + 1e-3:
+        problems.append(f"sampled loss is {gap:.4f} from the label-averaged loss (> 4 SE)")
+    mismatch = published.check(observed)
+    if mismatch:
+        problems.append(f"vs published: {mismatch}")
+    return problems, summary
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from harness.backends import BACKENDS, paths
+from harness.backends import BACKENDS
+from harness import paths
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
 KNOWN_MODEL_DIRS = {
@@ -76,6 +77,8 @@ class Subject:
 class Facts:
     """What the harness infers about a subject from its config."""
 
+    module: str  # the subject: torchtitan --module and --config
+    config: str
     kind: str  # the expectations' backend key: "hf_v5", "titan_native" or "nki_moe"
     model: str | None  # the expectations' model key; None: a model the harness does not know
     model_dir: Path | None  # the config.json the model is matched to
@@ -194,7 +197,7 @@ def infer(subject: Subject, config=None) -> Facts:
     if model is None:
         notes.append(f"the model ({parameters:,} parameters) matches no config.json the harness "
                      f"knows ({', '.join(KNOWN_MODEL_DIRS)}) nor {assets}/config.json")
-    return Facts(kind=kind, model=model, model_dir=model_dir, assets_dir=assets,
+    return Facts(module=subject.module, config=subject.config, kind=kind, model=model, model_dir=model_dir, assets_dir=assets,
                  init="pretrained" if pretrained else "random", weights_dir=weights,
                  precision=config.training.mixed_precision_param, attention=attention, mask=mask,
                  parameters=parameters, notes=tuple(notes))

@@ -105,7 +105,8 @@ def saved_hf_tensors(run_dir: str | Path, step: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def tie_findings(run_dir: str | Path, step: int, phases=("built", "loaded", "trained")) -> list[str]:
+def tie_findings(run_dir: str | Path, step: int,
+                 phases=("built", "loaded", "trained")) -> list[str]:
     """What breaks "the tied embedding is one tensor" in a run of a tied model: in every rank's
     trainer at every phase, the embedding and the output projection must be one parameter (one
     storage, equal values); the saved HF checkpoint must hold no separate ``lm_head.weight``, or

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends import paths
+from harness import paths
 
 # The HF assets dir of a full-size run (--assets-dir/<ASSETS_MODEL>); "{assets}" in a
 # SizeSpec path stands for it.

@@ -9,7 +9,7 @@ from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 
-from harness.backends import paths
+from harness import paths
 from harness.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 from harness.metrics_sink import JsonlMetricsProcessor
 

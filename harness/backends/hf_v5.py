@@ -11,7 +11,7 @@ each generation routes HF attention differently (``titan_api.transformers_backen
 """
 
 from harness import titan_api
-from harness.backends import paths
+from harness import paths
 from harness.backends.common import FULL, TINY, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
 

@@ -15,7 +15,7 @@ row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the pe
 
 from torchtitan.trainer import Trainer
 
-from harness.backends import paths
+from harness import paths
 from harness.backends.common import FULL, TINY, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 from harness.backends.titan_native import FULL_ASSETS

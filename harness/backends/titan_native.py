@@ -11,7 +11,7 @@ with the per-document (block-causal) mask. See harness.titan_api.ATTN_BACKENDS.
 from torchtitan.trainer import Trainer
 
 from harness import titan_api
-from harness.backends import paths
+from harness import paths
 from harness.backends.common import FULL, TINY, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 

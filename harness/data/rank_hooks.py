@@ -17,6 +17,7 @@ comma separated; ``planted(...)`` in-process):
 - ``label_shift``: an off-by-one in the label shift (each label is the token after the right one);
 - ``drop_eos``: the tokenizer's ``add_eos`` is ignored (documents run together);
 - ``positions_no_reset``: positions count over the row, not reset at document boundaries;
+- ``sft_mask_off_by_one``: the chat dataset also ignores the first assistant label;
 - ``all_token_norm``: the loss is normalised by every label, ignored ones included;
 - ``reset_expert_bias_on_load``: MoE ``expert_bias`` is zeroed after a checkpoint load;
 - ``untie_embeddings``: the model config is built with weight tying off (instrumented module).
@@ -33,7 +34,9 @@ import torch
 
 DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
 PLANTS_ENV = "HARNESS_DATA_PLANTS"
-DATA_PLANTS = ("label_shift", "drop_eos", "positions_no_reset", "all_token_norm",
+IGNORE_INDEX = -100
+DATA_PLANTS = ("label_shift", "drop_eos", "positions_no_reset", "sft_mask_off_by_one",
+               "all_token_norm",
                "reset_expert_bias_on_load", "untie_embeddings")
 
 
@@ -78,7 +81,8 @@ def _state_of(model) -> dict:
         out["weight_tying_flag"] = bool(getattr(model, "enable_weight_tying", False))
     bias = {name: _local(buf.detach()).cpu().clone() for name, buf in model.named_buffers()
             if "expert_bias" in name}
-    out["expert_bias_abs_sum"] = float(sum(b.float().abs().sum() for b in bias.values())) if bias else None
+    out["expert_bias_abs_sum"] = (float(sum(b.float().abs().sum() for b in bias.values()))
+                                  if bias else None)
     return out, bias
 
 
@@ -200,7 +204,8 @@ def _positions_no_reset(input_dict, labels):
 def install_data_plants(plants: tuple[str, ...]) -> list:
     """Apply the data-path plants to the imported torchtitan modules; returns undo callables."""
     undo = []
-    if not any(p in plants for p in ("label_shift", "positions_no_reset", "drop_eos")):
+    if not any(p in plants for p in ("label_shift", "positions_no_reset", "drop_eos",
+                                      "sft_mask_off_by_one")):
         return undo
     from torchtitan.components import tokenizer as tokenizer_module
     from torchtitan.hf_datasets import text_datasets
@@ -219,6 +224,21 @@ def install_data_plants(plants: tuple[str, ...]) -> list:
 
         cls.encode = encode
         undo.append(lambda: setattr(cls, "encode", original))
+    if "sft_mask_off_by_one" in plants:
+        chat = text_datasets.ChatDataset
+        original_tokenize = chat._tokenize_sample
+
+        def _tokenize_sample(self, sample):
+            result = original_tokenize(self, sample)
+            if result is not None:
+                labels = result[1]
+                first = next((i for i, v in enumerate(labels) if v != IGNORE_INDEX), None)
+                if first is not None:
+                    labels[first] = IGNORE_INDEX
+            return result
+
+        chat._tokenize_sample = _tokenize_sample
+        undo.append(lambda: setattr(chat, "_tokenize_sample", original_tokenize))
     return undo
 
 

@@ -18,7 +18,8 @@ import re
 from torchtitan.hf_datasets.text_datasets import ChatDataLoader
 from torchtitan.trainer import Trainer
 
-from harness.backends import paths, titan_native
+from harness.backends import titan_native
+from harness import paths
 
 CORPUS_FILE = paths.CORPUS / "train.jsonl"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")

@@ -110,7 +110,7 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 def main(argv: list[str]) -> int:
     only = set(argv)
-    from harness.backends import paths
+    from harness import paths
     from harness.parity import models as M
 
     stats: dict[str, list[float]] = defaultdict(list)

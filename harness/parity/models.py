@@ -68,7 +68,7 @@ def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_siz
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    from harness.backends import paths
+    from harness import paths
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(paths.CORPUS))

@@ -80,6 +80,12 @@ def _install_hf_rope_init() -> None:
     )
 
 
+def _install_jsonl_metrics_sink() -> None:
+    from harness.metrics_sink import use_jsonl_sink
+
+    after_import("torchtitan.trainer", use_jsonl_sink)
+
+
 def _install_patches(module) -> None:
     for module_name, patch in module.PATCHES:
         after_import(module_name, patch)
@@ -118,6 +124,8 @@ SHIMS: dict[str, Callable[[], None]] = {
     "hf_config_kw_only": _install_hf_config_kw_only,  # spring-2026 main + transformers 5.x
     "hf_shape_from_config": _install_hf_shape_from_config,  # spring-2026 main
     "hf_tied_fsdp": _install_hf_tied_fsdp,  # spring-2026 main
+    # The harness's own step records, for config functions it did not write (subjects):
+    "jsonl_metrics_sink": _install_jsonl_metrics_sink,
     # Opt-in workarounds for named upstream defects (never installed by default):
     "hf_rope_init": _install_hf_rope_init,
 }

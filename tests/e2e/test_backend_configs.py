@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.backends import ASSETS_MODEL, BACKENDS, paths
+from harness.backends import ASSETS_MODEL, BACKENDS
+from harness import paths
 from harness.metrics_sink import JsonlMetricsProcessor
 
 # Stand-in for the assets dir of the full-size runs: the published config.json of the model.

@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends import BACKENDS, paths, titan_native
+from harness.backends import BACKENDS, titan_native
+from harness import paths
 from harness.backends.common import TINY
 from harness.data import instrumented, rank_hooks
 from harness.data import reference as ref

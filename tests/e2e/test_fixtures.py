@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from harness.backends import paths
+from harness import paths
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "make_fixtures.py"
 

@@ -3,12 +3,15 @@
 Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
 never exercised. This run uses torchtitan 0.3.0's own SFT path (``ChatDataLoader``: prompt
 labels and EOS padding are -100; harness/data/sft_config.py) on the tiny native backend from
-the pretrained fixture, 2 ranks, and compares its step-1 ``global_avg_loss`` with an
-independent loss over the very batches each rank was fed (dumped rank-side): the HF model
-(transformers, float32), CE summed over valid labels on each rank, summed over ranks, divided
-by the global valid-label count (harness/data/loss_reference.py). Wrong normalisations (by all
-labels; by each rank's own valid labels, then averaged) are shown to be outside the band, and a
-trainer planted to normalise by all labels fails the check.
+the pretrained fixture, 2 ranks. Its batches (in process and as the real trainer's ranks
+received them) are compared token for token, ignored labels and positions included, with an
+independent reference (harness/data/sft_reference.py: hand-rendered chat template, the
+``tokenizers`` library, numpy's seeded shuffle), and its step-1 ``global_avg_loss`` is
+compared with an independent loss over the very batches each rank was fed (dumped
+rank-side): the HF model (transformers, float32), CE summed over valid labels on each rank,
+summed over ranks, divided by the global valid-label count (harness/data/loss_reference.py).
+Wrong normalisations (by all labels; by each rank's own valid labels, then averaged) are shown
+to be outside the band, and a trainer planted to normalise by all labels fails the check.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import math
 
 import pytest
 
-from harness.backends import paths
-from harness.data import instrumented
+from harness import paths
+from harness.backends.common import TINY
+from harness.data import instrumented, rank_hooks, sft_config
+from harness.data import reference as ref
+from harness.data.sft_reference import sft_reference_batches
 from harness.data.loss_reference import IGNORE_INDEX, hf_loss_parts, load_batches
 from harness.launch import RunSpec
 
@@ -28,6 +34,41 @@ from harness.launch import RunSpec
 TOLERANCE = 2e-5
 TARGET = "harness.data.sft_config"
 EOS_ID = 0  # the fixture tokenizer's <|endoftext|>
+
+
+def sft_reference(rank: int, n_batches: int = 1) -> list[ref.Batch]:
+    return sft_reference_batches(sft_config.CORPUS_FILE, paths.TINY_DENSE,
+                                 sft_config.corpus_to_chat, seq_len=TINY.seq_len,
+                                 local_batch_size=TINY.local_batch_size, dp_rank=rank,
+                                 dp_world=2, n_batches=n_batches)
+
+
+def sft_config_batches(rank: int, n_batches: int) -> list[ref.Batch]:
+    config = sft_config.tiny_sft()
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    loader = config.dataloader.build(dp_world_size=2, dp_rank=rank, tokenizer=tokenizer,
+                                     seq_len=TINY.seq_len, local_batch_size=TINY.local_batch_size)
+    return [ref.Batch(i["input"], labels, i["positions"])
+            for (i, labels), _ in zip(loader, range(n_batches))]
+
+
+def sft_mismatches(rank: int, n_batches: int) -> list[str]:
+    return [f"rank {rank} batch {b}: {m}" for b, (got, want) in
+            enumerate(zip(sft_config_batches(rank, n_batches), sft_reference(rank, n_batches)))
+            for m in ref.compare(got, want)]
+
+
+def test_sft_dataloader_matches_independent_reference():
+    """Torchtitan's chat dataset (in process) against the hand-rendered, ``tokenizers``-based
+    reference (harness/data/sft_reference.py): tokens, ignored labels and positions."""
+    found = [m for rank in range(2) for m in sft_mismatches(rank, 3)]
+    assert not found, "\n".join(found)
+
+
+def test_sft_reference_catches_planted_mask_defect():
+    with rank_hooks.planted("sft_mask_off_by_one"):
+        found = [m for rank in range(2) for m in sft_mismatches(rank, 1)]
+    assert any(m for m in found if "labels" in m), "a shifted prompt mask went unnoticed"
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +97,13 @@ def check(result):
 
 
 def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
-    """The data path does produce ignored labels of both kinds: prompts on every rank, EOS
-    padding at a row end somewhere in the step."""
+    """The real trainer's SFT batches equal the independent reference on both ranks, and hold
+    ignored labels of both kinds: prompts on every rank, EOS padding at a row end."""
     batches = load_batches(sft_run(backend_runs, sft_backend).run_dir)
+    found = [f"rank {rank}: {m}" for rank, b in enumerate(batches)
+             for m in ref.compare(ref.Batch(b["input"], b["labels"], b["positions"]),
+                                  sft_reference(rank)[0])]
+    assert not found, "the trainer's SFT batches differ from the reference:\n" + "\n".join(found)
     padded = [bool(((b["labels"][:, -1] == IGNORE_INDEX) & (b["input"][:, -1] == EOS_ID)).any())
               for b in batches]
     assert any(padded), "no row ends in ignored EOS padding"

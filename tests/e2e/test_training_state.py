@@ -4,10 +4,11 @@
     the torchtitan (DCP) checkpoint, and are restored on resume (the resumed trainer's buffers
     right after the load equal the checkpoint's; both runs end with bitwise equal state).
 (b) Resume: a run resumed from the step-K checkpoint of a first run (a fresh run dir whose
-    ``--checkpoint.initial_load_path`` is that step folder, ``--checkpoint.no-initial-load-model-only``
-    so optimizer, lr schedule, dataloader and train state come back too) reproduces the
-    uninterrupted run's later losses bitwise (seeded CPU runs are bit-identical), and its final
-    full checkpoint equals the uninterrupted run's key by key, bitwise; titan_native and nki_moe.
+    ``--checkpoint.initial_load_path`` is that step folder,
+    ``--checkpoint.no-initial-load-model-only`` so optimizer, lr schedule, dataloader and train
+    state come back too) reproduces the uninterrupted run's later losses bitwise (seeded CPU
+    runs are bit-identical), and its final full checkpoint equals the uninterrupted run's key by
+    key, bitwise; titan_native and nki_moe.
 (c) Tied embeddings (tiny_dense is tied): in every rank the token embedding and the output
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends import paths
+from harness import paths
 from harness.launch import package_versions
 from harness.parity import models as M
 

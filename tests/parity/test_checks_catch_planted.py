@@ -305,7 +305,7 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
     import torchtitan.models.qwen3 as qwen3
 
     from harness import known_issues
-    from harness.backends import paths
+    from harness import paths
     from harness.parity import workarounds as W
     from harness.parity.config_conformance import conformance_outcome
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from harness import known_issues
-from harness.backends import nki_moe, paths, titan_native
+from harness.backends import nki_moe, titan_native
+from harness import paths
 from harness.hf_config import read_config_json
 from harness.parity import workarounds as W
 from harness.parity.config_conformance import conformance_outcome, config_violations

@@ -126,7 +126,7 @@ def test_an_unknown_workaround_is_refused_with_the_known_names():
 
 
 def test_checkpoint_reload_passes_on_a_complete_checkpoint():
-    from harness.backends import paths
+    from harness import paths
 
     assert checks._reload_problems(paths.TINY_DENSE, paths.TINY_DENSE).problem is None
 
@@ -134,7 +134,7 @@ def test_checkpoint_reload_passes_on_a_complete_checkpoint():
 def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from harness.backends import paths
+    from harness import paths
 
     tensors = load_file(paths.TINY_DENSE / "model.safetensors")
     dropped = "model.layers.1.self_attn.k_norm.weight"
@@ -145,7 +145,7 @@ def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
 
 
 def test_checkpoint_reload_catches_a_checkpoint_of_another_architecture():
-    from harness.backends import paths
+    from harness import paths
 
     problem = checks._reload_problems(paths.TINY_DENSE, paths.TINY_MOE).problem
     assert problem and "missing keys" in problem and "unexpected keys" in problem

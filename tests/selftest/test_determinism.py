@@ -9,7 +9,7 @@ import pytest
 from harness.launch import RunSpec
 
 
-@pytest.mark.parametrize("backend", ["titan_native", "nki_moe"])
+@pytest.mark.parametrize("backend", ["hf_v5", "titan_native", "nki_moe"])
 def test_seeded_rerun_gives_bit_identical_losses(backend, backend_runs, steps, device_profile):
     if device_profile.kind != "cpu":
         pytest.skip("bitwise reruns are promised on CPU only")

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from harness.backends import paths
+from harness import paths
 from harness.launch import RunSpec, launch
 from harness.preflight import PreflightError, check_run_inputs
 

@@ -140,7 +140,7 @@ def test_titan_sdpa_attention_builds_causal_sdpa():
 SDPA_POSITIONS = """
 import types, torch
 from harness.backends.native_qwen3 import native_config_from_hf, read_hf_config
-from harness.backends import paths
+from harness import paths
 from harness.upstream import titan_sdpa_attention as shim
 import torchtitan.trainer as real_trainer
 shim.causal_positions_for_sdpa(real_trainer)  # the real class can be patched
@@ -246,7 +246,7 @@ def test_hf_tied_fsdp_shards_tied_embeddings_together():
 
 HF_SHAPE = """
 import json
-from harness.backends import paths
+from harness import paths
 from torchtitan.experiments.transformers_modeling_backend import model_registry
 from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 hf = json.loads((paths.TINY_DENSE / "config.json").read_text())

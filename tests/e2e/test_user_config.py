@@ -1,0 +1,134 @@
+"""A user's own config file is a subject like the built-in backends (the source's walkthrough).
+
+Specification:
+- a config module written outside harness/ is linted, run through the CLI and through pytest,
+  and its verdict comes from the registry: which model, which init, which masking are inferred
+  from the config, never typed;
+- a config with a wrong rope theta fails the lint before any rank starts, naming the field,
+  both values and the file they came from;
+- ``--compare`` runs two configs on the same data and seed: native Qwen3 with flex attention
+  and the transformers backend with its per-document mask workaround have equal step-1 losses.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness import cli
+from harness import paths
+from harness.subjects import Subject, infer, lint
+from harness.tolerances import parity_tolerance
+
+USER_MODULE = "my_qwen3"
+USER_CONFIG = textwrap.dedent('''
+    """A user's config file, as the source's walkthrough has them write one."""
+    import dataclasses
+
+    from harness.backends.titan_native import tiny
+
+    FIXTURE = {fixture!r}
+
+
+    def native_tiny():
+        config = tiny()  # native Qwen3, attn_backend="sdpa"
+        config.checkpoint.enable = True
+        config.checkpoint.initial_load_in_hf = True
+        config.checkpoint.initial_load_path = FIXTURE
+        return config
+
+
+    def wrong_theta():
+        config = native_tiny()
+        for layer in config.model_spec.model.layers:
+            layer.attention.rope = dataclasses.replace(layer.attention.rope, theta=1e4)
+        return config
+''')
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    (tmp_path / f"{USER_MODULE}.py").write_text(USER_CONFIG.format(fixture=str(paths.TINY_DENSE)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop(USER_MODULE, None)
+
+
+def test_what_is_checked_is_inferred_from_the_config(user_dir):
+    facts = infer(Subject(USER_MODULE, "native_tiny"))
+    assert (facts.kind, facts.model, facts.init, facts.mask, facts.precision) == (
+        "titan_native", "tiny_dense", "pretrained", "row_causal", "float32")
+    assert facts.weights_dir == paths.TINY_DENSE
+
+
+def test_the_built_in_backends_are_subjects_too():
+    facts = infer(Subject.of_backend("nki_moe", "full"))
+    assert (facts.kind, facts.model, facts.init) == ("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random")
+
+
+def test_a_conforming_config_passes_the_lint(user_dir):
+    report = lint(Subject(USER_MODULE, "native_tiny"))
+    assert report.ok, report.format()
+
+
+def test_a_wrong_rope_theta_fails_the_lint_naming_field_values_and_file(user_dir):
+    report = lint(Subject(USER_MODULE, "wrong_theta"))
+    text = "\n".join(report.violations)
+    assert not report.ok
+    assert "rope_theta" in text and "10000" in text and "1e+06" in text, text
+    assert str(paths.TINY_DENSE / "config.json") in text, text
+
+
+def test_the_cli_launches_nothing_when_the_lint_fails(user_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    status = cli.main(["run", "--module", USER_MODULE, "--config", "wrong_theta",
+                       "--pythonpath", str(user_dir), "--output-dir", str(out)])
+    assert status == 1
+    assert "nothing launched" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_a_bad_subject_is_refused_with_the_fix(user_dir, capsys):
+    assert cli.main(["lint", "--subject", f"{USER_MODULE}:no_such_config"]) == 1
+    assert "defines ['native_tiny', 'wrong_theta']" in capsys.readouterr().out
+    assert cli.main(["lint", "--subject", "no_colon"]) == 2
+    assert "is not MODULE:CONFIG" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_user_config_with_the_registrys_verdict(user_dir, tmp_path):
+    out = tmp_path / "report"
+    status = cli.main(["run", "--module", USER_MODULE, "--config", "native_tiny", "--steps", "2",
+                       "--pythonpath", str(user_dir), "--output-dir", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    run = results["runs"][0]
+    assert status == 0, json.dumps(run["checks"], indent=1)
+    step_1 = run["checks"]["first_step_loss"]
+    assert step_1["status"] == "pass" and "recorded_losses.json" in step_1["how"]
+
+
+@pytest.mark.slow
+def test_pytest_runs_a_user_config_through_the_run_template(user_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e/test_runs.py",
+         "--subject", f"{USER_MODULE}:native_tiny", "--subject-path", str(user_dir),
+         "--steps", "2", "-k", USER_MODULE],
+        cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "4 passed" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_compare_native_flex_and_the_transformers_backend_with_its_workaround(tmp_path):
+    out = tmp_path / "report"
+    status = cli.main(["run", "--compare", "harness.backends.titan_native:tiny_flex",
+                       "harness.backends.hf_v5:tiny", "--workaround", "hf_block_causal",
+                       "--steps", "2", "--output-dir", str(out)])
+    text = (out / "compare.txt").read_text()
+    assert status == 0, text
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    native, hf = (r["steps"][0]["loss"] for r in runs)
+    assert abs(native - hf) <= parity_tolerance("torchrun_loss", "float32").atol, text
+    assert "no step differs" in text, text
