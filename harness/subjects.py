@@ -281,6 +281,7 @@ def lint(subject: Subject) -> LintReport:
         report.violations.append(f"{violation.key}: {violation.detail} (model spec of {subject.name} "
                                  f"vs {hf_json})")
     for issue in issues:
-        report.notes.append(f"this is known upstream defect {issue.name}: {issue.summary}"
+        report.notes.append(f"the same fields as known upstream defect {issue.name} (is this "
+                            f"config built on that flavor?): {issue.summary}"
                             + (f" Workaround: {issue.workaround.what}" if issue.workaround else ""))
     return report

@@ -16,6 +16,8 @@ DOWNLOAD = (f"huggingface-cli download Qwen/{ASSETS_MODEL} "
 
 def _param(case):
     marks = [getattr(pytest.mark, TIER_MARKERS[case.device])] if case.device in TIER_MARKERS else []
+    if case.slow:
+        marks.append(pytest.mark.slow)
     return pytest.param(case, id=case.id, marks=marks)
 
 

@@ -27,17 +27,28 @@ USER_CONFIG = textwrap.dedent('''
     """A user's config file, as the source's walkthrough has them write one."""
     import dataclasses
 
-    from harness.backends.titan_native import tiny
+    from harness.backends import hf_v5, titan_native
 
     FIXTURE = {fixture!r}
 
 
-    def native_tiny():
-        config = tiny()  # native Qwen3, attn_backend="sdpa"
+    def from_hf_weights(config):
         config.checkpoint.enable = True
         config.checkpoint.initial_load_in_hf = True
         config.checkpoint.initial_load_path = FIXTURE
         return config
+
+
+    def native_tiny():
+        return from_hf_weights(titan_native.tiny())  # native Qwen3, attn_backend="sdpa"
+
+
+    def native_flex_tiny():
+        return from_hf_weights(titan_native.tiny_flex())
+
+
+    def v5_tiny():
+        return from_hf_weights(hf_v5.tiny())
 
 
     def wrong_theta():
@@ -92,7 +103,8 @@ def test_the_cli_launches_nothing_when_the_lint_fails(user_dir, tmp_path, capsys
 
 def test_a_bad_subject_is_refused_with_the_fix(user_dir, capsys):
     assert cli.main(["lint", "--subject", f"{USER_MODULE}:no_such_config"]) == 1
-    assert "defines ['native_tiny', 'wrong_theta']" in capsys.readouterr().out
+    assert "defines ['from_hf_weights', 'native_flex_tiny', 'native_tiny', 'v5_tiny', " \
+        "'wrong_theta']" in capsys.readouterr().out
     assert cli.main(["lint", "--subject", "no_colon"]) == 2
     assert "is not MODULE:CONFIG" in capsys.readouterr().err
 
@@ -121,11 +133,11 @@ def test_pytest_runs_a_user_config_through_the_run_template(user_dir):
 
 
 @pytest.mark.slow
-def test_compare_native_flex_and_the_transformers_backend_with_its_workaround(tmp_path):
+def test_compare_native_flex_and_the_transformers_backend_with_its_workaround(user_dir, tmp_path):
     out = tmp_path / "report"
-    status = cli.main(["run", "--compare", "harness.backends.titan_native:tiny_flex",
-                       "harness.backends.hf_v5:tiny", "--workaround", "hf_block_causal",
-                       "--steps", "2", "--output-dir", str(out)])
+    status = cli.main(["run", "--compare", f"{USER_MODULE}:native_flex_tiny", f"{USER_MODULE}:v5_tiny",
+                       "--workaround", "hf_block_causal", "--steps", "2", "--pythonpath",
+                       str(user_dir), "--output-dir", str(out)])
     text = (out / "compare.txt").read_text()
     assert status == 0, text
     runs = json.loads((out / "results.json").read_text())["runs"]

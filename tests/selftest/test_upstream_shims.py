@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from harness import known_issues
 import torch
 
 from harness.launch import BOOT_DIR
@@ -183,6 +185,8 @@ else:
 
 @on_spring2026
 def test_hf_config_kw_only_still_needed():
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-config-not-keyword-only').workaround.rank_shim == 'hf_config_kw_only'
     assert _python(HF_BACKEND_IMPORT) == "refused", (
         "the transformers backend imports with this transformers: delete "
         "harness/upstream/hf_config_kw_only.py"
@@ -233,6 +237,8 @@ finally:
 
 @on_spring2026
 def test_hf_tied_fsdp_still_needed():
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-tied-embedding-fsdp').workaround.rank_shim == 'hf_tied_fsdp'
     assert _python(TIED_FSDP, shims="hf_config_kw_only") == "refused", (
         "FSDP now groups tied embeddings in the transformers backend: delete "
         "harness/upstream/hf_tied_fsdp.py"
@@ -259,6 +265,8 @@ print({k: getattr(model, k) for k in keys} == {k: hf[k] for k in keys})
 
 @on_spring2026
 def test_hf_shape_from_config_still_needed():
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-flavor-overrides-config-json').workaround.rank_shim == 'hf_shape_from_config'
     assert _python(HF_SHAPE, shims="hf_config_kw_only") == "False", (
         "the transformers backend builds config.json's shape itself: delete "
         "harness/upstream/hf_shape_from_config.py"
