@@ -13,7 +13,6 @@ starts: the model spec against the config.json it loads, the assets dir, paramet
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -150,7 +149,9 @@ def hf_parameters(model_dir: Path) -> int:
 
 
 def _config_shape(model_dir: Path) -> tuple:
-    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    from harness.hf_config import read_config_json
+
+    hf = read_config_json(model_dir)
     return (hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"])
 
 

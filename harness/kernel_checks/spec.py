@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from harness.devices import device_status  # noqa: F401  (the one device probe, re-exported)
+
 DTYPES = (torch.float32, torch.bfloat16)
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -40,14 +42,6 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
     probe.__name__ = f"probe_{name}"
     return probe
-
-
-@functools.lru_cache(maxsize=None)
-def device_status(device: str) -> tuple[bool, str]:
-    """(available, reason) for one of ``DEVICES``: harness.devices.device_status, the one probe."""
-    from harness.devices import device_status as probe
-
-    return probe(device)
 
 
 def torch_device(device: str) -> torch.device:

@@ -45,6 +45,7 @@ API = (
     "CPU_SHIMS",
     "moe_grouped_experts",
     "GROUPED_EXPERTS_COMPUTE_METHOD",
+    "NOT_PORTED",
 )
 
 
@@ -101,3 +102,6 @@ transformers_backend = _impl.transformers_backend
 CPU_SHIMS: dict[str, tuple[str, ...]] = _impl.CPU_SHIMS
 moe_grouped_experts = _impl.moe_grouped_experts
 GROUPED_EXPERTS_COMPUTE_METHOD: str = _impl.GROUPED_EXPERTS_COMPUTE_METHOD
+# Tests written against another generation's internals, not yet ported to this one:
+# (pytest node-id glob, why). The root conftest skips them, naming the reason.
+NOT_PORTED: tuple[tuple[str, str], ...] = _impl.NOT_PORTED

@@ -93,3 +93,25 @@ def moe_grouped_experts(moe_config):
 # ``(x_RD, num_tokens_per_expert_E) -> out_RD``: spring's ``forward`` also dispatches and
 # combines (its token_dispatcher), and calls ``_experts_forward`` for the compute.
 GROUPED_EXPERTS_COMPUTE_METHOD = "_experts_forward"
+
+
+# Tests that build torchtitan 0.3.0's module internals in-process, not yet ported to this
+# generation. Everything launched (the run template: every backend, init and check, with this
+# generation's known issues), the config functions, user configs, the shims and the harness's
+# self-tests run here; these do not (yet):
+_MODULES = ("spring main has no RoutedExperts region (moe.experts), GroupedExperts.Config needs a "
+            "token_dispatcher, and the transformers backend has no state_dict_adapter module")
+NOT_PORTED: tuple[tuple[str, str], ...] = (
+    ("tests/parity/*", "the in-process parity suite builds 0.3.0 modules: " + _MODULES),
+    ("tests/kernels/test_model_swap.py::*", _MODULES),
+    ("tests/kernels/test_custom_ops.py::*torchtitan*", _MODULES),
+    ("tests/kernels/test_conformance.py::*grouped_swiglu-torchtitan-*", _MODULES),
+    ("tests/kernels/test_conformance.py::*grouped_swiglu-harness_op-*", _MODULES),
+    ("tests/kernels/test_conformance.py::*cross_entropy-torchtitan-*",
+     "the adapter calls 0.3.0's cross-entropy loss signature"),
+    ("tests/e2e/test_data_path.py::*", "the independent data reference implements 0.3.0's "
+     "packing (labels shifted within each document); spring main shifts across the packed row"),
+    ("tests/e2e/test_ignored_labels.py::*", "its SFT config and reference follow 0.3.0's "
+     "ChatDataLoader and packing"),
+    ("tests/e2e/test_training_state.py::*", "its instrumented rank hooks follow 0.3.0's trainer"),
+)
