@@ -9,13 +9,9 @@ import pytest
 from harness.launch import RunSpec
 
 
-# titan_native on every commit; the other two in the slow tier (CI runs both; each rerun is a
-# launch of ~20 s on 2 cores).
-@pytest.mark.parametrize("backend", [
-    pytest.param("hf_v5", marks=pytest.mark.slow),
-    "titan_native",
-    pytest.param("nki_moe", marks=pytest.mark.slow),
-])
+# Slow tier (CI runs it on every submission): each rerun is a launch of ~20 s on 2 cores.
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["hf_v5", "titan_native", "nki_moe"])
 def test_seeded_rerun_gives_bit_identical_losses(backend, backend_runs, steps, device_profile):
     if device_profile.kind != "cpu":
         pytest.skip("bitwise reruns are promised on CPU only")
