@@ -469,8 +469,11 @@ def generate(root: Path, parts: list[str], inputs: Path) -> None:
             retrained = name in parts
             model_dir = (root if retrained else inputs) / name
             (root / name).mkdir(parents=True, exist_ok=True)
-            # Retrained weights make every generation's old section stale: only this one is kept.
-            previous = Path("/nonexistent") if retrained else inputs / name / RECORDED
+            # Weights that changed make every generation's old section stale: only this one is
+            # kept. Weights retrained bit-identically (--check) keep every section.
+            changed = retrained and not filecmp.cmp(model_dir / "model.safetensors",
+                                                    inputs / name / "model.safetensors", shallow=False)
+            previous = Path("/nonexistent") if changed else inputs / name / RECORDED
             record_losses(name, corpus, tokenizer, model_dir, previous, root / name / RECORDED)
 
     steps = {

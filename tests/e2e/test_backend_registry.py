@@ -2,6 +2,7 @@
 report pick it up with nothing else touched."""
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,12 +42,23 @@ def test_the_cli_offers_a_registered_backend(throwaway_backend):
 
 @pytest.mark.slow
 def test_a_registered_backend_launches_and_is_checked(throwaway_backend, backend_runs, steps):
+    import importlib
+
     from harness.launch import RunSpec
 
-    run = backend_runs.get(RunSpec("titan_again", init="pretrained", steps=2, save_hf=True))
+    importlib.import_module(MODULE)  # the ranks import it from the same folder
+    module_dir = str(Path(sys.modules[MODULE].__file__).parent) if MODULE in sys.modules else None
+    run = backend_runs.get(RunSpec("titan_again", init="pretrained", steps=2, save_hf=True,
+                                   pythonpath=(module_dir,) if module_dir else ()))
     verdicts = checks.verdicts(run, 2)
-    assert {name: v.status for name, (v, _) in verdicts.items()} == {
-        name: "pass" for name in checks.RUN_CHECKS}, [v.message for v, _ in verdicts.values()]
+    statuses = {name: v.status for name, (v, _) in verdicts.items()}
+    messages = [v.message for v, _ in verdicts.values()]
+    # Every check runs on it; its step-1 loss has no expectation yet, which is a failure that
+    # prints the observed value and how to record it, never a silent pass.
+    assert statuses == {**{name: "pass" for name in checks.RUN_CHECKS},
+                        "first_step_loss": "fail"}, messages
+    assert "no expectation for backend='titan_again'" in verdicts["first_step_loss"][0].message
+    assert "record it in fixtures/expectations.toml" in verdicts["first_step_loss"][0].message
 
 
 def test_an_unknown_backend_names_the_registered_ones():
