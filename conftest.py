@@ -39,12 +39,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
 
 
+# Tests that launch torchrun runs (or share their session cache) hold one of these fixtures.
+LAUNCHING_FIXTURES = frozenset({"device_profile", "device_runs", "backend_runs"})
+LAUNCH_GROUP = "launches"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the default, pyproject.toml): on a CPU-only selection, two workers. One
+    launches the runs (every launching test is in one xdist group, so each run is still
+    launched once per session); the other runs the in-process tests while the launches wait
+    on rank start-up, rendezvous and shutdown. An accelerator tier (``-m neuron``/``cuda`` or
+    ``--device``) runs in one process: its runs and its in-process kernel tests must not share
+    the devices. ``-n 0`` runs everything in one process anywhere."""
+    import os
+
+    wanted_device = config.getoption("--device") in ("neuron", "cuda")
+    accelerator_tier = any(kind in (config.option.markexpr or "") for kind in TIER_MARKERS.values())
+    if wanted_device or accelerator_tier or (os.cpu_count() or 1) < 2:
+        return 0
+    return 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tier tests whose device is missing, naming what is missing; skip the tests the
-    installed torchtitan generation has not been ported to, naming why (harness/titan_api)."""
+    """Put every launching test in one xdist group; skip tier tests whose device is missing,
+    naming what is missing; skip the tests the installed torchtitan generation has not been
+    ported to, naming why (harness/titan_api)."""
     import fnmatch
 
     from harness import titan_api
+
+    for item in items:
+        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(LAUNCH_GROUP))
 
     for pattern, why in titan_api.NOT_PORTED:
         skip = pytest.mark.skip(reason=f"not ported to torchtitan {titan_api.generation()}: {why}")

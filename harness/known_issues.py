@@ -14,7 +14,7 @@ issue should show is a failure too (upstream fixed it: delete the entry). An app
 workaround removes the issue from the expectation, and the check is held to its tolerance.
 
 Planted defects for the harness's self-tests are a different thing and live in
-``harness/plants.py``.
+``harness/plants``.
 """
 
 from __future__ import annotations

@@ -23,13 +23,15 @@ import psutil
 
 from harness import known_issues
 from harness.backends import BackendSpec, backend
-from harness import paths
+from harness import paths, plants
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
 from harness.subjects import Facts
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
+SHIMS_ENV = "HARNESS_SHIMS"
+PLANTS_ENV = plants.ENV_VAR
 # Every process a launch starts inherits this marker: at the end of a session, exactly the
 # processes this harness process launched can be found (``leftover_processes``), and no other.
 SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
@@ -54,7 +56,8 @@ class RunSpec:
     # Workarounds for named upstream defects (harness/known_issues.py), on top of the ones the
     # backend always gets (BackendSpec.workarounds).
     workarounds: tuple[str, ...] = ()
-    plants: tuple[str, ...] = ()  # faults planted in the system under test (harness/plants.py)
+    # Plants (harness/plants): defects the self-tests put into the ranks' torchtitan.
+    plants: tuple[str, ...] = ()
     # A user's config function instead of a registered backend's (``RunSpec.for_subject``):
     # what the harness inferred about it (harness/subjects.py); ``backend`` is then its kind.
     subject: Facts | None = None
@@ -67,6 +70,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         spec = backend(self.backend)  # validates the backend name
+        plants.check_patch_names(self.plants)  # known, and installable in a rank
         for name in self.workarounds:
             known_issues.workaround(name)  # validates the name
         # Only the workarounds that change this backend: one key per distinct run.
@@ -127,7 +131,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        suffix = "".join(f"+{w}" for w in (*self.all_workarounds, *self.plants))
+        suffix = "".join(f"+{w}" for w in self.all_workarounds) + "".join(f"+plant:{p}" for p in self.plants)
         if self.subject:
             return f"{self.subject.module}:{self.subject.config}{suffix}"
         attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
@@ -214,12 +218,14 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     # A subject's config has torchtitan's own metrics processor: the ranks swap in the
     # harness's JSONL sink (the harness reads results from nowhere else).
     sink = ("jsonl_metrics_sink",) if spec.subject else ()
-    shims = (*profile.shims, *sink, *(s for s in workaround_shims if s), *spec.plants)
-    if shims:
-        env["HARNESS_SHIMS"] = ",".join(shims)
+    shims = (*profile.shims, *sink, *(s for s in workaround_shims if s))
+    for variable, names in ((SHIMS_ENV, shims), (PLANTS_ENV, spec.plants)):
+        if names:
+            env[variable] = ",".join(names)
+        else:
+            env.pop(variable, None)
+    if shims or spec.plants:
         python_path.insert(0, str(BOOT_DIR))
-    else:
-        env.pop("HARNESS_SHIMS", None)
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(python_path)

@@ -2,6 +2,7 @@
 
     python scripts/benchmark.py overhead --repeats 3      # harness launch vs bare torchrun
     python scripts/benchmark.py suite                     # default CPU suite wall time
+    python scripts/benchmark.py suite --against cf04508   # side by side with another commit
     python scripts/benchmark.py xdist --paths tests/kernels tests/selftest/test_upstream_shims.py
 
 Each measurement runs its variants interleaved in one process, so ratios compare like with
@@ -24,12 +25,13 @@ from harness.launch import RunSpec, build_command, launch, rank_environment
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _timed(command: list[str], env=None, cwd=None) -> float:
+def _timed(command: list[str], env=None, cwd=None, ok=(0,)) -> float:
+    """Wall time of ``command``; a suite with failing tests (exit 1) still has a time."""
     start = time.monotonic()
     done = subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     elapsed = time.monotonic() - start
-    if done.returncode not in (0,):
+    if done.returncode not in ok:
         raise SystemExit(f"command failed ({done.returncode}): {' '.join(command)}")
     return elapsed
 
@@ -58,10 +60,28 @@ def overhead(repeats: int, backend: str, steps: int) -> None:
     print(f"overhead ratio (harness / bare): {h / b:.3f}")
 
 
-def suite(extra: list[str]) -> None:
-    elapsed = _timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra],
-                     cwd=REPO)
-    print(f"default CPU suite: {elapsed:.0f} s")
+def suite(extra: list[str], against: str | None = None) -> None:
+    """The default suite's wall time; with ``against``, that commit's default suite too, from a
+    temporary git worktree, one after the other on the same machine (each suite imports its own
+    ``harness``: pytest puts the worktree's root first on sys.path, and its ranks get the
+    worktree's root on PYTHONPATH)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
+    if against is None:
+        print(f"default CPU suite: {_timed(command, cwd=REPO, ok=(0, 1)):.0f} s")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "other"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), against],
+                       check=True, stdout=subprocess.DEVNULL)
+        try:
+            theirs = _timed(command, cwd=other, ok=(0, 1))
+            ours = _timed(command, cwd=REPO, ok=(0, 1))
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)],
+                           check=False)
+    print(f"default CPU suite at {against}: {theirs:.0f} s")
+    print(f"default CPU suite here: {ours:.0f} s")
+    print(f"ratio (here / {against}): {ours / theirs:.3f}")
 
 
 def xdist(paths: list[str], workers: int) -> None:
@@ -81,6 +101,7 @@ def main() -> None:
     o.add_argument("--steps", type=int, default=10)
     s = sub.add_parser("suite")
     s.add_argument("extra", nargs="*")
+    s.add_argument("--against", metavar="REV", help="also time this commit's suite, side by side")
     x = sub.add_parser("xdist")
     x.add_argument("--paths", nargs="+", default=["tests"])
     x.add_argument("--workers", type=int, default=2)
@@ -88,7 +109,7 @@ def main() -> None:
     if args.what == "overhead":
         overhead(args.repeats, args.backend, args.steps)
     elif args.what == "suite":
-        suite(args.extra)
+        suite(args.extra, args.against)
     else:
         xdist(args.paths, args.workers)
 

@@ -1,11 +1,11 @@
 """A torchtitan ``--module`` that proxies another module's config functions and installs the
-rank-side hooks of harness/data/rank_hooks.py in the real trainer (batch dumps, state records,
-planted defects). Launched like any backend:
+rank-side hooks of harness/data/rank_hooks.py in the real trainer (batch dumps and state
+records). Launched like any backend:
 
     torchrun ... -m torchtitan.train --module harness.data.instrumented --config tiny
     (env: HARNESS_INSTRUMENT_TARGET=harness.backends.titan_native)
 
-The config is the target's own, unchanged (except the ``untie_embeddings`` plant). In tests,
+The config is the target's own, unchanged. In tests,
 ``instrumented_backend(base)`` registers it for the duration as a backend whose sizes and
 attention variants are ``base``'s, so ``RunSpec``/``launch``/``backend_runs`` launch it.
 """
@@ -30,22 +30,12 @@ def _target():
 
 def _instrumented(function):
     def config():
-        from harness.data import rank_hooks
-
-        plants = rank_hooks.env_plants()
-        rank_hooks.install_data_plants(plants)
         import torchtitan.trainer
 
-        rank_hooks.install_trainer_hooks(torchtitan.trainer, plants)
-        cfg = function()
-        if "untie_embeddings" in plants:
-            # Built untied; the embedding gets its own init (a tied flavor skips it), so the
-            # run trains normally and only the tying is wrong.
-            from torchtitan.models import qwen3
+        from harness.data import rank_hooks
 
-            cfg.model_spec.model.enable_weight_tying = False
-            cfg.model_spec.model.tok_embeddings.param_init = qwen3._EMBEDDING_INIT
-        return cfg
+        rank_hooks.install_trainer_hooks(torchtitan.trainer)
+        return function()
 
     config.__name__ = function.__name__
     return config
@@ -80,14 +70,11 @@ def instrumented_backend(base: str):
         unregister(name)
 
 
-def env(target: str, *, plants: tuple[str, ...] = (), dump_steps: int = 1) -> tuple:
+def env(target: str, *, dump_steps: int = 1) -> tuple:
     """RunSpec.extra_env for an instrumented run of config module ``target``."""
-    from harness.data.rank_hooks import DUMP_STEPS_ENV, PLANTS_ENV
+    from harness.data.rank_hooks import DUMP_STEPS_ENV
 
-    out = [(TARGET_ENV, target), (DUMP_STEPS_ENV, str(dump_steps))]
-    if plants:
-        out.append((PLANTS_ENV, ",".join(plants)))
-    return tuple(out)
+    return ((TARGET_ENV, target), (DUMP_STEPS_ENV, str(dump_steps)))
 
 
 def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str | None = None):
@@ -95,5 +82,5 @@ def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str 
     data-path and tied-embedding checks (one launch per session serves both)."""
     from harness.launch import RunSpec
 
-    return RunSpec(name, steps=1, attention=attention, save_hf=True,
-                   extra_env=env("harness.backends.titan_native", plants=plants))
+    return RunSpec(name, steps=1, attention=attention, save_hf=True, plants=plants,
+                   extra_env=env("harness.backends.titan_native"))

@@ -132,18 +132,11 @@ SHIMS: dict[str, Callable[[], None]] = {
 
 
 def install(names: list[str]) -> None:
-    from harness.plants import PLANTS
-
-    unknown = [n for n in names if n not in SHIMS and n not in PLANTS]
+    unknown = [n for n in names if n not in SHIMS]
     if unknown:
-        raise ValueError(
-            f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)} and plants {sorted(PLANTS)}"
-        )
+        raise ValueError(f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)}")
     for name in names:
-        if name in SHIMS:
-            SHIMS[name]()
-        else:
-            after_import(*PLANTS[name])
+        SHIMS[name]()
 
 
 def install_from_env() -> None:

@@ -20,7 +20,8 @@ import torch
 from harness.backends import BACKENDS, titan_native
 from harness import paths
 from harness.backends.common import TINY
-from harness.data import instrumented, rank_hooks
+from harness.plants import planted
+from harness.data import instrumented
 from harness.data import reference as ref
 
 DP = 2
@@ -75,7 +76,7 @@ def test_config_dataloader_matches_reference(rank):
 
 @pytest.mark.parametrize("plant", PLANTS)
 def test_config_dataloader_check_catches_planted_defect(plant):
-    with rank_hooks.planted(plant):
+    with planted(plant):
         found = [m for rank in range(DP)
                  for m in mismatches(config_batches(rank, 1), reference(rank, 1))]
     assert found, f"planted {plant} went unnoticed"

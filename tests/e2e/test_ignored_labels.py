@@ -22,11 +22,12 @@ import pytest
 
 from harness import paths
 from harness.backends.common import TINY
-from harness.data import instrumented, rank_hooks, sft_config
+from harness.data import instrumented, sft_config
 from harness.data import reference as ref
 from harness.data.sft_reference import sft_reference_batches
 from harness.data.loss_reference import IGNORE_INDEX, hf_loss_parts, load_batches
 from harness.launch import RunSpec
+from harness.plants import planted
 from harness.tolerances import parity_tolerance
 
 # fp32 step-1 loss, torchrun 2 ranks vs in-process HF (the parity policy's torchrun_loss band;
@@ -66,7 +67,7 @@ def test_sft_dataloader_matches_independent_reference():
 
 
 def test_sft_reference_catches_planted_mask_defect():
-    with rank_hooks.planted("sft_mask_off_by_one"):
+    with planted("sft_mask_off_by_one"):
         found = [m for rank in range(2) for m in sft_mismatches(rank, 1)]
     assert any(m for m in found if "labels" in m), "a shifted prompt mask went unnoticed"
 
@@ -78,8 +79,7 @@ def sft_backend():
 
 
 def sft_run(backend_runs, name, plants=()):
-    spec = RunSpec(name, init="pretrained", steps=1,
-                   extra_env=instrumented.env(TARGET, plants=plants))
+    spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET))
     result = backend_runs.get(spec)
     assert result.ok, f"{result.name} failed: see {result.run_dir}"
     assert len(result.steps) == 1

@@ -53,8 +53,7 @@ def resume_pair(backend_runs, names, base, plants=()):
         "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, K).resolve()),
         "--checkpoint.no-initial-load-model-only")
     second = _ok(backend_runs.get(RunSpec(
-        names[base], steps=STEPS, overrides=resume,
-        extra_env=instrumented.env(f"harness.backends.{base}", plants=plants))))
+        names[base], steps=STEPS, overrides=resume, plants=plants, extra_env=env)))
     return first, second
 
 

@@ -7,7 +7,7 @@ import torch
 
 from harness.kernel_checks.spec import device_status
 from harness.kernel_checks import cli, diagnostics
-from harness.kernel_checks.plants import DEFECTS
+from harness import plants
 from harness.kernel_checks.registry import OPS
 from harness.kernel_checks.runner import run
 from harness.kernel_checks.xdist import visible_cores_for_worker
@@ -25,24 +25,24 @@ def test_list_names_every_op_and_says_why_skipped():
 
 
 def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
-    defect = next(d for d in DEFECTS if d.name == "swiglu_w1_w3_swapped")
+    defect = plants.plant("swiglu_w1_w3_swapped").kernel
     op = OPS[defect.op]
     case_name, dtype = defect.catch_on[0]
-    result = run(op, defect.impl, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
+    result = run(op, defect.implementation, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
     report = result.report()
     for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernel_checks replay"):
         assert needle in report
     assert result.replay_path.parent == tmp_path
     bundle = torch.load(result.replay_path, weights_only=False)
-    assert bundle["impl"] == defect.impl.name and set(bundle["master_inputs"]) == {"x", "num_tokens_per_expert", "w1", "w2", "w3"}
-    again = diagnostics.replay(result.replay_path, impl=defect.impl)
+    assert bundle["impl"] == defect.implementation.name and set(bundle["master_inputs"]) == {"x", "num_tokens_per_expert", "w1", "w2", "w3"}
+    again = diagnostics.replay(result.replay_path, impl=defect.implementation)
     assert not again.passed and {c.name for c in again.failures} == {c.name for c in result.failures}
 
 
 def test_replay_of_a_registry_implementation_via_the_cli(tmp_path, capsys):
     op = OPS["rms_norm"]
-    defect = next(d for d in DEFECTS if d.op == "rms_norm")
-    result = run(op, defect.impl, "cpu", op.case(defect.catch_on[0][0]), defect.catch_on[0][1], save_dir=tmp_path)
+    defect = plants.plant("rmsnorm_eps_outside_sqrt").kernel
+    result = run(op, defect.implementation, "cpu", op.case(defect.catch_on[0][0]), defect.catch_on[0][1], save_dir=tmp_path)
     bundle = torch.load(result.replay_path, weights_only=False)
     bundle["impl"] = "transformers"  # a registered implementation replays from the file alone
     torch.save(bundle, result.replay_path)

@@ -1,4 +1,4 @@
-"""Every parity check, shown failing on a deliberately broken input (harness/parity/plants.py).
+"""Every parity check, shown failing on a deliberately broken input: a plant (harness/plants/inputs.py).
 
 Each test plants one defect of the kind the harness exists to catch -- a dropped, transposed,
 mistyped or extra checkpoint tensor, a broken shard index, a mis-mapped or lossy state-dict
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from harness.parity import checkpoint as C
-from harness.parity import compare, plants, reference, routing
+from harness import plants
+from harness.parity import compare, reference, routing
 from harness.parity import models as M
 from harness.parity import training as T
 from harness.parity.config_conformance import config_violations
@@ -23,9 +24,8 @@ from harness.parity.settings import settings_table
 from harness.hf_config import read_config_json
 from harness.tolerances import parity_tolerance as tolerance
 
-Q = "model.layers.0.self_attn.q_proj.weight"
-O_PROJ = "model.layers.0.self_attn.o_proj.weight"  # 128 x (heads * head_dim)
-DOWN = "model.layers.1.mlp.down_proj.weight"  # 128 x 384
+from harness.plants.inputs import (DOWN, INV_FREQ, O_PROJ, ORPHAN_SHARD, Q, SECOND_SHARD, copy_checkpoint,
+                                   first_key_in_shard)
 
 
 def _kinds(violations):
@@ -35,12 +35,12 @@ def _kinds(violations):
 # ---------------------------------------------------------------------- checkpoint contents
 
 def test_conformance_catches_a_dropped_tensor(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.drop(Q))
+    d = plants.make("checkpoint_drops_q_proj", dense_dir, tmp_path / "c")
     assert ("missing", Q) in _kinds(C.checkpoint_violations(d))
 
 
 def test_conformance_catches_a_transposed_tensor(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.transpose(DOWN))
+    d = plants.make("checkpoint_transposes_down_proj", dense_dir, tmp_path / "c")
     v = [x for x in C.checkpoint_violations(d) if x.key == DOWN]
     assert v and v[0].check == "shape" and "(384, 128)" in v[0].detail, v
 
@@ -48,31 +48,30 @@ def test_conformance_catches_a_transposed_tensor(dense_dir, tmp_path):
 def test_weight_comparison_catches_a_transposed_square_tensor(dense_dir, tmp_path):
     """Shapes cannot see a transposed square matrix, nor a tensor whose elements are in
     transposed order but reshaped to its own shape; the bit-for-bit comparison names it."""
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.relayout(O_PROJ))
+    d = plants.make("checkpoint_relayouts_o_proj", dense_dir, tmp_path / "c")
     assert not C.checkpoint_violations(d)
     v = C.tensor_equality_violations(d, reference.load_hf_tensors(dense_dir))
     assert [(x.key, x.detail) for x in v] == [(O_PROJ, "transposed")]
 
 
 def test_conformance_catches_a_wrong_dtype(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.cast(Q, torch.bfloat16))
+    d = plants.make("checkpoint_q_proj_in_bf16", dense_dir, tmp_path / "c")
     assert ("dtype", Q) in _kinds(C.checkpoint_violations(d))
 
 
 def test_conformance_catches_an_unexpected_tensor(dense_dir, tmp_path):
-    key = "model.layers.0.self_attn.rotary_emb.inv_freq"
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.add(key, "model.norm.weight"))
-    assert ("unexpected", key) in _kinds(C.checkpoint_violations(d))
+    d = plants.make("checkpoint_writes_inv_freq", dense_dir, tmp_path / "c")
+    assert ("unexpected", INV_FREQ) in _kinds(C.checkpoint_violations(d))
 
 
 def test_conformance_catches_a_tied_lm_head_written_out(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.add("lm_head.weight", "model.embed_tokens.weight"))
+    d = plants.make("checkpoint_writes_tied_lm_head", dense_dir, tmp_path / "c")
     v = [x for x in C.checkpoint_violations(d) if x.key == "lm_head.weight"]
     assert v and "tie_word_embeddings" in v[0].detail, v
 
 
 def test_reload_catches_a_missing_tensor(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", plants.drop(Q))
+    d = plants.make("checkpoint_drops_q_proj", dense_dir, tmp_path / "c")
     _, v = C.reload_report(d)
     assert any(x.check == "from_pretrained missing_keys" and Q in x.key for x in v), v
 
@@ -81,7 +80,7 @@ def test_tie_check_catches_an_untied_native_model_and_an_extra_saved_key(dense_d
     native = M.build_native(dense_dir)
     keys = set(reference.load_hf_tensors(dense_dir))
     assert not C.tied_embedding_violations(native.module, keys, keys)
-    native.module.lm_head.weight = torch.nn.Parameter(native.module.tok_embeddings.weight.detach().clone())
+    plants.make("untied_lm_head", native.module)
     problems = C.tied_embedding_violations(native.module, keys | {"lm_head.weight"}, keys)
     assert len(problems) == 2 and "untied" in problems[0] and "lm_head.weight" in problems[1], problems
 
@@ -89,61 +88,48 @@ def test_tie_check_catches_an_untied_native_model_and_an_extra_saved_key(dense_d
 # ---------------------------------------------------------------------- sharded index
 
 def test_index_check_passes_a_consistent_sharded_checkpoint(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
+    d = copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
     assert not C.checkpoint_violations(d)
 
 
 def test_index_check_catches_an_orphan_shard(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    orphan = plants.add_orphan_shard(d)
-    assert ("index", orphan.name) in _kinds(C.checkpoint_violations(d))
+    d = plants.make("shards_orphan_file", dense_dir, tmp_path / "c")
+    assert ("index", ORPHAN_SHARD) in _kinds(C.checkpoint_violations(d))
 
 
 def test_index_check_catches_a_listed_file_that_is_absent(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    (d / "model-00002-of-00002.safetensors").unlink()
+    d = plants.make("shards_listed_file_absent", dense_dir, tmp_path / "c")
     v = C.checkpoint_violations(d)
-    assert ("index", "model-00002-of-00002.safetensors") in _kinds(v)
+    assert ("index", SECOND_SHARD) in _kinds(v)
     assert any(x.check == "missing" for x in v)
 
 
 def test_index_check_catches_a_key_indexed_in_the_wrong_file(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    wm = C.list_checkpoint(d).index["weight_map"]
-    key = sorted(k for k, f in wm.items() if f.startswith("model-00001"))[0]
-    plants.edit_index(d, lambda idx: idx["weight_map"].__setitem__(key, "model-00002-of-00002.safetensors"))
+    reference_copy = copy_checkpoint(dense_dir, tmp_path / "ok", sharded=True)
+    key = first_key_in_shard(reference_copy, "model-00001")
+    d = plants.make("shards_key_indexed_in_wrong_file", dense_dir, tmp_path / "c")
     v = [x for x in C.checkpoint_violations(d) if x.key == key]
     assert v and "not stored there" in v[0].detail, v
 
 
 def test_index_check_catches_an_unindexed_key_and_a_wrong_total_size(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    plants.edit_index(d, lambda idx: idx["weight_map"].pop(Q))
+    d = plants.make("shards_key_unindexed", dense_dir, tmp_path / "c")
     kinds = _kinds(C.checkpoint_violations(d))
     assert ("index", Q) in kinds and ("index", "metadata.total_size") not in kinds, kinds
-    plants.edit_index(d, lambda idx: idx["metadata"].__setitem__("total_size", idx["metadata"]["total_size"] + 4))
+    d = plants.make("shards_total_size_wrong", dense_dir, tmp_path / "d")
     v = [x for x in C.checkpoint_violations(d) if x.key == "metadata.total_size"]
     assert v and "index says" in v[0].detail, v
 
 
 def test_index_check_catches_a_tensor_stored_twice(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    from safetensors.torch import save_file
-
-    first = d / "model-00001-of-00002.safetensors"
-    tensors = reference.load_hf_tensors(d)
-    wm = C.list_checkpoint(d).index["weight_map"]
-    other = sorted(k for k, f in wm.items() if f.startswith("model-00002"))[0]
-    keep = {k: tensors[k] for k, f in wm.items() if f == first.name}
-    keep[other] = tensors[other]
-    save_file(keep, str(first), metadata={"format": "pt"})
+    d = plants.make("shards_tensor_stored_twice", dense_dir, tmp_path / "c")
+    other = first_key_in_shard(d, "model-00002")
     v = [x for x in C.checkpoint_violations(d) if x.key == other]
     assert v and "stored in 2 files" in v[0].detail, v
 
 
 def test_index_check_catches_several_files_without_an_index(dense_dir, tmp_path):
-    d = plants.copy_checkpoint(dense_dir, tmp_path / "c", sharded=True)
-    (d / "model.safetensors.index.json").unlink()
+    d = plants.make("shards_without_index", dense_dir, tmp_path / "c")
     assert ("index", C.INDEX_NAME) in _kinds(C.checkpoint_violations(d))
 
 
@@ -167,8 +153,7 @@ def _native_with_adapter(dense_dir, wrap):
 def test_load_report_and_coverage_catch_an_adapter_that_drops_a_tensor(dense_dir):
     """from_hf_map maps q_norm to None: the checkpoint tensor is ignored, the native
     parameter silently keeps its initial value."""
-    native = _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(
-        a, {"model.layers.{}.self_attn.q_norm.weight": None}))
+    native = _native_with_adapter(dense_dir, lambda a: plants.make("adapter_drops_q_norm", a))
     rep = native.load_report
     assert "model.layers.0.self_attn.q_norm.weight" in rep.unread_file_keys
     assert "layers.0.attention.q_norm.weight" in rep.native_keys_not_loaded
@@ -179,9 +164,8 @@ def test_load_report_and_coverage_catch_an_adapter_that_drops_a_tensor(dense_dir
 def test_logits_parity_catches_swapped_gate_and_up_and_names_the_layer(dense_dir, dense_models, dense_batch):
     """gate_proj <-> up_proj swapped in the adapter map: same shapes, symmetric (the round
     trip stays exact and every key set looks right); only the model comparison sees it."""
-    swap = {"model.layers.{}.mlp.gate_proj.weight": "layers.{}.feed_forward.w3.weight",
-            "model.layers.{}.mlp.up_proj.weight": "layers.{}.feed_forward.w1.weight"}
-    native = _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(a, swap))
+    with plants.planted("adapter_swaps_gate_up"):  # the patch the ranks get, here in-process
+        native = M.build_native(dense_dir)
     assert not C.adapter_round_trip_violations(native.adapter, dict(native.module.state_dict()), [])
     rep = _vs_unplanted(native, dense_models["native"], dense_batch)
     assert not rep.ok and rep.first_divergent.name == "layers.0.mlp", rep.format()
@@ -190,15 +174,13 @@ def test_logits_parity_catches_swapped_gate_and_up_and_names_the_layer(dense_dir
 def test_loading_refuses_swapped_q_and_k(dense_dir):
     """q_proj <-> k_proj swapped: with grouped-query attention the shapes differ (4 vs 2
     heads), so torchtitan's load fails loudly instead of computing garbage."""
-    swap = {"model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.qkv_linear.wk.weight",
-            "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.qkv_linear.wq.weight"}
     # torch.distributed.checkpoint raises CheckpointException, a BaseException subclass.
     with pytest.raises(BaseException, match="(?i)size mismatch"):
-        _native_with_adapter(dense_dir, lambda a: plants.adapter_with_map(a, swap))
+        _native_with_adapter(dense_dir, lambda a: plants.make("adapter_swaps_q_k", a))
 
 
 def test_logits_parity_catches_a_transposed_square_weight_and_names_the_layer(dense_dir, dense_models, dense_batch):
-    native = _native_with_adapter(dense_dir, lambda a: plants.TransposingAdapter(a, {"layers.1.attention.wo.weight"}))
+    native = _native_with_adapter(dense_dir, lambda a: plants.make("adapter_transposes_wo", a))
     rep = _vs_unplanted(native, dense_models["native"], dense_batch)
     assert not rep.ok and rep.first_divergent.name == "layers.1.attn", rep.format()
     rt = C.adapter_round_trip_violations(native.adapter, dict(native.module.state_dict()), [])
@@ -207,14 +189,13 @@ def test_logits_parity_catches_a_transposed_square_weight_and_names_the_layer(de
 
 def test_round_trip_catches_a_lossy_export(dense_models):
     native = dense_models["native"]
-    v = C.adapter_round_trip_violations(plants.LossyAdapter(native.adapter), dict(native.module.state_dict()), [])
+    v = C.adapter_round_trip_violations(plants.make("adapter_lossy_export", native.adapter), dict(native.module.state_dict()), [])
     assert any(x.key == "layers.0.attention.qkv_linear.wq.weight" for x in v), v
 
 
 def test_coverage_catches_a_native_tensor_without_hf_name(dense_models):
     native = dense_models["native"]
-    state = dict(native.module.state_dict())
-    state["layers.0.attention.extra_scale"] = torch.ones(4)
+    state = plants.make("native_tensor_without_hf_name", dict(native.module.state_dict()))
     v, _ = C.unmapped_native_keys(native.adapter, state, C.load_allow_list())
     assert ("unmapped", "layers.0.attention.extra_scale") in _kinds(v)
 
@@ -232,30 +213,28 @@ def _config(directory):
 
 
 def test_conformance_catches_a_wrong_rope_theta(dense_dir):
-    report = config_violations(plants.with_rope(_config(dense_dir), theta=1e4), read_config_json(dense_dir))
+    report = config_violations(plants.make("rope_theta_1e4", _config(dense_dir)), read_config_json(dense_dir))
     assert {"rope_theta (rope config)", "RoPE computation"} <= report.fields(), report.format()
     assert "RoPE convention" not in report.fields(), report.format()  # the theta, not the math
 
 
 def test_conformance_catches_a_wrong_rope_convention(dense_dir):
     """Adjacent-pair (complex) RoPE instead of Qwen3's rotate-half, same theta."""
-    from torchtitan.models.common.rope import ComplexRoPE
-
-    report = config_violations(plants.with_rope_class(_config(dense_dir), ComplexRoPE.Config),
+    report = config_violations(plants.make("rope_adjacent_pairs", _config(dense_dir)),
                                read_config_json(dense_dir))
     assert {"RoPE computation", "RoPE convention"} <= report.fields(), report.format()
     assert "rope_theta (rope config)" not in report.fields(), report.format()
 
 
 def test_conformance_lists_every_module_with_a_wrong_norm_eps(dense_dir):
-    report = config_violations(plants.with_norm_eps(_config(dense_dir), 1e-5), read_config_json(dense_dir))
+    report = config_violations(plants.make("rms_norm_eps_changed", _config(dense_dir)), read_config_json(dense_dir))
     eps = [v for v in report.violations if v.key.startswith("rms_norm_eps")]
     # 2 layers x (attention_norm, ffn_norm, q_norm, k_norm) + final norm
     assert eps and "in 9 module(s)" in eps[0].detail, report.format()
 
 
 def test_conformance_catches_an_unnormalised_router_and_wrong_top_k(moe_dir):
-    report = config_violations(plants.with_router(_config(moe_dir), route_norm=False, top_k=1),
+    report = config_violations(plants.make("router_not_normalised", _config(moe_dir), top_k=1),
                                read_config_json(moe_dir))
     assert {"norm_topk_prob (route_norm)", "num_experts_per_tok (top_k)"} <= report.fields(), report.format()
 
@@ -280,9 +259,7 @@ def _build_then(edit):
 def test_conformance_catches_an_lm_head_not_tied_despite_the_flag(dense_dir):
     """The config says tied (enable_weight_tying) but lm_head holds its own tensor: the check
     looks at the built parameters, not the flag."""
-    def untie(model):
-        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.tok_embeddings.weight))
-
+    untie = lambda model: plants.make("untied_lm_head", model)  # noqa: E731
     report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(untie))
     tie = [v for v in report.violations if v.key.startswith("tie_word_embeddings")]
     assert tie and "False" in tie[0].detail, report.format()
@@ -291,10 +268,7 @@ def test_conformance_catches_an_lm_head_not_tied_despite_the_flag(dense_dir):
 def test_conformance_runs_the_attention_and_catches_a_wrong_scale(dense_dir):
     """Attention scaled by (hidden / heads * 2)^-0.5 instead of head_dim^-0.5: the check runs
     the built attention and compares its output with softmax(q k^T / sqrt(head_dim)) v."""
-    def rescale(model):
-        for layer in model.layers.values():
-            layer.attention.scaling = (2 * layer.attention.head_dim) ** -0.5
-
+    rescale = lambda model: plants.make("attention_scale_doubled_dim", model)  # noqa: E731
     report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(rescale))
     assert report.fields() == {"attention scale"}, report.format()
 
@@ -318,7 +292,7 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
                                   subject="flavor:4B")
 
     assert verdict(cfg).status == "known"
-    worse = verdict(plants.with_norm_eps(cfg, 1e-5))
+    worse = verdict(plants.make("rms_norm_eps_changed", cfg))
     assert worse.status == "fail" and "not as known issue" in worse.message, worse.message
     fixed = verdict(W.in_process("titan_4b_theta")(cfg, hf))
     assert fixed.status == "fail" and "but it passed" in fixed.message, fixed.message
@@ -327,7 +301,7 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
 # ---------------------------------------------------------------------- model comparisons
 
 def test_activation_comparison_localises_a_wrong_norm_eps(dense_dir, dense_models, dense_batch):
-    native = M.build_native(dense_dir, model_config=plants.with_norm_eps(_config(dense_dir), 1e-3))
+    native = M.build_native(dense_dir, model_config=plants.make("rms_norm_eps_changed", _config(dense_dir), eps=1e-3))
     unplanted = dense_models["native"]
     table, first = settings_table("planted", native.settings, "native", unplanted.settings)
     rep = _vs_unplanted(native, unplanted, dense_batch)
@@ -339,7 +313,7 @@ def test_settings_and_activations_catch_a_wrong_theta_in_transformers(dense_dir,
     from harness.parity.settings import DOCUMENT_CAUSAL, hf_settings
 
     hf = M.load_hf(dense_dir)
-    plants.hf_rope_theta(hf.module, 1e4)
+    plants.make("hf_rope_theta_1e4", hf.module)
     settings = hf_settings(hf.module, attn_mask=DOCUMENT_CAUSAL)
     table, first = settings_table("planted hf", settings, "hf", dense_models["hf"].settings)
     assert first == "rope_theta", table
@@ -348,7 +322,7 @@ def test_settings_and_activations_catch_a_wrong_theta_in_transformers(dense_dir,
 
 
 def test_routing_check_catches_an_unnormalised_router(moe_dir, moe_models, moe_batch):
-    native = M.build_native(moe_dir, model_config=plants.with_router(_config(moe_dir), route_norm=False))
+    native = M.build_native(moe_dir, model_config=plants.make("router_not_normalised", _config(moe_dir)))
     unplanted = moe_models["native"]
     li = routing.moe_inputs(moe_models["reference"], moe_batch)[0]
     got = routing.native_route(native, li.layer, li.x)
@@ -403,9 +377,7 @@ def test_hf_model_without_a_router_module_is_refused(moe_dir):
     """An MoE layer whose MLP has no `.gate` (a transformers rename) is an error, not a router
     comparison that silently disappears."""
     hf = M.load_hf(moe_dir)
-    mlp = hf.module.model.layers[0].mlp
-    mlp.router = mlp.gate
-    del mlp.gate
+    plants.make("hf_router_renamed", hf.module)
     with pytest.raises(AttributeError, match="no router module"):
         M._hf_activation_modules(hf.module.model, hf.module.lm_head, hf.arch)
 
@@ -436,7 +408,7 @@ def test_sdpa_comparison_sees_a_per_document_mask_on_the_other_side(dense_dir, d
 def test_hyperparameter_check_catches_changed_adam_constants():
     from harness.backends import titan_native
 
-    cfg = plants.with_optimizer(titan_native.tiny(), betas=(0.9, 0.99), weight_decay=0.01)
+    cfg = plants.make("adam_constants_changed", titan_native.tiny())
     problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
     assert any(p.startswith("betas") for p in problems) and any(p.startswith("weight_decay") for p in problems), problems
 
@@ -444,7 +416,7 @@ def test_hyperparameter_check_catches_changed_adam_constants():
 def test_hyperparameter_check_catches_a_changed_schedule():
     from harness.backends import titan_native
 
-    cfg = plants.with_lr_scheduler(titan_native.tiny(), warmup_steps=3, decay_type="cosine")
+    cfg = plants.make("lr_schedule_changed", titan_native.tiny())
     problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
     assert {"warmup_steps", "decay_type"} <= {p.split(":")[0] for p in problems}, problems
 
@@ -454,7 +426,7 @@ def test_trajectory_check_catches_a_changed_beta2(dense_dir):
     steps = 2
     batches = M.load_batches(dense_dir, steps)
     native = M.build_native(dense_dir)
-    cfg = plants.with_optimizer(native.trainer_config, betas=(0.9, 0.99))
+    cfg = plants.make("adam_beta2_changed", native.trainer_config)
     n = T.train_native(native, cfg, batches, total_steps=steps)
     r = T.train_reference(M.load_hf(dense_dir), batches, total_steps=steps)
     assert any(x.startswith("param group 0: betas") for x in n.notes), n.notes
@@ -515,7 +487,7 @@ def test_update_check_names_a_parameter_frozen_in_real_training(dense_dir, two_s
     the total grad norm, hence the clipping factor, changed)."""
     batches, ref = two_steps
     native = M.build_native(dense_dir)
-    native.module.layers["1"].feed_forward.w2.weight.requires_grad_(False)
+    plants.make("down_proj_frozen", native.module)
     rec = T.train_native(native, native.trainer_config, batches, total_steps=len(batches))
     problems = T.update_agreement_problems(T.record_update_agreement(rec, ref, len(batches)))
     frozen = [k for k, p in problems.items() if "frozen: no update" in p]

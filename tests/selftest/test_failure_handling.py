@@ -1,4 +1,4 @@
-"""Faults injected for real into torchtitan's trainer (harness/plants.py) fail clearly.
+"""Faults injected for real into torchtitan's trainer (plants, harness/plants) fail clearly.
 
 Specification:
 - a hung rank is killed, with its whole process tree, at the timeout, and the failure shows
@@ -28,7 +28,7 @@ def _leftovers(run_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hung_run(device_profile, tmp_path_factory):
-    spec = RunSpec("titan_native", steps=4, plants=("plant_hang_rank1",), timeout_s=75)
+    spec = RunSpec("titan_native", steps=4, plants=("hang_rank1",), timeout_s=75)
     return launch(spec, device_profile, tmp_path_factory.mktemp("faults") / "hung")
 
 
@@ -48,7 +48,7 @@ def test_hung_rank_failure_shows_every_rank_log(hung_run):
 
 
 def test_crashed_rank_traceback_is_shown(device_profile, tmp_path):
-    run = launch(RunSpec("titan_native", steps=4, plants=("plant_crash_rank1",)),
+    run = launch(RunSpec("titan_native", steps=4, plants=("crash_rank1",)),
                  device_profile, tmp_path / "crash")
     problem = checks.completed(run, 4).problem
     assert problem and "exited with code" in problem
@@ -58,7 +58,7 @@ def test_crashed_rank_traceback_is_shown(device_profile, tmp_path):
 
 
 def test_nan_loss_stops_the_run_at_the_first_bad_step(device_profile, tmp_path):
-    run = launch(RunSpec("titan_native", steps=6, plants=("plant_nan_loss",)),
+    run = launch(RunSpec("titan_native", steps=6, plants=("nan_loss",)),
                  device_profile, tmp_path / "nan")
     # torchtitan 0.3.0 raises itself before logging a non-finite step ("Loss is not finite
     # ... at step N"); the harness's sink raises too when upstream does not (metrics_sink.py).

@@ -1,6 +1,6 @@
 """Sensitivity self-check: defects planted in the system under test are caught.
 
-Each plant (harness/plants.py) changes torchtitan inside the launched ranks; the same checks
+Each plant (harness/plants/in_torchtitan.py) changes torchtitan inside the launched ranks; the same checks
 the e2e tests apply must then fail. One command: ``pytest -m slow tests/selftest/test_sensitivity.py``.
 """
 
@@ -12,8 +12,8 @@ from harness.launch import RunSpec
 pytestmark = pytest.mark.slow
 
 DEFECTS_IN_THE_MODEL = [
-    "plant_rope_theta_x10",          # wrong RoPE base in the native model
-    "plant_adapter_swaps_gate_up",   # HF checkpoint keys mapped to the wrong tensors
+    "rope_theta_x10",          # wrong RoPE base in the native model
+    "adapter_swaps_gate_up",   # HF checkpoint keys mapped to the wrong tensors
 ]
 
 

@@ -2,18 +2,20 @@
 
 Python imports ``sitecustomize`` at start-up, before ``-m torchtitan.train`` runs, which is the
 only point early enough for shims that must act before torchtitan imports itself. It installs
-the shims named in ``HARNESS_SHIMS`` and nothing else; with the variable unset it does nothing.
+the shims named in ``HARNESS_SHIMS`` and the plants named in ``HARNESS_PLANTS`` (self-tests
+only, harness/plants), and nothing else; with both variables unset it does nothing.
 """
 
 import os
 
-if os.environ.get("HARNESS_SHIMS"):
-    try:
-        from harness.upstream.install import install_from_env
+for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNESS_PLANTS", "harness.plants")):
+    if os.environ.get(variable):
+        try:
+            import importlib
 
-        install_from_env()
-    except Exception as error:  # site.py would print this and carry on without the shims
-        import sys
+            importlib.import_module(module).install_from_env()
+        except Exception as error:  # site.py would print this and carry on without them
+            import sys
 
-        print(f"harness: cannot install HARNESS_SHIMS: {error}", file=sys.stderr)
-        raise SystemExit(2) from error
+            print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
+            raise SystemExit(2) from error

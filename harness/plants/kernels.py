@@ -1,38 +1,30 @@
-"""Planted defects (formerly ``defects.py``): deliberately broken implementations the checker must catch.
+"""Plants realised as broken kernel implementations (see harness/plants/__init__.py).
 
-Each ``Defect`` is an ``Implementation`` with one bug, the cases/dtypes on which it must be
-caught and the checks that must fail there. tests/kernels/test_checker_catches.py runs each
-through the same ``run`` as the real implementations and asserts it FAILS -- proof that every
-kind of assertion the conformance tests make (values, gradients, routing sets, dtype
-contracts, arbitration) can fail.
+Each is an ``Implementation`` with one bug, declared with the cases and dtypes on which it must
+be caught and the checks that must fail there. tests/kernels/test_checker_catches.py runs each
+through the same ``run`` as the real implementations and asserts that it FAILS. This proves that
+every kind of assertion the conformance tests make can fail: values, gradients, routing sets,
+dtype contracts and arbitration.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from harness.kernel_checks.spec import Implementation
+from harness.plants import KernelPlant, Plant
 
 
-@dataclass(frozen=True, eq=False)
-class Defect:
-    name: str
-    op: str
-    impl: Implementation
-    catch_on: tuple[tuple[str, torch.dtype], ...]
-    failing_checks: tuple[str, ...]
-    description: str
+def _plant(name, op, run, catch_on, failing_checks, description, output_dtypes=None) -> Plant:
+    implementation = Implementation(name, "plant", f"planted defect {name}", ("cpu",), run, _f32,
+                                    output_dtypes=output_dtypes)
+    return Plant(name, "kernel", description, failing_checks,
+                 kernel=KernelPlant(op, implementation, catch_on))
 
 
 def _f32(dtype, device):
     return torch.promote_types(dtype, torch.float32)
-
-
-def _impl(name, run, compute=_f32, output_dtypes=None) -> Implementation:
-    return Implementation(name, "defect", f"planted defect {name}", ("cpu",), run, compute, output_dtypes=output_dtypes)
 
 
 # ---------------------------------------------------------------- RoPE
@@ -160,51 +152,37 @@ def _ce(shift_labels: bool = False, mean: bool = False):
 
 BF16, F32 = torch.bfloat16, torch.float32
 
-DEFECTS: tuple[Defect, ...] = (
-    Defect(
-        "rope_wrong_half_swap_sign", "rotary_embedding", _impl("rope_wrong_half_swap_sign", _rope(swap_sign=True)),
-        (("qwen3_4b_q", F32), ("qwen3_4b_q", BF16)), ("y", "grad_x"), "rotate_half returns [x2, -x1] instead of [-x2, x1]",
-    ),
-    Defect(
-        "rope_forgets_type_as", "rotary_embedding",
-        _impl("rope_forgets_type_as", _rope(keep_float32=True), output_dtypes=lambda d, dev: {"y": d}),
-        (("qwen3_4b_q", BF16),), ("dtype:y",), "returns the float32 result for a bfloat16 input",
-    ),
-    Defect(
-        "rmsnorm_eps_outside_sqrt", "rms_norm", _impl("rmsnorm_eps_outside_sqrt", _rmsnorm_eps_outside_sqrt),
-        (("bf16_extremes", F32), ("bf16_extremes", BF16)), ("y",), "x / (sqrt(mean(x^2)) + eps) instead of x / sqrt(mean(x^2) + eps)",
-    ),
-    Defect(
-        "router_without_renormalisation", "moe_router", _impl("router_without_renormalisation", _router(renormalise=False)),
-        (("qwen3_30b_a3b", F32), ("qwen3_30b_a3b", BF16)), ("weights",), "top-k probabilities not renormalised",
-    ),
-    Defect(
-        "router_skips_best_expert", "moe_router", _impl("router_skips_best_expert", _router(skip_best=True)),
-        (("qwen3_30b_64e_top4", F32), ("exact_ties", F32)), ("routing:ids",), "takes ranks 2..k+1 instead of 1..k",
-    ),
-    Defect(
-        "router_detached_logits", "moe_router", _impl("router_detached_logits", _router(detach=True)),
-        (("qwen3_30b_a3b", F32),), ("grad_x", "grad_gate_weight"), "softmax of detached logits: no gradient reaches the gate",
-    ),
-    Defect(
-        "swiglu_w1_w3_swapped", "grouped_swiglu", _impl("swiglu_w1_w3_swapped", _swiglu(swap_w1_w3=True)),
-        (("many_experts", F32), ("many_experts", BF16)), ("y",), "silu(x w3^T) * (x w1^T): gate and up projections swapped",
-    ),
-    Defect(
-        "swiglu_offsets_off_by_one", "grouped_swiglu", _impl("swiglu_offsets_off_by_one", _swiglu(shift_offsets=1)),
-        (("empty_first_last", F32),), ("y",), "expert row ranges shifted by one row",
-    ),
-    Defect(
-        "swiglu_backward_swaps_w1_w3_grads", "grouped_swiglu",
-        _impl("swiglu_backward_swaps_w1_w3_grads", _swiglu_swapped_weight_grads),
-        (("many_experts", F32),), ("grad_w1", "grad_w3"), "correct forward; backward returns dw3 for w1 and dw1 for w3",
-    ),
-    Defect(
-        "ce_label_shift_off_by_one", "cross_entropy", _impl("ce_label_shift_off_by_one", _ce(shift_labels=True)),
-        (("small_vocab_batch", F32), ("small_vocab_batch", BF16)), ("loss",), "shifts already-aligned labels by one position",
-    ),
-    Defect(
-        "ce_mean_instead_of_sum", "cross_entropy", _impl("ce_mean_instead_of_sum", _ce(mean=True)),
-        (("small_vocab_batch", F32),), ("loss", "grad_logits"), "mean reduction where the trainer expects a sum",
-    ),
+PLANTS = (
+    _plant("rope_wrong_half_swap_sign", "rotary_embedding", _rope(swap_sign=True),
+           (("qwen3_4b_q", F32), ("qwen3_4b_q", BF16)), ("y", "grad_x"),
+           "rotate_half returns [x2, -x1] instead of [-x2, x1]"),
+    _plant("rope_forgets_type_as", "rotary_embedding", _rope(keep_float32=True),
+           (("qwen3_4b_q", BF16),), ("dtype:y",), "returns the float32 result for a bfloat16 input",
+           output_dtypes=lambda d, dev: {"y": d}),
+    _plant("rmsnorm_eps_outside_sqrt", "rms_norm", _rmsnorm_eps_outside_sqrt,
+           (("bf16_extremes", F32), ("bf16_extremes", BF16)), ("y",),
+           "x / (sqrt(mean(x^2)) + eps) instead of x / sqrt(mean(x^2) + eps)"),
+    _plant("router_without_renormalisation", "moe_router", _router(renormalise=False),
+           (("qwen3_30b_a3b", F32), ("qwen3_30b_a3b", BF16)), ("weights",),
+           "top-k probabilities not renormalised"),
+    _plant("router_skips_best_expert", "moe_router", _router(skip_best=True),
+           (("qwen3_30b_64e_top4", F32), ("exact_ties", F32)), ("routing:ids",),
+           "takes ranks 2..k+1 instead of 1..k"),
+    _plant("router_detached_logits", "moe_router", _router(detach=True),
+           (("qwen3_30b_a3b", F32),), ("grad_x", "grad_gate_weight"),
+           "softmax of detached logits: no gradient reaches the gate"),
+    _plant("swiglu_w1_w3_swapped", "grouped_swiglu", _swiglu(swap_w1_w3=True),
+           (("many_experts", F32), ("many_experts", BF16)), ("y",),
+           "silu(x w3^T) * (x w1^T): gate and up projections swapped"),
+    _plant("swiglu_offsets_off_by_one", "grouped_swiglu", _swiglu(shift_offsets=1),
+           (("empty_first_last", F32),), ("y",), "expert row ranges shifted by one row"),
+    _plant("swiglu_backward_swaps_w1_w3_grads", "grouped_swiglu", _swiglu_swapped_weight_grads,
+           (("many_experts", F32),), ("grad_w1", "grad_w3"),
+           "correct forward; backward returns dw3 for w1 and dw1 for w3"),
+    _plant("ce_label_shift_off_by_one", "cross_entropy", _ce(shift_labels=True),
+           (("small_vocab_batch", F32), ("small_vocab_batch", BF16)), ("loss",),
+           "shifts already-aligned labels by one position"),
+    _plant("ce_mean_instead_of_sum", "cross_entropy", _ce(mean=True),
+           (("small_vocab_batch", F32),), ("loss", "grad_logits"),
+           "mean reduction where the trainer expects a sum"),
 )

@@ -1,0 +1,205 @@
+"""Plants realised as patches of torchtitan's own modules (see harness/plants/__init__.py).
+
+Each ``apply(module)`` breaks one thing in the imported upstream module and returns the undo.
+In a launched rank the plant acts on torchtitan's real trainer, data path and model (installed
+at import like an upstream shim). In-process it acts inside ``with planted(name)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import ModuleType
+
+import torch
+
+from harness.plants import PLANT_STEP, Plant
+
+IGNORE_INDEX = -100
+
+
+def _rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _replace(owner, attribute: str, make_new):
+    """``owner.attribute = make_new(original)``; returns the undo."""
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, make_new(original))
+    return lambda: setattr(owner, attribute, original)
+
+
+# ---------------------------------------------------------------------- faults in the trainer
+
+def _after_forward_backward(action):
+    def apply(trainer_module: ModuleType):
+        def make(original):
+            def forward_backward_step(self, *args, **kwargs):
+                return action(self, original(self, *args, **kwargs))
+            return forward_backward_step
+        return _replace(trainer_module.Trainer, "forward_backward_step", make)
+    return apply
+
+
+def _nan_from_plant_step(self, loss):
+    return loss * float("nan") if self.step >= PLANT_STEP else loss
+
+
+def _rank1_hangs(self, loss):
+    if self.step >= PLANT_STEP and _rank() == 1:
+        print(f"plant hang_rank1: rank 1 hangs at step {self.step}", flush=True)
+        while True:
+            time.sleep(1)
+    return loss
+
+
+def _rank1_crashes(self, loss):
+    if self.step >= PLANT_STEP and _rank() == 1:
+        raise RuntimeError(f"plant crash_rank1: rank 1 crashed at step {self.step}")
+    return loss
+
+
+# ---------------------------------------------------------------------- model and adapter
+
+def _rope_theta_x10(rope_module: ModuleType):
+    def make(original):
+        def _precompute_cache(self):
+            theta = self.config.theta
+            self.config.theta = theta * 10
+            try:
+                return original(self)
+            finally:
+                self.config.theta = theta
+        return _precompute_cache
+    return _replace(rope_module.CosSinRoPE, "_precompute_cache", make)
+
+
+def _adapter_swaps_gate_up(adapter_module: ModuleType):
+    def make(original_init):
+        def __init__(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            gate = "model.layers.{}.mlp.gate_proj.weight"
+            up = "model.layers.{}.mlp.up_proj.weight"
+            self.from_hf_map[gate], self.from_hf_map[up] = self.from_hf_map[up], self.from_hf_map[gate]
+        return __init__
+    return _replace(adapter_module.Qwen3StateDictAdapter, "__init__", make)
+
+
+def _untie_embeddings(trainer_module: ModuleType):
+    """The model is built with weight tying off. The embedding gets its own init (a tied flavor
+    skips it), so the run trains normally and only the tying is wrong."""
+    def make(original_init):
+        def __init__(self, config, *args, **kwargs):
+            from torchtitan.models import qwen3
+
+            config.model_spec.model.enable_weight_tying = False
+            config.model_spec.model.tok_embeddings.param_init = qwen3._EMBEDDING_INIT
+            original_init(self, config, *args, **kwargs)
+        return __init__
+    return _replace(trainer_module.Trainer, "__init__", make)
+
+
+# ---------------------------------------------------------------------- loss and training state
+
+def _all_token_norm(trainer_module: ModuleType):
+    def make(original):
+        def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            all_tokens = torch.full_like(global_valid_tokens, labels.numel() * world)
+            return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=all_tokens)
+        return forward_backward_step
+    return _replace(trainer_module.Trainer, "forward_backward_step", make)
+
+
+def _reset_expert_bias_on_load(checkpoint_module: ModuleType):
+    def make(original):
+        def load(self, *args, **kwargs):
+            loaded = original(self, *args, **kwargs)
+            if loaded:
+                with torch.no_grad():
+                    for part in self.states["model"].model:
+                        for name, buf in part.named_buffers():
+                            if "expert_bias" in name:
+                                buf.zero_()
+            return loaded
+        return load
+    return _replace(checkpoint_module.CheckpointManager, "load", make)
+
+
+# ---------------------------------------------------------------------- data path
+
+def _each_sample(transform):
+    def apply(text_datasets: ModuleType):
+        def make(original):
+            def __iter__(self):
+                for input_dict, labels in original(self):
+                    yield transform(input_dict, labels)
+            return __iter__
+        return _replace(text_datasets.HuggingFaceTextDataset, "__iter__", make)
+    return apply
+
+
+def _label_shift(input_dict, labels):
+    return input_dict, torch.cat([labels[1:], labels[-1:]])
+
+
+def _positions_no_reset(input_dict, labels):
+    return {**input_dict, "positions": torch.arange(len(input_dict["input"]))}, labels
+
+
+def _drop_eos(tokenizer_module: ModuleType):
+    def make(original):
+        def encode(self, *args, **kwargs):
+            kwargs["add_eos"] = False
+            return original(self, *args, **kwargs)
+        return encode
+    return _replace(tokenizer_module.HuggingFaceTokenizer, "encode", make)
+
+
+def _sft_mask_off_by_one(text_datasets: ModuleType):
+    def make(original):
+        def _tokenize_sample(self, sample):
+            result = original(self, sample)
+            if result is not None:
+                labels = result[1]
+                first = next((i for i, v in enumerate(labels) if v != IGNORE_INDEX), None)
+                if first is not None:
+                    labels[first] = IGNORE_INDEX
+            return result
+        return _tokenize_sample
+    return _replace(text_datasets.ChatDataset, "_tokenize_sample", make)
+
+
+TRAINER = "torchtitan.trainer"
+DATASETS = "torchtitan.hf_datasets.text_datasets"
+
+PLANTS = (
+    Plant("nan_loss", "trainer", f"every rank's loss becomes NaN from step {PLANT_STEP} on",
+          ("completed", "finite"), patch=(TRAINER, _after_forward_backward(_nan_from_plant_step))),
+    Plant("hang_rank1", "trainer", f"rank 1 stops answering at step {PLANT_STEP} (a hung collective)",
+          ("completed",), patch=(TRAINER, _after_forward_backward(_rank1_hangs))),
+    Plant("crash_rank1", "trainer", f"rank 1 raises at step {PLANT_STEP}",
+          ("completed",), patch=(TRAINER, _after_forward_backward(_rank1_crashes))),
+    Plant("rope_theta_x10", "model", "native RoPE's cos/sin cache is built with theta * 10",
+          ("first_step_loss",), patch=("torchtitan.models.common.rope", _rope_theta_x10)),
+    Plant("adapter_swaps_gate_up", "adapter",
+          "the HF state-dict adapter maps gate_proj and up_proj the wrong way round",
+          ("first_step_loss", "logits parity"),
+          patch=("torchtitan.models.qwen3.state_dict_adapter", _adapter_swaps_gate_up)),
+    Plant("untie_embeddings", "model", "the model is built with weight tying off",
+          ("tied embeddings",), patch=(TRAINER, _untie_embeddings)),
+    Plant("all_token_norm", "loss", "the loss is normalised by every label, ignored ones included",
+          ("loss normalised over valid tokens",), patch=(TRAINER, _all_token_norm)),
+    Plant("reset_expert_bias_on_load", "training state", "MoE expert_bias is zeroed after a checkpoint load",
+          ("expert_bias restored",), patch=("torchtitan.components.checkpoint", _reset_expert_bias_on_load)),
+    Plant("label_shift", "data", "each label is the token after the right one (off-by-one shift)",
+          ("dataloader reference", "trainer feed"), patch=(DATASETS, _each_sample(_label_shift))),
+    Plant("positions_no_reset", "data", "positions count over the row, not reset at document boundaries",
+          ("dataloader reference", "trainer feed"), patch=(DATASETS, _each_sample(_positions_no_reset))),
+    Plant("drop_eos", "data", "the tokenizer's add_eos is ignored (documents run together)",
+          ("dataloader reference", "trainer feed"), patch=("torchtitan.components.tokenizer", _drop_eos)),
+    Plant("sft_mask_off_by_one", "data", "the chat dataset also ignores the first assistant label",
+          ("SFT reference",), patch=(DATASETS, _sft_mask_off_by_one)),
+)
