@@ -6,11 +6,10 @@ device, shared through ``device_runs``) -> results -> the checks in tests/.
 
 from __future__ import annotations
 
-
 import pytest
 
 from harness import known_issues
-from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for
+from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for, xdist_workers
 from harness.launch import leftover_processes
 from harness.run_cache import RunCache
 
@@ -45,19 +44,10 @@ LAUNCH_GROUP = "launches"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (the default, pyproject.toml): on a CPU-only selection, two workers. One
-    launches the runs (every launching test is in one xdist group, so each run is still
-    launched once per session); the other runs the in-process tests while the launches wait
-    on rank start-up, rendezvous and shutdown. An accelerator tier (``-m neuron``/``cuda`` or
-    ``--device``) runs in one process: its runs and its in-process kernel tests must not share
-    the devices. ``-n 0`` runs everything in one process anywhere."""
+    """``-n auto`` (the default, pyproject.toml): harness.devices.xdist_workers decides."""
     import os
 
-    wanted_device = config.getoption("--device") in ("neuron", "cuda")
-    accelerator_tier = any(kind in (config.option.markexpr or "") for kind in TIER_MARKERS.values())
-    if wanted_device or accelerator_tier or (os.cpu_count() or 1) < 2:
-        return 0
-    return 2
+    return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

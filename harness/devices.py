@@ -28,6 +28,17 @@ UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
 TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
 
 
+def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: int | None) -> int:
+    """pytest-xdist workers for ``-n auto``. A CPU-only selection gets two: one launches the
+    runs (every launching test is in one xdist group, so each run is still launched once per
+    session) while the other runs the in-process tests; a launch leaves about a third of two
+    cores idle (rank start-up, rendezvous, shutdown). An accelerator tier (``-m neuron``,
+    ``-m cuda``, ``--device neuron|cuda``) gets none: its runs and its in-process tests must not
+    share the devices. Neither does a single core."""
+    accelerator = device_option in TIER_MARKERS or any(m in (markexpr or "") for m in TIER_MARKERS)
+    return 0 if accelerator or (cpu_count or 1) < 2 else 2
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     kind: str

@@ -244,21 +244,21 @@ HF_ROPE_INIT = Workaround(
     what="recompute every Qwen3RotaryEmbedding.inv_freq after HFTransformerModel.init_states",
     rank_shim="hf_rope_init",
     backends=("hf_v5",),
-    in_process="harness.parity.workarounds:hf_rope_init",
+    in_process="harness.workarounds:hf_rope_init",
 )
 HF_BLOCK_CAUSAL = Workaround(
     name="hf_block_causal",
     what="attn_mask_type='block_causal' for the transformers backend (per-document mask, as "
          "native Qwen3 with flex attention)",
-    rank_overrides=("--override.imports", "harness.parity.titan_overrides.hf_block_causal_mask"),
+    rank_overrides=("--override.imports", "harness.upstream.titan_overrides.hf_block_causal_mask"),
     backends=("hf_v5",),
     masking="document",
-    in_process="harness.parity.titan_overrides:hf_block_causal_mask",
+    in_process="harness.upstream.titan_overrides:hf_block_causal_mask",
 )
 TITAN_4B_THETA = Workaround(
     name="titan_4b_theta",
     what="set every layer's RoPE theta from the checkpoint's config.json (5e6 for 2507)",
-    in_process="harness.parity.workarounds:theta_from_hf",
+    in_process="harness.workarounds:theta_from_hf",
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -272,7 +272,7 @@ def lint(subject: Subject) -> LintReport:
                                 f"the weights come with {hf_json}")
         return report
     from harness.hf_config import read_config_json
-    from harness.parity.config_conformance import config_violations
+    from harness.conformance.config import config_violations
 
     conformance = config_violations(config.model_spec.model, read_config_json(hf_json.parent), subject.name)
     fields = {v.key for v in conformance.violations}

@@ -2,7 +2,7 @@
 
 A plant is a deliberate bug in a copy or a patched module of the system under test, used only
 by the harness's self-tests. It is never an upstream defect (those are harness/known_issues.py).
-Each plant is a ``Plant`` record in ``PLANTS``. The record gives its name, the component it
+Each plant is a ``Plant`` record, and ``registry()`` holds them all by name. The record gives its name, the component it
 breaks, what it does, the checks that must catch it, and exactly one realisation:
 
 - ``patch`` is ``(module, apply)``. ``apply(module)`` breaks an upstream module right after
@@ -72,17 +72,11 @@ def registry() -> dict[str, Plant]:
     from harness.plants import in_torchtitan, inputs, kernels
 
     out: dict[str, Plant] = {}
-    for plant in (*in_torchtitan.PLANTS, *kernels.PLANTS, *inputs.PLANTS):
+    for plant in (*in_torchtitan.PATCH_PLANTS, *kernels.KERNEL_PLANTS, *inputs.COPY_PLANTS):
         if plant.name in out:
             raise ValueError(f"plant {plant.name!r} is defined twice")
         out[plant.name] = plant
     return out
-
-
-def __getattr__(name: str):
-    if name == "PLANTS":
-        return registry()
-    raise AttributeError(name)
 
 
 def plant(name: str) -> Plant:
@@ -110,10 +104,10 @@ def check_patch_names(names) -> tuple[str, ...]:
 def install_in_ranks(names) -> None:
     """In a launched rank: apply each named patch right after its module is first imported.
     (Only the patches are imported here: a rank has no use for the other realisations.)"""
-    from harness.plants.in_torchtitan import PLANTS as PATCHES
+    from harness.plants.in_torchtitan import PATCH_PLANTS
     from harness.upstream.install import after_import
 
-    by_name = {p.name: p for p in PATCHES}
+    by_name = {p.name: p for p in PATCH_PLANTS}
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(f"unknown plant(s) {unknown} in {ENV_VAR}; known: {sorted(by_name)}")

@@ -175,7 +175,7 @@ def _sft_mask_off_by_one(text_datasets: ModuleType):
 TRAINER = "torchtitan.trainer"
 DATASETS = "torchtitan.hf_datasets.text_datasets"
 
-PLANTS = (
+PATCH_PLANTS = (
     Plant("nan_loss", "trainer", f"every rank's loss becomes NaN from step {PLANT_STEP} on",
           ("completed", "finite"), patch=(TRAINER, _after_forward_backward(_nan_from_plant_step))),
     Plant("hang_rank1", "trainer", f"rank 1 stops answering at step {PLANT_STEP} (a hung collective)",

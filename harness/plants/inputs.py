@@ -3,7 +3,7 @@
 A plant's ``make`` breaks a copy: a checkpoint directory written to a temp dir, a deep-copied
 config, a wrapped adapter, or a freshly built model. Nothing here touches the fixtures or
 upstream code. tests/parity/test_checks_catch_planted.py shows each check failing on its plant
-and naming the problem. The functions above ``PLANTS`` are the tools the plants are made with.
+and naming the problem. The functions above ``COPY_PLANTS`` are the tools the plants are made with.
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ _SWAP_Q_K = {"model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.qkv
 
 CHECKPOINT, ADAPTER, CONFIG, MODEL = "checkpoint", "adapter", "config", "model"
 
-PLANTS = (
+COPY_PLANTS = (
     # checkpoint files: make(src_dir, dst_dir) -> the broken copy's directory
     Plant("checkpoint_drops_q_proj", CHECKPOINT, f"{Q} left out of the files",
           ("checkpoint conformance: missing", "reload: missing_keys"), make=_copy(drop(Q))),

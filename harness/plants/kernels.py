@@ -152,7 +152,7 @@ def _ce(shift_labels: bool = False, mean: bool = False):
 
 BF16, F32 = torch.bfloat16, torch.float32
 
-PLANTS = (
+KERNEL_PLANTS = (
     _plant("rope_wrong_half_swap_sign", "rotary_embedding", _rope(swap_sign=True),
            (("qwen3_4b_q", F32), ("qwen3_4b_q", BF16)), ("y", "grad_x"),
            "rotate_half returns [x2, -x1] instead of [-x2, x1]"),

@@ -5,4 +5,8 @@ Every shim here exists because a supported torchtitan generation (0.3.0, or spri
 harness code path unmodified. Each has a reason, is installed only where needed (by the device profile, in
 the launched ranks), and has a test in ``tests/selftest/test_upstream_shims.py`` that fails the day
 upstream no longer needs it, so it can be deleted.
+
+The rank-side realisations of opt-in workarounds live here too: ``hf_rope_init`` (a shim) and
+``titan_overrides`` (torchtitan ``--override.imports``). Each belongs to a known issue in
+harness/known_issues.py, whose check fails as stale the day upstream fixes the issue.
 """

@@ -26,7 +26,7 @@ from harness.data import reference as ref
 
 DP = 2
 N_BATCHES = 3  # in process: the first three local batches of each rank
-PLANTS = ("label_shift", "drop_eos", "positions_no_reset")
+DATA_PLANTS = ("label_shift", "drop_eos", "positions_no_reset")
 
 
 def reference(rank: int, n_batches: int = 1) -> list[ref.Batch]:
@@ -74,7 +74,7 @@ def test_config_dataloader_matches_reference(rank):
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("plant", PLANTS)
+@pytest.mark.parametrize("plant", DATA_PLANTS)
 def test_config_dataloader_check_catches_planted_defect(plant):
     with planted(plant):
         found = [m for rank in range(DP)
@@ -137,7 +137,7 @@ def test_trainer_feeds_reference_batches_flex(backend_runs, instrumented_native)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plant", PLANTS)
+@pytest.mark.parametrize("plant", DATA_PLANTS)
 def test_trainer_check_catches_planted_defect(backend_runs, instrumented_native, plant):
     result = trainer_run(backend_runs, instrumented_native, attention="flex", plants=(plant,))
     assert check_trainer_feed(result, "flex"), f"planted {plant} went unnoticed"

@@ -1,8 +1,8 @@
 """Checkpoint conformance, in-process: torchtitan's state-dict adapter and HF save path.
 
 The expected checkpoint is what transformers' own ``save_pretrained`` writes for the config
-(harness/parity/checkpoint.py). A tensor torchtitan cannot name in HF terms fails, unless it
-is in the data allow-list ``harness/parity/expected_unmapped_keys.toml`` (the MoE
+(harness/conformance/checkpoint.py). A tensor torchtitan cannot name in HF terms fails, unless it
+is in the data allow-list ``harness/conformance/expected_unmapped_keys.toml`` (the MoE
 ``expert_bias_E`` buffer).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.parity import checkpoint as C
+from harness.conformance import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.reference import load_hf_tensors

@@ -14,12 +14,12 @@ import dataclasses
 import pytest
 import torch
 
-from harness.parity import checkpoint as C
+from harness.conformance import checkpoint as C
 from harness import plants
 from harness.parity import compare, reference, routing
 from harness.parity import models as M
 from harness.parity import training as T
-from harness.parity.config_conformance import config_violations
+from harness.conformance.config import config_violations
 from harness.parity.settings import settings_table
 from harness.hf_config import read_config_json
 from harness.tolerances import parity_tolerance as tolerance
@@ -247,7 +247,7 @@ def test_conformance_catches_a_dense_model_built_from_an_moe_config(dense_dir, m
 def _build_then(edit):
     """A meta-device build of the config, then ``edit(model)``: a defect in the built model
     that its config does not show."""
-    from harness.parity.config_conformance import build_meta
+    from harness.conformance.config import build_meta
 
     def build(cfg):
         model = build_meta(cfg)
@@ -280,8 +280,8 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
 
     from harness import known_issues
     from harness import paths
-    from harness.parity import workarounds as W
-    from harness.parity.config_conformance import conformance_outcome
+    from harness import workarounds as W
+    from harness.conformance.config import conformance_outcome
 
     hf = read_config_json(paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507")
     cfg = qwen3.model_registry("4B").model

@@ -19,8 +19,8 @@ from harness import known_issues
 from harness.backends import nki_moe, titan_native
 from harness import paths
 from harness.hf_config import read_config_json
-from harness.parity import workarounds as W
-from harness.parity.config_conformance import conformance_outcome, config_violations
+from harness import workarounds as W
+from harness.conformance.config import conformance_outcome, config_violations
 
 REFS = paths.FIXTURES / "reference_configs"
 CHECK = "config_conformance"

@@ -28,7 +28,8 @@ import torch
 
 from harness import known_issues
 from harness.hf_config import Qwen3Arch, arch_from_config_object
-from harness.parity import compare, reference, workarounds as W
+from harness import workarounds as W
+from harness.parity import compare, reference
 from harness.parity import models as M
 from harness.parity.settings import settings_table
 from harness.tolerances import parity_tolerance as tolerance

@@ -28,7 +28,7 @@ import pytest
 
 from harness import known_issues
 from harness.backends import BACKENDS
-from harness.parity import checkpoint as C
+from harness.conformance import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity import training as T

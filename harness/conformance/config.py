@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from harness.parity import reference
-from harness.parity.checkpoint import Violation
+from harness.conformance.checkpoint import Violation
 from harness.hf_config import Qwen3Arch
 
 

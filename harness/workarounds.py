@@ -1,10 +1,10 @@
-"""The registry's workarounds (harness/known_issues.py ``WORKAROUNDS``), realised for the parity suite.
+"""The registry's workarounds (harness/known_issues.py ``WORKAROUNDS``), realised in-process.
 
 Which workarounds exist, and how each is realised, is data in the registry: ``in_process``
 names the function applied in this process; ``rank_shim`` / ``rank_overrides`` are what a
 torchrun launch adds (harness/launch.py applies those from ``RunSpec.workarounds``). This
 module applies the in-process data; the functions whose body lives here are the ones named
-``harness.parity.workarounds:...`` in the registry. Nothing is applied unless asked (the root
+``harness.workarounds:...`` in the registry. Nothing is applied unless asked (the root
 ``--workaround`` option, fixture ``workarounds``), except where a test names the workaround it
 applies to isolate one issue from another.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torchtitan.config.override import override
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-BLOCK_CAUSAL = "harness.parity.titan_overrides.hf_block_causal_mask"
+BLOCK_CAUSAL = "harness.upstream.titan_overrides.hf_block_causal_mask"
 
 
 @override(target=HFTransformerModel.Config,

@@ -20,7 +20,7 @@ first):
 - :func:`adapter_round_trip_violations` -- torchtitan's adapter ``from_hf(to_hf(sd))``
   reproduces every native tensor bit for bit, and :func:`unmapped_native_keys` -- every
   native tensor has an HF name, except those in the data allow-list
-  (``harness/parity/expected_unmapped_keys.toml``).
+  (``harness/conformance/expected_unmapped_keys.toml``).
 """
 
 from __future__ import annotations
