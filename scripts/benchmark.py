@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py overhead --repeats 3      # harness launch vs bare torchrun
     python scripts/benchmark.py suite                     # default CPU suite wall time
-    python scripts/benchmark.py suite --against cf04508   # side by side with another commit
+    python scripts/benchmark.py suite --against cf04508 --repeats 2   # side by side, alternating
     python scripts/benchmark.py xdist --paths tests/kernels tests/selftest/test_upstream_shims.py
 
 Each measurement runs its variants interleaved in one process, so ratios compare like with
@@ -60,28 +60,32 @@ def overhead(repeats: int, backend: str, steps: int) -> None:
     print(f"overhead ratio (harness / bare): {h / b:.3f}")
 
 
-def suite(extra: list[str], against: str | None = None) -> None:
+def suite(extra: list[str], against: str | None = None, repeats: int = 1) -> None:
     """The default suite's wall time; with ``against``, that commit's default suite too, from a
-    temporary git worktree, one after the other on the same machine (each suite imports its own
-    ``harness``: pytest puts the worktree's root first on sys.path, and its ranks get the
-    worktree's root on PYTHONPATH)."""
+    temporary git worktree, alternating with this tree's ``repeats`` times on the same machine
+    (each suite imports its own ``harness``: pytest puts the worktree's root first on sys.path,
+    and its ranks get the worktree's root on PYTHONPATH)."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     if against is None:
-        print(f"default CPU suite: {_timed(command, cwd=REPO, ok=(0, 1)):.0f} s")
+        times = [_timed(command, cwd=REPO, ok=(0, 1)) for _ in range(repeats)]
+        print(f"default CPU suite: {[f'{t:.0f}' for t in times]} s, median {statistics.median(times):.0f} s")
         return
+    theirs, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
         other = Path(tmp) / "other"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), against],
                        check=True, stdout=subprocess.DEVNULL)
         try:
-            theirs = _timed(command, cwd=other, ok=(0, 1))
-            ours = _timed(command, cwd=REPO, ok=(0, 1))
+            for _ in range(repeats):
+                theirs.append(_timed(command, cwd=other, ok=(0, 1)))
+                ours.append(_timed(command, cwd=REPO, ok=(0, 1)))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)],
                            check=False)
-    print(f"default CPU suite at {against}: {theirs:.0f} s")
-    print(f"default CPU suite here: {ours:.0f} s")
-    print(f"ratio (here / {against}): {ours / theirs:.3f}")
+    t, o = statistics.median(theirs), statistics.median(ours)
+    print(f"default CPU suite at {against}: {[f'{x:.0f}' for x in theirs]} s, median {t:.0f} s")
+    print(f"default CPU suite here: {[f'{x:.0f}' for x in ours]} s, median {o:.0f} s")
+    print(f"ratio of medians (here / {against}): {o / t:.3f}")
 
 
 def xdist(paths: list[str], workers: int) -> None:
@@ -102,6 +106,7 @@ def main() -> None:
     s = sub.add_parser("suite")
     s.add_argument("extra", nargs="*")
     s.add_argument("--against", metavar="REV", help="also time this commit's suite, side by side")
+    s.add_argument("--repeats", type=int, default=1)
     x = sub.add_parser("xdist")
     x.add_argument("--paths", nargs="+", default=["tests"])
     x.add_argument("--workers", type=int, default=2)
@@ -109,7 +114,7 @@ def main() -> None:
     if args.what == "overhead":
         overhead(args.repeats, args.backend, args.steps)
     elif args.what == "suite":
-        suite(args.extra, args.against)
+        suite(args.extra, args.against, args.repeats)
     else:
         xdist(args.paths, args.workers)
 
