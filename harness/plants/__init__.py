@@ -2,8 +2,9 @@
 
 A plant is a deliberate bug in a copy or a patched module of the system under test, used only
 by the harness's self-tests. It is never an upstream defect (those are harness/known_issues.py).
-Each plant is a ``Plant`` record, and ``registry()`` holds them all by name. The record gives its name, the component it
-breaks, what it does, the checks that must catch it, and exactly one realisation:
+Each plant is a ``Plant`` record, and ``registry()`` holds them all by name. The record gives
+its name, the component it breaks, what it does, the checks that must catch it, and exactly
+one realisation:
 
 - ``patch`` is ``(module, apply)``. ``apply(module)`` breaks an upstream module right after
   it is imported and returns an undo callable. It acts in the launched ranks when a run asks
