@@ -45,6 +45,8 @@ API = (
     "CPU_SHIMS",
     "moe_grouped_experts",
     "GROUPED_EXPERTS_COMPUTE_METHOD",
+    "grouped_experts_config",
+    "call_loss",
     "NOT_PORTED",
 )
 
@@ -102,6 +104,30 @@ transformers_backend = _impl.transformers_backend
 CPU_SHIMS: dict[str, tuple[str, ...]] = _impl.CPU_SHIMS
 moe_grouped_experts = _impl.moe_grouped_experts
 GROUPED_EXPERTS_COMPUTE_METHOD: str = _impl.GROUPED_EXPERTS_COMPUTE_METHOD
+grouped_experts_config = _impl.grouped_experts_config
+call_loss = _impl.call_loss
+
+
+def grouped_experts_compute(module, x_RD, num_tokens_per_expert_E, weights: dict | None = None):
+    """``module``'s SwiGLU on already-dispatched tokens (its ``GROUPED_EXPERTS_COMPUTE_METHOD``),
+    with ``weights`` (``{"w1_EFD": ..., "w2_EDF": ..., "w3_EFD": ...}``) standing in for its
+    parameters when given, differentiably (``torch.func.functional_call``)."""
+    import torch
+    from torch.func import functional_call
+
+    class ExpertsCompute(torch.nn.Module):
+        def __init__(self, experts):
+            super().__init__()
+            self.experts = experts
+
+        def forward(self, x, counts):
+            return getattr(self.experts, GROUPED_EXPERTS_COMPUTE_METHOD)(x, counts)
+
+    wrapper = ExpertsCompute(module)
+    if weights is None:
+        return wrapper(x_RD, num_tokens_per_expert_E)
+    return functional_call(wrapper, {f"experts.{k}": v for k, v in weights.items()},
+                           (x_RD, num_tokens_per_expert_E))
 # Tests written against another generation's internals, not yet ported to this one:
 # (pytest node-id glob, why). The root conftest skips them, naming the reason.
 NOT_PORTED: tuple[tuple[str, str], ...] = _impl.NOT_PORTED

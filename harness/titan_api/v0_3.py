@@ -91,5 +91,16 @@ def moe_grouped_experts(moe_config):
 GROUPED_EXPERTS_COMPUTE_METHOD = "forward"
 
 
+def grouped_experts_config(config_cls, *, dim: int, hidden_dim: int, num_experts: int):
+    """A ``GroupedExperts.Config`` (or a subclass's) for the experts' compute alone."""
+    return config_cls(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts)
+
+
+def call_loss(loss_fn, pred, labels):
+    """The summed loss of a built torchtitan loss: 0.3.0 returns ``(loss, metrics)``."""
+    loss, _metrics = loss_fn(pred, labels)
+    return loss
+
+
 # Every test of the harness was written against this generation.
 NOT_PORTED: tuple[tuple[str, str], ...] = ()

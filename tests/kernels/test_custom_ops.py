@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import harness.ops
-from harness import known_issues
+from harness import known_issues, titan_api
 from harness.ops import grouped_swiglu as gs
 from harness.ops import neuron
 from harness.ops import rope as _rope
@@ -122,11 +122,11 @@ def test_grouped_experts_module_matches_torchtitan_bitwise(dtype):
     results = []
     grad = torch.randn(x.shape, generator=_gen(3)).to(dtype)
     for cls in (CustomOpGroupedExperts, GroupedExperts):
-        module = cls.Config(**config).build().to(dtype)
+        module = titan_api.grouped_experts_config(cls.Config, **config).build().to(dtype)
         with torch.no_grad():
             module.w1_EFD.copy_(w1), module.w2_EDF.copy_(w2), module.w3_EFD.copy_(w3)
         xx = x.clone().requires_grad_()
-        y = module(xx, counts)
+        y = titan_api.grouped_experts_compute(module, xx, counts)
         y.backward(grad)
         results.append((y, xx.grad, module.w1_EFD.grad, module.w2_EDF.grad, module.w3_EFD.grad))
     for a, b in zip(*results):
@@ -192,9 +192,10 @@ def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
     from torchtitan.models.common.moe import GroupedExperts
 
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
-    module = GroupedExperts.Config(dim=32, hidden_dim=16, num_experts=4).build().bfloat16()
+    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=32, hidden_dim=16, num_experts=4).build().bfloat16()
     problem, observed = _raised(
-        lambda: module(x.clone().requires_grad_(), counts).sum().backward(), "Invalid strides/sizes"
+        lambda: titan_api.grouped_experts_compute(module, x.clone().requires_grad_(), counts).sum().backward(),
+        "Invalid strides/sizes",
     )
     known_issues.enforce("grouped_mm_expanded_grad", problem, observed, impl="torchtitan", device="cpu")
 
@@ -205,10 +206,11 @@ def test_torchtitan_grouped_experts_needs_16_byte_strides_in_bfloat16():
     from torchtitan.models.common.moe import GroupedExperts
 
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16, dims=(3, 12, 20), counts=(2, 1, 3))
-    module = GroupedExperts.Config(dim=20, hidden_dim=12, num_experts=3).build().bfloat16()
+    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=20, hidden_dim=12, num_experts=3).build().bfloat16()
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     assert torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3).isfinite().all()
-    problem, observed = _raised(lambda: module(x, counts), "strides should be multiple of 16 bytes")
+    problem, observed = _raised(lambda: titan_api.grouped_experts_compute(module, x, counts),
+                                "strides should be multiple of 16 bytes")
     known_issues.enforce("grouped_mm_alignment", problem, observed, impl="torchtitan", dtype="bfloat16")
 
 

@@ -40,6 +40,8 @@ def _tiny_moe_config(moe: bool = True) -> qwen3.Qwen3Model.Config:
         layers = qwen3._build_qwen3_layers(**common, hidden_dim=96)
     for layer in layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        if hasattr(layer.attention, "mask_type"):  # spring-2026 main: SDPA takes causal masks only
+            layer.attention.mask_type = "causal"
     return qwen3.Qwen3Model.Config(
         vocab_size=VOCAB, dim=DIM, norm=qwen3._qwen3_norm(DIM),
         tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=qwen3._EMBEDDING_INIT),

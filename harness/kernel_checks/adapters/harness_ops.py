@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from torch.func import functional_call
-
+from harness import titan_api
 from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
 
 
@@ -38,7 +37,9 @@ def grouped_swiglu(inputs, params, device):
     from harness.ops.modules import CustomOpGroupedExperts
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
-    config = CustomOpGroupedExperts.Config(dim=w1.shape[2], hidden_dim=w1.shape[1], num_experts=w1.shape[0])
+    config = titan_api.grouped_experts_config(CustomOpGroupedExperts.Config, dim=w1.shape[2],
+                                              hidden_dim=w1.shape[1], num_experts=w1.shape[0])
     module = config.build().to(device=_on(device))
-    y = functional_call(module, {"w1_EFD": w1, "w2_EDF": w2, "w3_EFD": w3}, (x, inputs["num_tokens_per_expert"]))
+    y = titan_api.grouped_experts_compute(module, x, inputs["num_tokens_per_expert"],
+                                          {"w1_EFD": w1, "w2_EDF": w2, "w3_EFD": w3})
     return {"y": y}

@@ -15,6 +15,8 @@ import functools
 import torch
 from torch.func import functional_call
 
+from harness import titan_api
+
 
 def _on(device: str):
     from harness.kernel_checks.spec import torch_device
@@ -76,9 +78,11 @@ def grouped_swiglu(inputs, params, device):
     from torchtitan.models.common.moe import GroupedExperts
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
-    config = GroupedExperts.Config(dim=w1.shape[2], hidden_dim=w1.shape[1], num_experts=w1.shape[0])
+    config = titan_api.grouped_experts_config(GroupedExperts.Config, dim=w1.shape[2], hidden_dim=w1.shape[1],
+                                              num_experts=w1.shape[0])
     module = config.build().to(device=_on(device))
-    y = functional_call(module, {"w1_EFD": w1, "w2_EDF": w2, "w3_EFD": w3}, (x, inputs["num_tokens_per_expert"]))
+    y = titan_api.grouped_experts_compute(module, x, inputs["num_tokens_per_expert"],
+                                          {"w1_EFD": w1, "w2_EDF": w2, "w3_EFD": w3})
     return {"y": y}
 
 
@@ -86,5 +90,4 @@ def cross_entropy(inputs, params, device):
     from torchtitan.components.loss import CrossEntropyLoss
 
     loss_fn = CrossEntropyLoss.Config().build()
-    loss, _metrics = loss_fn(inputs["logits"], inputs["labels"])
-    return {"loss": loss}
+    return {"loss": titan_api.call_loss(loss_fn, inputs["logits"], inputs["labels"])}
