@@ -194,18 +194,14 @@ def with_lr_scheduler(trainer_config, **fields):
 
 # ------------------------------------------------------------------------------ HF models
 
-def hf_norm_eps(model: torch.nn.Module, eps: float) -> None:
-    for m in model.modules():
-        if hasattr(m, "variance_epsilon"):
-            m.variance_epsilon = eps
+def hf_rope_theta(model: torch.nn.Module, theta: float) -> torch.nn.Module:
+    """Every HF rotary module's inv_freq recomputed (by the one RoPE reference) at ``theta``."""
+    from harness.ops.rope_torch import rope_inv_freq
 
-
-def hf_rope_theta(model: torch.nn.Module, theta: float) -> None:
     for m in model.modules():
         if hasattr(m, "inv_freq") and hasattr(m, "config"):
-            d = m.inv_freq.numel() * 2
-            inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-            m.inv_freq.copy_(inv)
+            m.inv_freq.copy_(rope_inv_freq(m.inv_freq.numel() * 2, theta).to(m.inv_freq.dtype))
+    return model
 
 
 # ------------------------------------------------------------------------------ models in place
@@ -370,7 +366,7 @@ COPY_PLANTS = (
     Plant("down_proj_frozen", MODEL, "layer 1's down projection frozen in real training",
           ("update agreement: frozen",), make=freeze_down_proj),
     Plant("hf_rope_theta_1e4", MODEL, "the transformers model's inv_freq computed with theta 1e4",
-          ("settings table", "activation parity"), make=lambda m: hf_rope_theta(m, 1e4) or m),
+          ("settings table", "activation parity"), make=lambda m: hf_rope_theta(m, 1e4)),
     Plant("hf_router_renamed", MODEL, "the HF MoE router renamed away from mlp.gate",
           ("activation recording: no router module",), make=rename_hf_router),
 )

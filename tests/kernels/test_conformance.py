@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 
+from harness import known_issues
 from harness.kernel_checks.registry import OPS
 from harness.kernel_checks.runner import outcome, run
 from harness.kernel_checks.spec import DEVICE_MARKERS, device_status, dtype_name
@@ -48,13 +49,6 @@ def test_conformance(op_name, impl_name, device, case_name, dtype, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # upstream warnings (CPU autocast) are known issues, not noise
         result = run(op, op.implementation(impl_name), device, op.case(case_name), dtype, save_dir=tmp_path)
-    enforce(result)
-
-
-def enforce(result) -> None:
-    """Fail, xfail (naming the known issues) or pass the cell by its per-property outcome."""
-    verdict = outcome(result)
-    if verdict.status == "fail":
-        pytest.fail(f"{verdict.message}\n{result.report()}", pytrace=False)
-    if verdict.status == "known":
-        pytest.xfail(" | ".join(sorted({i.reason() for i in verdict.issues})) + f" Observed: {verdict.message}")
+    verdict = outcome(result)  # per property, judged against the known issues
+    known_issues.xfail_if_known(verdict, verdict.message)
+    assert verdict.status == "pass", f"{verdict.message}\n{result.report()}"
