@@ -28,9 +28,10 @@ from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
 from harness.subjects import Facts
+from harness.upstream import install as shim_install
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
-SHIMS_ENV = "HARNESS_SHIMS"
+SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
 # Every process a launch starts inherits this marker: at the end of a session, exactly the
 # processes this harness process launched can be found (``leftover_processes``), and no other.

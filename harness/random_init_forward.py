@@ -59,6 +59,7 @@ import psutil
 from harness import paths
 from harness.devices import CPU_SHIMS
 from harness.launch import BOOT_DIR, package_versions
+from harness.upstream import install as shim_install
 
 GIB = 1024**3
 QWEN3_4B = "Qwen3-4B-Instruct-2507"
@@ -549,7 +550,7 @@ def random_init_problems(result: dict, backend: str, published) -> tuple[list[st
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["HARNESS_SHIMS"] = ",".join(CPU_SHIMS)  # the CPU ranks' shims (cpu device, eager flex)
+    env[shim_install.ENV_VAR] = ",".join(CPU_SHIMS)  # the CPU ranks' shims (cpu device, eager flex)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(BOOT_DIR), str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
     )
