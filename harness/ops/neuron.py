@@ -45,14 +45,22 @@ def probe_module(name: str) -> tuple[bool, str]:
     return True, f"{name} imports"
 
 
+def is_emulator(module) -> bool:
+    """The harness's own NKI emulator (``harness.nki_emu``), which is never the real ``nki``."""
+    return getattr(module, "__emulator__", False) is True
+
+
 @functools.lru_cache(maxsize=None)
 def nki_available() -> tuple[bool, str]:
-    """(available, reason) for the real ``nki`` package with ``nki.simulate`` (CPU simulator)."""
+    """(available, reason) for the real ``nki`` package with ``nki.simulate`` (CPU simulator).
+    The harness's emulator (``harness.nki_emu``, device tier ``nki-emu``) is not it."""
     ok, reason = probe_module("nki")
     if not ok:
         return False, reason
     nki = importlib.import_module("nki")
-    if not hasattr(nki, "simulate") or not hasattr(nki, "jit"):
+    if is_emulator(nki):
+        return False, "nki is the harness's NKI emulator (nki-emu), not the Neuron SDK's nki"
+    if "simulate" not in dir(nki) or "jit" not in dir(nki):
         return False, "nki imports but has no nki.jit/nki.simulate (need NKI 0.7 or later)"
     return True, f"nki {getattr(nki, '__version__', '?')} with nki.simulate"
 
@@ -67,6 +75,30 @@ def neuron_available() -> tuple[bool, str]:
     if not ok:
         return False, reason
     return neuron_status()
+
+
+def numpy_to_torch(array):
+    """A NumPy array as a torch tensor, bfloat16 included: ``nki.simulate`` returns bfloat16 as
+    ``ml_dtypes.bfloat16`` arrays, which ``torch.as_tensor`` rejects; their bits are reread
+    as torch bfloat16."""
+    import numpy as np
+    import torch
+
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
+def as_torch(value):
+    """A kernel result (torch tensor, NumPy array, or a tuple of them) as torch tensors."""
+    import torch
+
+    if isinstance(value, (tuple, list)):
+        return type(value)(as_torch(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value
+    return numpy_to_torch(value)
 
 
 def clear_caches() -> None:

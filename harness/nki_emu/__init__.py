@@ -1,0 +1,75 @@
+"""nki-emu: a CPU emulator of NKI 0.7's semantics, device tier ``nki-emu``.
+
+It is not the Neuron SDK's ``nki`` nor its simulator (``nki.simulate``): ``nki.__emulator__``
+is True, ``nki.__version__`` says emulator, and ``harness.ops.neuron.nki_available()``
+never reports it as the real package. Semantics come from the NKI 0.7 docs (Neuron 2.33):
+memory spaces HBM / SBUF / PSUM, ``nc_matmul`` = ``stationary.T @ moving`` accumulated in
+float32 PSUM (``accumulate`` flag), engines computing in float32 and rounding at the
+destination's dtype, uninitialised memory that poisons results (NaN). trn2's rules are
+enforced (``harness.nki_emu.rules``: partition dim <= 128, matmul free sizes 128 / 512, PSUM
+bank 2 KiB x 8, operand memories, dtypes): each violation raises ``RuleViolation`` naming
+the rule and the docs page. An API outside the implemented subset raises
+``NotImplementedError("nki emulator: nki.isa.foo is not implemented")``.
+
+API
+---
+``installed()``
+    Context manager: ``sys.modules["nki"]``, ``["nki.language"]``, ``["nki.isa"]`` are the
+    emulator inside the block; everything is restored on exit (``install.py``).
+``import_module(name)``
+    ``name`` imported against the emulator: a harness kernel module
+    (``"harness.ops.nki.rope_kernel"``, whose ``nki.jit`` kernels are then emulator kernels)
+    or an nki-library module (``"nkilib_src.nkilib.core.embeddings.rope"``).
+``run(kernel, grid=())(*args, **kwargs) -> results``
+    Run an emulator kernel (or its undecorated body) on torch tensors (NumPy arrays,
+    ``ml_dtypes`` bfloat16 included, are accepted); tensor arguments are copied into HBM,
+    results come back as torch tensors in their NKI dtype. ``grid`` launches an SPMD grid
+    (``kernel[2]`` does the same).
+``trace(kernel, numerics=True, grid=())(*args, **kwargs) -> (results, CostReport)``
+    The same, with the launch's cost report. ``numerics=False`` is a shape-only trace:
+    arguments may be meta tensors (``meta(shape, dtype)``), nothing is allocated or
+    computed, results are meta tensors, and the report is complete -- for full-size shapes.
+``CostReport``
+    ``instructions`` (Counter by engine: tensor / vector / scalar / gpsimd / dma),
+    ``opcodes`` (Counter by nki.isa name), ``instruction_count``, ``dma_bytes``,
+    ``dma_transfers``, ``matmul_flops`` (2*K*M*N per nc_matmul), ``other_flops`` (one per
+    output element of other compute instructions), ``flops``,
+    ``peak_sbuf_bytes_per_partition``, ``peak_psum_bytes_per_partition`` (live tensors,
+    Python lifetime), ``hbm_argument_bytes``, ``hbm_allocated_bytes``, ``hbm_bytes``,
+    ``programs``, ``summary()``.
+``RuleViolation``, ``RULES``
+    The trn2 rules and their violations.
+``Semantics`` / ``semantics.overridden(...)``
+    The documented semantics, switchable only by planted defects (``harness.plants.nki_emu``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.nki_emu.cost import CostReport
+from harness.nki_emu.install import import_module, installed
+from harness.nki_emu.launch import JitKernel, launch
+from harness.nki_emu.rules import RULES, RuleViolation
+from harness.nki_emu.semantics import Semantics
+
+DEVICE = "nki-emu"
+__all__ = ["DEVICE", "CostReport", "JitKernel", "RULES", "RuleViolation", "Semantics", "import_module",
+           "installed", "meta", "run", "trace"]
+
+
+def trace(kernel, numerics: bool = True, grid=()):
+    """``trace(kernel)(*args, **kwargs) -> (results, CostReport)``."""
+    grid = tuple(grid) or getattr(kernel, "grid", ())
+    return lambda *args, **kwargs: launch(kernel, args, kwargs, grid, numerics)
+
+
+def run(kernel, grid=()):
+    """``run(kernel)(*args, **kwargs) -> results`` (torch tensors)."""
+    traced = trace(kernel, True, grid)
+    return lambda *args, **kwargs: traced(*args, **kwargs)[0]
+
+
+def meta(shape, dtype=torch.bfloat16) -> torch.Tensor:
+    """A data-less argument for a shape-only trace."""
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")

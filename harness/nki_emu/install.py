@@ -1,0 +1,78 @@
+"""The seam: the emulator as ``sys.modules["nki"]`` (and ``nki.language``, ``nki.isa``), the
+way nki-library's CPU tests install their simulator, for a ``with`` block.
+
+On exit whatever ``nki*`` modules were there come back, and every module first imported
+inside the block (nki-library's kernels, say, which bound the emulator's ``nki`` when they
+imported) leaves ``sys.modules`` again, so nothing outside the block sees the emulator. Those
+modules are kept aside and put back on the next entry: they import once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import sys
+import threading
+
+_lock = threading.RLock()
+_bound: dict[str, object] = {}  # modules imported under the emulator, kept between entries
+_harness_kernels: dict[str, object] = {}
+_depth = [0]
+
+
+def _emulator_modules() -> dict[str, object]:
+    from harness.nki_emu import isa, language, nki_module
+
+    return {"nki": nki_module, "nki.language": language, "nki.isa": isa}
+
+
+def _is_nki(name: str) -> bool:
+    return name == "nki" or name.startswith("nki.")
+
+
+@contextlib.contextmanager
+def installed():
+    """``import nki`` inside the block gets the emulator."""
+    with _lock:
+        if _depth[0]:
+            _depth[0] += 1
+            try:
+                yield _emulator_modules()["nki"]
+            finally:
+                _depth[0] -= 1
+            return
+        saved = {k: v for k, v in sys.modules.items() if _is_nki(k)}
+        for k in saved:
+            del sys.modules[k]
+        before = set(sys.modules)
+        sys.modules.update(_emulator_modules())
+        sys.modules.update({k: v for k, v in _bound.items() if k not in sys.modules})
+        _depth[0] = 1
+        try:
+            yield sys.modules["nki"]
+        finally:
+            _depth[0] = 0
+            for name in [k for k in sys.modules if k not in before]:
+                module = sys.modules.pop(name)
+                if not _is_nki(name):
+                    _bound[name] = module
+            sys.modules.update(saved)
+
+
+def import_module(name: str):
+    """Module ``name`` imported against the emulator (cached).
+
+    Harness kernel modules (``harness.ops.nki.*``), already imported against whatever ``nki``
+    the process has, are executed again into a separate module object whose ``nki`` is the
+    emulator; any other module (nki-library's ``nkilib_src.nkilib...``) is imported inside
+    the seam."""
+    with installed():
+        if name.startswith("harness."):
+            if name not in _harness_kernels:
+                spec = importlib.util.find_spec(name)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                _harness_kernels[name] = module
+            return _harness_kernels[name]
+        return importlib.import_module(name)

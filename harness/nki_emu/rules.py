@@ -1,0 +1,96 @@
+"""trn2 rules the emulator enforces, each with where the Neuron docs state it.
+
+A kernel that breaks one raises ``RuleViolation`` naming the rule, what the kernel did and
+the docs page that states the rule. The limits are trn2's (NeuronCore-v3): the real
+``nki.simulate`` without a chip targets trn3, whose looser limits (moving free size up to
+4096, bf16 PSUM results) would let these through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/nki"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    statement: str
+    source: str
+
+
+def _rule(name: str, statement: str, page: str) -> Rule:
+    return Rule(name, statement, f"{DOCS}/{page}")
+
+
+_ISA = "api/generated/nki.isa"
+RULES = {
+    r.name: r
+    for r in (
+        _rule("partition-dim", "an SBUF/PSUM tile's partition dimension (dim 0) is at most 128 (nl.tile_size.pmax)",
+              "api/generated/nki.language.ndarray.html; nki.language.tile_size.pmax"),
+        _rule("partition-access", "an on-chip view's dim 0 walks whole partitions and its free dims stay inside one "
+              "partition", "api/generated/nki.language.NkiTensor.html (Partition dimension)"),
+        _rule("sbuf-capacity", "one SBUF tile holds at most 192 KiB per partition on trn2 (24 MiB / 128)",
+              "arch/trainium2_arch.html (SBUF); nki.language.tile_size.sbuf_fmax_bytes"),
+        _rule("psum-capacity", "one PSUM tile holds at most 16 KiB per partition (8 banks of 2 KiB)",
+              "arch/trainium2_arch.html (PSUM); nki.language.tile_size.psum_num_banks"),
+        _rule("matmul-memory", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
+              f"{_ISA}.nc_matmul.html (Memory types)"),
+        _rule("matmul-contraction", "stationary and moving have the same partition size, at most 128",
+              f"{_ISA}.nc_matmul.html (Tile size)"),
+        _rule("matmul-stationary-fmax", "the stationary free size is at most 128 (gemm_stationary_fmax)",
+              f"{_ISA}.nc_matmul.html (Tile size)"),
+        _rule("matmul-moving-fmax", "on NeuronCore-v3 (trn2) the moving free size is at most 512 (gemm_moving_fmax), "
+              "one PSUM bank of float32", f"{_ISA}.nc_matmul.html (Tile size)"),
+        _rule("matmul-psum-bank", "an nc_matmul result fits one PSUM bank: 2 KiB per partition",
+              f"{_ISA}.nc_matmul.html (Tile size); arch/trainium2_arch.html"),
+        _rule("matmul-dtype", "nc_matmul inputs are float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32, a "
+              "float32/tfloat32 input needs the other to be float32/tfloat32 too, and on trn2 dst is float32",
+              f"{_ISA}.nc_matmul.html (Data types)"),
+        _rule("matmul-accumulate-init", "accumulate=True is valid only after a matmul with accumulate=False started "
+              "the PSUM location; onto PSUM a non-matmul instruction wrote it is undefined on trn2",
+              f"{_ISA}.nc_matmul.html (Accumulation mode)"),
+        _rule("matmul-shape", "dst is [stationary free, moving free]", f"{_ISA}.nc_matmul.html (Layout)"),
+        _rule("transpose-memory", "Tensor Engine nc_transpose reads SBUF and writes PSUM",
+              f"{_ISA}.nc_transpose.html (Memory types)"),
+        _rule("transpose-size", "Tensor Engine nc_transpose takes at most [128, 128], Vector Engine at most [32, 32]",
+              f"{_ISA}.nc_transpose.html (Tile size)"),
+        _rule("transpose-dtype", "nc_transpose dst has the dtype of data", f"{_ISA}.nc_transpose.html (Data types)"),
+        _rule("on-chip-operand", "compute-engine operands are SBUF or PSUM tiles", f"{_ISA}.tensor_tensor.html"),
+        _rule("two-psum-inputs", "the two tensor inputs of tensor_tensor / tensor_tensor_scan cannot both be in PSUM",
+              f"{_ISA}.tensor_tensor.html (Memory types); {_ISA}.tensor_tensor_scan.html"),
+        _rule("gpsimd-psum", "GpSimd Engine cannot access PSUM", f"{_ISA}.tensor_copy.html"),
+        _rule("same-tile-size", "the operands have the same partition size and the same number of elements per "
+              "partition", f"{_ISA}.tensor_tensor.html; {_ISA}.tensor_copy.html; {_ISA}.activation.html"),
+        _rule("scalar-operand", "a tensor_scalar / activation vector operand is [partitions, 1] and float32 "
+              "(tensor_scalar operands must be float32)", f"{_ISA}.tensor_scalar.html; {_ISA}.activation.html"),
+        _rule("reduce-axes", "tensor_reduce reduces the last contiguous free axes, never axis 0, and dst holds "
+              "what is left", f"{_ISA}.tensor_reduce.html (Layout, Tile size)"),
+        _rule("iota-memory", "iota writes an SBUF tile and the pattern's element count matches dst's per-partition "
+              "count", f"{_ISA}.iota.html"),
+        _rule("dma-size", "dma_copy src and dst hold the same number of elements", f"{_ISA}.dma_copy.html (Tile size)"),
+        _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)", f"{_ISA}.dma_copy.html (Memory types)"),
+        _rule("bounds", "an access stays inside its tensor (out-of-bounds DMA raises by default: oob_mode.error)",
+              f"{_ISA}.dma_copy.html (oob_mode)"),
+        _rule("float-to-int", "a float-to-integer cast of a non-integral value has no documented rounding mode; the "
+              "emulator refuses to guess", "api/nki.language.html#nki-dtype"),
+    )
+}
+
+
+class RuleViolation(Exception):
+    """A kernel broke a trn2 rule the compiler (or the hardware) enforces."""
+
+    def __init__(self, rule: str, detail: str):
+        self.rule = RULES[rule]
+        self.detail = detail
+        super().__init__(f"nki emulator: trn2 rule '{rule}' violated: {detail}. Rule: {self.rule.statement} "
+                         f"(stated in {self.rule.source})")
+
+
+def check(condition: bool, rule: str, detail) -> None:
+    """Raise ``RuleViolation(rule, detail)`` unless ``condition``; ``detail`` may be a callable."""
+    if not condition:
+        raise RuleViolation(rule, detail() if callable(detail) else detail)
