@@ -57,7 +57,7 @@ class DeviceProfile:
 
 def neuron_status() -> tuple[bool, str]:
     """(available, reason). PyPI's torch-neuronx is a placeholder: it counts as absent."""
-    from harness.ops.neuron import probe_module
+    from harness.package_probe import probe_module
 
     importable, reason = probe_module("torch_neuronx")
     if not importable:
@@ -79,7 +79,8 @@ def cuda_status() -> tuple[bool, str]:
 def device_status(kind: str) -> tuple[bool, str]:
     """(available, reason) of a device kind: the one definition every tier and suite asks.
 
-    Besides ``KINDS``, kernel tests know "nki-sim": NKI's CPU simulator (no hardware)."""
+    Besides ``KINDS``, kernel tests know "nki-sim" (the Neuron SDK's NKI CPU simulator) and
+    "nki-emu" (the harness's NKI emulator, harness/nki_emu: always available)."""
     if kind == "neuron":
         return neuron_status()
     if kind == "cuda":
@@ -87,11 +88,13 @@ def device_status(kind: str) -> tuple[bool, str]:
     if kind == "cpu":
         return True, f"{os.cpu_count()} CPU cores"
     if kind == "nki-sim":
-        from harness.ops.neuron import nki_available
+        from harness.package_probe import nki_available
 
         ok, reason = nki_available()
         return ok, reason if ok else f"NKI simulator unavailable: {reason}"
-    raise ValueError(f"unknown device kind {kind!r}; choose one of {(*KINDS, 'nki-sim')}")
+    if kind == "nki-emu":
+        return True, "the harness's NKI emulator (CPU, trn2 rules)"
+    raise ValueError(f"unknown device kind {kind!r}; choose one of {(*KINDS, 'nki-sim', 'nki-emu')}")
 
 
 # Shims torchtitan 0.3.0 needs on CPU; see harness/upstream/.

@@ -22,12 +22,28 @@ has_transformers = module_probe("transformers")
 
 
 def has_nkilib() -> tuple[bool, str]:
+    """The real ``nki`` and nki-library (bundled ``nkilib`` or the standalone ``nkilib_src``)."""
     from harness.ops.neuron import nki_available
 
     ok, reason = nki_available()
     if not ok:
         return False, reason
-    return module_probe("nkilib")()
+    bundled = module_probe("nkilib")()
+    return bundled if bundled[0] else module_probe("nkilib_src.nkilib")()
+
+
+def has_nkilib_wheel() -> tuple[bool, str]:
+    """nki-library's standalone wheel (package ``nkilib_src.nkilib``), for the emulator tier.
+    CI installs it from ../shared/wheels (.ci/run)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nkilib_src") is None:
+        return False, ("nki-library's wheel is not installed (package nkilib_src): "
+                       "pip install --no-deps ../shared/wheels/nki_library-*.whl")
+    return True, "nkilib_src imports"
+
+
+EMU = {"nki-emu": has_nkilib_wheel}
 
 
 def _input(dtype, device):
@@ -89,12 +105,13 @@ ROTARY_EMBEDDING = OpSpec(
             nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.ops.nki.rope_kernel.rope_halves_kernel", ("nki-sim", "neuron"),
+            "nki_kernel", "nki", "harness.ops.nki.rope_kernel.rope_halves_kernel", ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nkilib", "nkilib", "nkilib.core.embeddings.rope.RoPE", ("nki-sim", "neuron"),
+            "nkilib", "nkilib", "nkilib.core.embeddings.rope.RoPE", ("nki-emu", "nki-sim", "neuron"),
             nkilib.rotary_embedding, _input, backward=False, requires=has_nkilib, output_dtypes=_same("y"),
+            device_requires={"nki-emu": lambda: has_torchtitan() if not has_torchtitan()[0] else has_nkilib_wheel()},
         ),
     ),
 )
@@ -182,7 +199,8 @@ GROUPED_SWIGLU = OpSpec(
             ("cpu",), nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel", ("nki-sim", "neuron"),
+            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel",
+            ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
     ),
@@ -210,9 +228,10 @@ CROSS_ENTROPY = OpSpec(
             output_dtypes=lambda dtype, device: {"loss": torch.promote_types(dtype, torch.float32)},
         ),
         Implementation(
-            "nkilib", "nkilib", "nkilib.experimental.loss.cross_entropy_forward (nkilib.core.loss before 2026-04)",
-            ("nki-sim", "neuron"),
-            nkilib.cross_entropy, _input, backward=False, requires=has_nkilib,
+            "nkilib", "nkilib",
+            "nkilib.experimental.loss.cross_entropy_forward / _backward (nkilib.core.loss before 2026-04)",
+            ("nki-emu", "nki-sim", "neuron"),
+            nkilib.cross_entropy, _input, requires=has_nkilib, device_requires=EMU,
         ),
     ),
 )

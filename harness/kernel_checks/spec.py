@@ -16,8 +16,9 @@ from harness.devices import device_status  # noqa: F401  (the one device probe, 
 DTYPES = (torch.float32, torch.bfloat16)
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
-# Devices an implementation can run on. "nki-sim" is the NKI CPU simulator (nki.simulate).
-DEVICES = ("cpu", "cuda", "nki-sim", "neuron")
+# Devices an implementation can run on. "nki-emu" is the harness's NKI emulator (harness/nki_emu,
+# CPU, always available); "nki-sim" is the Neuron SDK's NKI CPU simulator (nki.simulate).
+DEVICES = ("cpu", "cuda", "nki-emu", "nki-sim", "neuron")
 DEVICE_MARKERS = {"cuda": "cuda", "neuron": "neuron"}
 
 
@@ -34,7 +35,7 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
     @functools.lru_cache(maxsize=None)
     def probe() -> tuple[bool, str]:
-        from harness.ops.neuron import probe_module
+        from harness.package_probe import probe_module
 
         if importlib.util.find_spec(name.split(".")[0]) is None:
             return False, f"{name} is not installed"
@@ -45,8 +46,8 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
 
 def torch_device(device: str) -> torch.device:
-    """The torch device tensors live on for a registry device ("nki-sim" runs on CPU tensors)."""
-    return torch.device({"cpu": "cpu", "nki-sim": "cpu", "cuda": "cuda", "neuron": "neuron"}[device])
+    """The torch device tensors live on for a registry device ("nki-emu"/"nki-sim" run on CPU tensors)."""
+    return torch.device({"cpu": "cpu", "nki-emu": "cpu", "nki-sim": "cpu", "cuda": "cuda", "neuron": "neuron"}[device])
 
 
 @dataclass(eq=False)
@@ -90,6 +91,11 @@ class Implementation:
     requires: Callable[[], tuple[bool, str]] = always
     output_dtypes: Callable[[torch.dtype, str], dict[str, torch.dtype]] | None = None
     notes: str = ""
+    device_requires: dict[str, Callable[[], tuple[bool, str]]] = field(default_factory=dict)
+
+    def requirement(self, device: str) -> Callable[[], tuple[bool, str]]:
+        """What must be installed to run on ``device`` (``device_requires`` overrides ``requires``)."""
+        return self.device_requires.get(device, self.requires)
 
 
 @dataclass(eq=False)

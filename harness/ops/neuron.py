@@ -21,48 +21,10 @@ import functools
 import importlib
 import importlib.util
 
-PLACEHOLDER_MARKER = "WRONG PACKAGE"
+from harness.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 
 # Filled by register_neuron_kernels(): {"registered": bool, "reason": str, "ops": [...]}.
 NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_kernels() not called", "ops": []}
-
-
-def probe_module(name: str) -> tuple[bool, str]:
-    """(importable, reason) for a module, treating the PyPI placeholder as absent."""
-    try:
-        if importlib.util.find_spec(name) is None:
-            return False, f"{name} is not installed"
-    except (ImportError, ValueError) as error:
-        return False, f"{name}: {type(error).__name__}: {error}"
-    try:
-        importlib.import_module(name)
-    except ImportError as error:
-        if PLACEHOLDER_MARKER in str(error):
-            return False, f"{name} is the PyPI placeholder package (import raises 'WRONG PACKAGE'), not the Neuron SDK's"
-        return False, f"{name} failed to import: {type(error).__name__}: {error}"
-    except Exception as error:  # a broken install must not break harness.ops
-        return False, f"{name} failed to import: {type(error).__name__}: {error}"
-    return True, f"{name} imports"
-
-
-def is_emulator(module) -> bool:
-    """The harness's own NKI emulator (``harness.nki_emu``), which is never the real ``nki``."""
-    return getattr(module, "__emulator__", False) is True
-
-
-@functools.lru_cache(maxsize=None)
-def nki_available() -> tuple[bool, str]:
-    """(available, reason) for the real ``nki`` package with ``nki.simulate`` (CPU simulator).
-    The harness's emulator (``harness.nki_emu``, device tier ``nki-emu``) is not it."""
-    ok, reason = probe_module("nki")
-    if not ok:
-        return False, reason
-    nki = importlib.import_module("nki")
-    if is_emulator(nki):
-        return False, "nki is the harness's NKI emulator (nki-emu), not the Neuron SDK's nki"
-    if "simulate" not in dir(nki) or "jit" not in dir(nki):
-        return False, "nki imports but has no nki.jit/nki.simulate (need NKI 0.7 or later)"
-    return True, f"nki {getattr(nki, '__version__', '?')} with nki.simulate"
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +61,43 @@ def as_torch(value):
     if isinstance(value, torch.Tensor):
         return value
     return numpy_to_torch(value)
+
+
+# The real simulator without a chip targets trn3 (the NKI simulator guide), whose looser limits
+# (nc_matmul moving free size 4096, bf16 PSUM results) would let trn2 violations through.
+SIMULATOR_ENV = {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+
+
+def simulated(kernel):
+    """``nki.simulate(kernel)`` pinned to trn2, with results as torch tensors (``as_torch``)."""
+    import os
+
+    import nki
+
+    def call(*args, **kwargs):
+        for name, value in SIMULATOR_ENV.items():
+            if os.environ.get(name, value) != value:
+                raise RuntimeError(f"{name}={os.environ[name]!r}: the harness simulates trn2 only; unset it or set {value!r}")
+            os.environ[name] = value
+        return as_torch(nki.simulate(kernel)(*args, **kwargs))
+
+    return call
+
+
+NKILIB_PACKAGES = ("nkilib", "nkilib_src.nkilib")  # neuronx-cc's bundled copy, then the standalone wheel
+
+
+def nkilib_module(path: str, import_module=None):
+    """nki-library's module ``path`` (e.g. ``"core.embeddings.rope"``): the copy bundled with
+    neuronx-cc is ``nkilib``, the standalone wheel's package is ``nkilib_src.nkilib``."""
+    import_module = import_module or importlib.import_module
+    missed = []
+    for package in NKILIB_PACKAGES:
+        try:
+            return import_module(f"{package}.{path}")
+        except ImportError as error:
+            missed.append(f"{package}.{path}: {type(error).__name__}: {error}")
+    raise ImportError("nki-library module not found; tried " + "; ".join(missed))
 
 
 def clear_caches() -> None:

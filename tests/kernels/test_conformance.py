@@ -26,7 +26,7 @@ def _params():
         for impl in op.implementations:
             for device in impl.devices:
                 marks = [getattr(pytest.mark, DEVICE_MARKERS[device])] if device in DEVICE_MARKERS else []
-                lib_ok, lib_reason = impl.requires()
+                lib_ok, lib_reason = impl.requirement(device)()
                 dev_ok, dev_reason = device_status(device)
                 if not (lib_ok and dev_ok):
                     reason = lib_reason if not lib_ok else dev_reason

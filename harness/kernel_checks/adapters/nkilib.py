@@ -1,14 +1,17 @@
-"""aws-neuron/nki-library kernels, when the ``nkilib`` package (and the real ``nki``) is
-installed. NOT YET RUN: written against the kernels' documented signatures; forward only.
+"""aws-neuron/nki-library kernels: on "nki-emu" (the harness's NKI emulator, with the
+standalone wheel ``nkilib_src.nkilib``), "nki-sim" (the real ``nki.simulate``, trn2) and
+"neuron". The module is ``nkilib.X`` where neuronx-cc bundles it and ``nkilib_src.nkilib.X``
+from the standalone wheel (``harness.ops.neuron.nkilib_module``).
 
-rotary_embedding  nkilib.core.embeddings.rope.RoPE(x [D, B, H, S], cos/sin [D/2, B, S])
-cross_entropy     nkilib.experimental.loss.cross_entropy.cross_entropy_forward(logits [N, V],
-                  targets [N] int32, dtype=...) -> (per-position loss, lse); summed here over
-                  non-ignored positions (the kernel has no ignore_index). The module is
-                  ``nkilib.experimental.loss.cross_entropy`` in nki-library's 2026-04 release and
-                  the Neuron 2.33 docs, ``nkilib.core.loss.cross_entropy`` in the January and
-                  February 2026 releases: ``cross_entropy_module`` tries them in that order and
-                  says which one it found.
+rotary_embedding  core.embeddings.rope.RoPE(x [D, B, H, S], cos/sin [D/2, B, S]), forward only.
+cross_entropy     experimental.loss.cross_entropy: cross_entropy_forward(logits [N, V],
+                  targets [N] int32, dtype=...) -> (per-position loss, lse), summed here over
+                  non-ignored positions (the kernel has no ignore_index); the backward is the
+                  library's cross_entropy_backward(reduction="sum") scaled by the upstream
+                  gradient. The module is ``experimental.loss.cross_entropy`` in nki-library's
+                  2026-04 release and the Neuron 2.33 docs, ``core.loss.cross_entropy`` in the
+                  January and February 2026 releases: ``cross_entropy_module`` tries them in
+                  that order and says which one it found.
 """
 
 from __future__ import annotations
@@ -17,18 +20,43 @@ import torch
 
 from harness.kernel_checks.adapters.nki_kernels import _cos_sin
 
+EMULATOR_PACKAGE = "nkilib_src.nkilib"  # the standalone wheel, the one CI installs
+
+
+def _module(path: str, device: str):
+    if device == "nki-emu":
+        from harness import nki_emu
+
+        return nki_emu.import_module(f"{EMULATOR_PACKAGE}.{path}")
+    from harness.ops.neuron import nkilib_module
+
+    return nkilib_module(path)
+
 
 def _call(kernel, device):
-    if device == "nki-sim":
-        import nki
+    if device == "nki-emu":
+        from harness import nki_emu
 
-        return nki.simulate(kernel)
+        return nki_emu.run(kernel)
+    if device == "nki-sim":
+        from harness.ops.neuron import simulated
+
+        return simulated(kernel)
     return kernel
 
 
-def rotary_embedding(inputs, params, device):
-    from nkilib.core.embeddings.rope import RoPE
+def _language(device):
+    if device == "nki-emu":
+        from harness.nki_emu import language
 
+        return language
+    import nki.language
+
+    return nki.language
+
+
+def rotary_embedding(inputs, params, device):
+    RoPE = _module("core.embeddings.rope", device).RoPE
     x = inputs["x"]
     cos, sin = _cos_sin(inputs, params, device)
     half = x.shape[-1] // 2
@@ -42,12 +70,10 @@ def rotary_embedding(inputs, params, device):
 CROSS_ENTROPY_MODULES = ("nkilib.experimental.loss.cross_entropy", "nkilib.core.loss.cross_entropy")
 
 
-def cross_entropy_module(import_module=None):
+def cross_entropy_module(import_module=None, device: str = "neuron"):
     """(module, which path was found, [why the earlier paths were not]) for nki-library's cross
     entropy, trying the documented path first; ImportError naming every path tried if none."""
-    import importlib
-
-    import_module = import_module or importlib.import_module
+    import_module = import_module or (lambda name: _module(name.removeprefix("nkilib."), device))
     missed = []
     for name in CROSS_ENTROPY_MODULES:
         try:
@@ -57,18 +83,32 @@ def cross_entropy_module(import_module=None):
     raise ImportError("nki-library cross entropy not found; tried " + "; ".join(missed))
 
 
+class _LibraryCrossEntropy(torch.autograd.Function):
+    """Summed loss by the library's forward kernel; gradient by its backward kernel."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, module, device, options):
+        loss, lse = _call(module.cross_entropy_forward, device)(logits.detach().contiguous(), targets, **options)
+        ctx.save_for_backward(logits, targets, torch.as_tensor(lse))
+        ctx.module, ctx.device, ctx.options = module, device, options
+        return torch.as_tensor(loss).float().sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, targets, lse = ctx.saved_tensors
+        grad = _call(ctx.module.cross_entropy_backward, ctx.device)(
+            logits.detach().contiguous(), targets, lse, reduction="sum", inplace=False, **ctx.options)
+        return torch.as_tensor(grad).to(logits.dtype) * grad_loss.to(logits.dtype), None, None, None, None
+
+
 def cross_entropy(inputs, params, device):
-    import nki.language as nl
-
-    cross_entropy_forward = cross_entropy_module()[0].cross_entropy_forward
-
+    nl = _language(device)
+    module = cross_entropy_module(device=device)[0]
     logits, labels = inputs["logits"], inputs["labels"]
     flat = logits.reshape(-1, logits.shape[-1])
     target = labels.reshape(-1)
     keep = target != -100
     dtype = nl.float32 if logits.dtype == torch.float32 else nl.bfloat16
-    chunk = min(32768, flat.shape[-1])
-    loss, _lse = _call(cross_entropy_forward, device)(
-        flat[keep].contiguous(), target[keep].to(torch.int32).contiguous(), chunk_size=chunk, dtype=dtype
-    )
-    return {"loss": torch.as_tensor(loss).float().sum()}
+    options = {"chunk_size": min(16384, flat.shape[-1]), "dtype": dtype}
+    kept = flat[keep]
+    return {"loss": _LibraryCrossEntropy.apply(kept, target[keep].to(torch.int32).contiguous(), module, device, options)}

@@ -54,8 +54,10 @@ def from_halves(o1: Tensor, o2: Tensor, shape) -> Tensor:
 
 def rope_via(call, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Run ``call`` (kernel, simulated kernel or reference) on ``x`` and reassemble (B,S,H,D)."""
-    o1, o2 = call(*to_halves(x, cos, sin))
-    return from_halves(torch.as_tensor(o1), torch.as_tensor(o2), x.shape).to(x.dtype)
+    from harness.ops.neuron import as_torch
+
+    o1, o2 = as_torch(tuple(call(*to_halves(x, cos, sin))))
+    return from_halves(o1, o2, x.shape).to(x.dtype)
 
 
 def rope_halves_kernel(x1, x2, c1, c2, s1, s2):
@@ -93,10 +95,20 @@ rope_halves_kernel = nki.jit(rope_halves_kernel_source) if nki is not None else 
 
 
 def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """CPU: the NKI kernel under ``nki.simulate`` (needs the real ``nki``)."""
+    """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
+    from harness.ops.neuron import simulated
+
     if rope_halves_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
-    return rope_via(nki.simulate(rope_halves_kernel), x, cos, sin)
+    return rope_via(simulated(rope_halves_kernel), x, cos, sin)
+
+
+def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``)."""
+    from harness import nki_emu
+
+    module = nki_emu.import_module(__name__)
+    return rope_via(nki_emu.run(module.rope_halves_kernel), x, cos, sin)
 
 
 def rope_neuron(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
