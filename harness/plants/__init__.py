@@ -15,7 +15,8 @@ one realisation:
 - ``make`` builds a broken copy of an input (a checkpoint directory, a state-dict adapter, a
   model config, a loaded model) from the unbroken one. Nothing shared is modified.
 
-The realisations live beside each other: ``in_torchtitan`` (patches), ``kernels``, ``inputs``.
+The realisations live beside each other: ``in_torchtitan`` (patches), ``kernels``, ``inputs``,
+and ``nki_emu`` (patches of the NKI emulator's semantics, in-process only).
 Every plant is shown caught by at least one test that names it (tests/selftest/test_plants.py
 enforces this).
 """
@@ -70,10 +71,10 @@ class Plant:
 @functools.cache
 def registry() -> dict[str, Plant]:
     """Every plant by name (built on first use: the realisations import torch)."""
-    from harness.plants import in_torchtitan, inputs, kernels
+    from harness.plants import in_torchtitan, inputs, kernels, nki_emu
 
     out: dict[str, Plant] = {}
-    for plant in (*in_torchtitan.PATCH_PLANTS, *kernels.KERNEL_PLANTS, *inputs.COPY_PLANTS):
+    for plant in (*in_torchtitan.PATCH_PLANTS, *kernels.KERNEL_PLANTS, *inputs.COPY_PLANTS, *nki_emu.EMULATOR_PLANTS):
         if plant.name in out:
             raise ValueError(f"plant {plant.name!r} is defined twice")
         out[plant.name] = plant
