@@ -32,18 +32,29 @@ Documented differences from torchtitan:
   fails upstream on CPU while this op's backward does not.
 * the ``GroupedExperts._grouped_mm`` override seam (MXFP8 converter) is not consulted.
 
-The padded contract (every device). The forward runs as ``pad -> body -> unpad``
-(``grouped_swiglu_padded``): expert ``e``'s rows are scattered to slots ``e*C .. e*C+count_e``
-of a zero ``(E*C, D)`` buffer, the body computes every expert on its ``C`` slots, and the rows
-are gathered back. The capacity ``C = expert_capacity(R, E) = R`` depends only on shapes (no
-expert can receive more than the ``R`` rows there are, so nothing is ever dropped) and the
-routing (``offsets``) is used only as runtime tensor data by the scatter/gather: the Neuron body
-(the NKI kernel) is specialised once per shape, not per routing. Padding slots hold zeros and
-SwiGLU maps a zero row to a zero row, so no mask is needed inside the body. On CPU/CUDA the body
-is ``grouped_swiglu_math`` on the padded layout (static offsets ``C, 2C, ..., E*C``); this is
-bitwise the unpadded computation at the dims tested in tests/kernels/test_custom_ops.py and
-within rounding of it (f32 accumulation order of ``_grouped_mm``) at 30B dims. The backward
-is unchanged (offset-based, below). Cost: the body computes ``E*R`` rows instead of ``R``.
+The blockwise contract (every device). The forward runs as ``block -> body -> unblock``
+(``grouped_swiglu_blockwise``), the layout of nki-library's blockwise MoE kernels:
+
+* expert ``e``'s ``c_e`` rows fill ``ceil(c_e / B)`` consecutive blocks of ``B = BLOCK_SIZE``
+  rows (the last one zero-padded); the blocks of expert ``e`` follow those of ``e - 1``;
+* ``block_expert (N,)`` int32 says which expert each block belongs to: routing as *data*;
+* the block count ``N = max_blocks(R, E, B)`` comes from shapes only, and bounds every
+  routing: one compiled kernel shape serves them all (``max_blocks`` proves the bound and shows
+  it attained). Blocks past the last used one hold zero rows and belong to expert ``E - 1``
+  (a valid index, so every weight load stays in bounds); SwiGLU maps a zero row to zero, and
+  ``unblock`` never reads a padding slot.
+
+``block_layout`` computes the slots and the map with tensor ops only (no host sync). The body
+(``(N*B, D)`` rows, ``block_expert``, weights) -> ``(N*B, D)``: on CPU/CUDA ``grouped_swiglu_math``
+over the blocks (each expert's segment is its blocks, so the grouped GEMMs see each expert's
+rows plus its zero padding rows; bitwise the unblocked computation at the dims of
+tests/kernels/test_custom_ops.py); on Neuron the NKI kernel (harness/ops/nki/grouped_swiglu_kernel.py),
+whose torch twin walks the same blocks. Cost: at most ``N*B <= R + E*(B-1)`` rows instead of
+``R`` (harness/ops/nki/grouped_swiglu_cost.py has the full-shape numbers).
+
+The backward stays in torch (the offset-based formulas below, on every device): it is the
+torchtitan-equal derivative the CPU tier checks bitwise, and no NKI backward kernel is
+written yet (nki-library's blockwise backward, ``experimental/moe/bwd``, is the model for one).
 """
 
 from __future__ import annotations
@@ -132,63 +143,94 @@ def grouped_swiglu_math(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: 
     return y.type_as(x).contiguous()
 
 
-def expert_capacity(num_rows: int, num_experts: int) -> int:
-    """Static per-expert capacity of the padded layout: ``num_rows`` (no routing can overflow it)."""
-    return num_rows
+BLOCK_SIZE = 32  # rows per block; the choice is tabulated in harness/ops/nki/grouped_swiglu_cost.py
 
 
-def padded_slots(offsets: Tensor, num_rows: int, capacity: int) -> Tensor:
-    """(R,) int64: row ``r`` of expert ``e`` -> slot ``e*C + (r - start_e)``; a row owned by no
-    expert (``r >= offsets[-1]``) -> the discard slot ``E*C``. Tensor ops only (no host sync)."""
+def max_blocks(num_rows: int, num_experts: int, block_size: int = BLOCK_SIZE) -> int:
+    """The most blocks any routing of ``num_rows`` rows over ``num_experts`` experts can fill.
+
+    Proof. With ``k`` non-empty experts (``k <= min(E, R)``), each fills
+    ``ceil(c/B) = 1 + floor((c-1)/B)`` blocks, so the total is
+    ``k + sum floor((c_e-1)/B) <= k + floor((R-k)/B)`` (a sum of floors is at most the floor of
+    the sum). Going from ``k`` to ``k+1`` adds 1 and takes at most 1 from the floor, so the bound
+    is largest at ``k = min(E, R)``: ``N = min(E, R) + floor((R - min(E, R)) / B)``. It is
+    attained (``min(E, R) - 1`` experts with one row, one expert with the rest), so no smaller
+    static count is safe. Rows owned by no expert only lower the count. ``N*B <= R + E*(B-1)``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be a positive int; got {block_size}")
+    nonempty = min(num_experts, num_rows)
+    return nonempty + (num_rows - nonempty) // block_size
+
+
+def block_layout(offsets: Tensor, num_rows: int, block_size: int = BLOCK_SIZE) -> tuple[Tensor, Tensor]:
+    """``(slots (R,) int64, block_expert (N,) int32)`` for expert-sorted rows; tensor ops only.
+
+    Row ``r`` of expert ``e`` (``offsets[e-1] <= r < offsets[e]``) goes to slot
+    ``first_block_e * B + (r - offsets[e-1])``; a row owned by no expert (``r >= offsets[-1]``)
+    to the discard slot ``N*B``. Block ``n`` belongs to the expert whose blocks cover it; the
+    blocks past the last used one to expert ``E - 1``."""
     num_experts = offsets.shape[0]
-    rows = torch.arange(num_rows, device=offsets.device)
+    num_blocks = max_blocks(num_rows, num_experts, block_size)
+    device = offsets.device
+    rows = torch.arange(num_rows, device=device)
     if num_experts == 0:
-        return torch.zeros_like(rows)
+        return torch.zeros_like(rows), torch.zeros(0, dtype=torch.int32, device=device)
     ends = offsets.to(torch.int64)
-    expert = torch.searchsorted(ends, rows, right=True)  # how many experts end at or before r
     starts = torch.cat((ends.new_zeros(1), ends[:-1]))
+    blocks_per_expert = (ends - starts + block_size - 1) // block_size
+    block_ends = torch.cumsum(blocks_per_expert, 0)
+    first_block = block_ends - blocks_per_expert
+    expert = torch.searchsorted(ends, rows, right=True)  # how many experts end at or before r
     clamped = expert.clamp(max=num_experts - 1)
-    slot = clamped * capacity + rows - starts[clamped]
-    return torch.where(expert < num_experts, slot, torch.full_like(slot, num_experts * capacity))
+    slot = first_block[clamped] * block_size + rows - starts[clamped]
+    slots = torch.where(expert < num_experts, slot, torch.full_like(slot, num_blocks * block_size))
+    blocks = torch.arange(num_blocks, device=device)
+    block_expert = torch.searchsorted(block_ends, blocks, right=True).clamp(max=num_experts - 1)
+    return slots, block_expert.to(torch.int32)
 
 
-def pad_by_expert(x: Tensor, slots: Tensor, num_experts: int, capacity: int) -> Tensor:
-    """``(E*C, D)`` zero buffer with each row of ``x`` at its slot (unowned rows discarded)."""
-    buffer = x.new_zeros(num_experts * capacity + 1, x.shape[1])
+def to_blocks(x: Tensor, slots: Tensor, num_slots: int) -> Tensor:
+    """``(num_slots, D)`` zero buffer with each row of ``x`` at its slot (unowned rows discarded)."""
+    buffer = x.new_zeros(num_slots + 1, x.shape[1])
     buffer[slots] = x
-    return buffer[: num_experts * capacity]
+    return buffer[:num_slots]
 
 
-def unpad(y_padded: Tensor, slots: Tensor) -> Tensor:
+def from_blocks(y_blocked: Tensor, slots: Tensor) -> Tensor:
     """Rows back in ``x``'s order; a row whose slot is the discard slot is zero."""
-    return torch.cat((y_padded, y_padded.new_zeros(1, y_padded.shape[1]))).index_select(0, slots)
+    return torch.cat((y_blocked, y_blocked.new_zeros(1, y_blocked.shape[1]))).index_select(0, slots)
 
 
-def padded_offsets(num_experts: int, capacity: int, device) -> Tensor:
-    """The static offsets of the padded layout: ``C, 2C, ..., E*C`` (int32)."""
-    return torch.arange(1, num_experts + 1, dtype=torch.int32, device=device) * capacity
+def block_offsets(block_expert: Tensor, num_experts: int, block_size: int) -> Tensor:
+    """int32 cumulative rows per expert of the blocked layout (each expert's segment = its blocks)."""
+    counts = torch.bincount(block_expert.to(torch.int64), minlength=num_experts) * block_size
+    return torch.cumsum(counts, 0, dtype=torch.int32)
 
 
-def grouped_swiglu_padded(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, body) -> Tensor:
-    """The code path around every device's kernel body: pad, ``body(x_padded, w1, w2, w3)``
-    (``(E*C, D)`` -> ``(E*C, D)``, expert ``e`` on slots ``e*C:(e+1)*C``), unpad."""
-    num_experts = w1.shape[0]
-    capacity = expert_capacity(x.shape[0], num_experts)
-    slots = padded_slots(offsets, x.shape[0], capacity)
-    y_padded = body(pad_by_expert(x, slots, num_experts, capacity), w1, w2, w3)
-    return unpad(y_padded, slots).to(x.dtype).contiguous()
+def grouped_swiglu_blockwise(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, body,
+                             block_size: int = BLOCK_SIZE) -> Tensor:
+    """The code path around every device's kernel body: block, ``body(x_blocked, block_expert,
+    w1, w2, w3)`` (``(N*B, D)`` -> ``(N*B, D)``, block ``n`` = rows ``n*B:(n+1)*B`` computed with
+    expert ``block_expert[n]``), unblock."""
+    slots, block_expert = block_layout(offsets, x.shape[0], block_size)
+    num_slots = block_expert.shape[0] * block_size
+    if num_slots == 0:
+        return x.new_zeros(x.shape)
+    y_blocked = body(to_blocks(x, slots, num_slots), block_expert, w1, w2, w3)
+    return from_blocks(y_blocked, slots).to(x.dtype).contiguous()
 
 
-def _torch_body(x_padded: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
-    capacity = x_padded.shape[0] // max(w1.shape[0], 1)
-    return grouped_swiglu_math(x_padded, padded_offsets(w1.shape[0], capacity, x_padded.device), w1, w2, w3)
+def _torch_body(x_blocked: Tensor, block_expert: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
+    block_size = x_blocked.shape[0] // block_expert.shape[0]
+    return grouped_swiglu_math(x_blocked, block_offsets(block_expert, w1.shape[0], block_size), w1, w2, w3)
 
 
 @torch.library.custom_op("harness::grouped_swiglu", mutates_args=(), device_types=("cpu", "cuda"))
 def grouped_swiglu(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """SwiGLU expert MLP over expert-sorted rows; see the module docstring."""
     _check(x, offsets, w1, w2, w3)
-    return grouped_swiglu_padded(x, offsets, w1, w2, w3, _torch_body)
+    return grouped_swiglu_blockwise(x, offsets, w1, w2, w3, _torch_body)
 
 
 @grouped_swiglu.register_fake

@@ -134,6 +134,49 @@ def _swiglu_swapped_weight_grads(inputs, params, device):
     return {"y": _SwigluSwappedWeightGrads.apply(*args)}
 
 
+# ---------------------------------------------------------------- grouped SwiGLU, blockwise layout
+# (harness/ops/grouped_swiglu.py block -> body -> unblock, the NKI kernel's torch twin as the body)
+
+
+def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
+    """The blockwise path in float32 with one defect in what the kernel body is given:
+    ``next_expert``: block ``n`` computed with expert ``block_expert[n] + 1`` (a wrong
+    block -> expert map); ``blocks_computed(R, E, B)``: the kernel's static block loop stops
+    there (blocks past it never computed, their rows left zero)."""
+    def run(inputs, params, device):
+        from harness.ops import grouped_swiglu as gs
+        from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
+
+        x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
+        offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
+        experts = w1.shape[0]
+
+        def body(x_blocked, block_expert, w1_, w2_, w3_):
+            ids = (block_expert + 1) % experts if next_expert else block_expert
+            y_blocked = grouped_swiglu_kernel_torch_ref(
+                x_blocked.t(), ids.reshape(-1, 1), w1_.transpose(-2, -1), w3_.transpose(-2, -1), w2_.transpose(-2, -1)).t()
+            if blocks_computed is not None:
+                kept = blocks_computed(x.shape[0], experts, gs.BLOCK_SIZE) * gs.BLOCK_SIZE
+                y_blocked = torch.cat((y_blocked[:kept], torch.zeros_like(y_blocked[kept:])))
+            return y_blocked
+
+        return {"y": gs.grouped_swiglu_blockwise(x, offsets, w1, w2, w3, body).type_as(inputs["x"])}
+
+    return run
+
+
+BLOCKWISE_SWIGLU_PLANTS = (
+    _plant("swiglu_blocks_take_the_next_expert", "grouped_swiglu", _blockwise_swiglu(next_expert=True),
+           (("many_experts", torch.float32), ("many_experts", torch.bfloat16)), ("y",),
+           "blockwise layout: block n computed with expert block_expert[n] + 1 (wrong block -> expert map)"),
+    _plant("swiglu_block_count_without_expert_tails", "grouped_swiglu",
+           _blockwise_swiglu(blocks_computed=lambda rows, experts, block: -(-rows // block)),
+           (("many_experts", torch.float32), ("empty_first_last", torch.float32)), ("y",),
+           "blockwise layout: the static block loop runs ceil(R/B) blocks, forgetting that each expert's "
+           "last block may be partial (max_blocks is min(E,R) + (R - min(E,R)) // B)"),
+)
+
+
 # ---------------------------------------------------------------- cross-entropy
 
 
@@ -185,4 +228,5 @@ KERNEL_PLANTS = (
     _plant("ce_mean_instead_of_sum", "cross_entropy", _ce(mean=True),
            (("small_vocab_batch", F32),), ("loss", "grad_logits"),
            "mean reduction where the trainer expects a sum"),
+    *BLOCKWISE_SWIGLU_PLANTS,
 )

@@ -1,0 +1,210 @@
+"""The grouped SwiGLU's blockwise contract (harness/ops/grouped_swiglu.py, the NKI kernel
+harness/ops/nki/grouped_swiglu_kernel.py and its twin): the static block count bounds every
+routing and is attained, each row lands in a block of its own expert, the layout is computed
+from tensors alone, and block -> body -> unblock equals the unblocked reference."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+
+import pytest
+import torch
+
+from harness.ops import grouped_swiglu as gs
+from harness.ops import grouped_swiglu_torch
+from harness.ops.nki import grouped_swiglu_kernel as gk
+from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
+
+
+def _routings(rows: int, experts: int):
+    """Every way to split ``rows`` expert-sorted rows over ``experts`` experts."""
+    for cuts in itertools.combinations_with_replacement(range(rows + 1), experts - 1):
+        bounds = (0, *cuts, rows)
+        yield [bounds[i + 1] - bounds[i] for i in range(experts)]
+
+
+def _blocks_used(counts, block_size: int) -> int:
+    return sum(math.ceil(c / block_size) for c in counts)
+
+
+def bound_problems(bound, shapes) -> list[str]:
+    """Where ``bound(R, E, B)`` is not the most blocks a routing fills: too small (a routing
+    overflows it) or never attained (a smaller static count would do)."""
+    problems = []
+    for rows, experts, block_size in shapes:
+        worst = max(_blocks_used(c, block_size) for c in _routings(rows, experts))
+        if bound(rows, experts, block_size) != worst:
+            problems.append(f"R={rows} E={experts} B={block_size}: bound {bound(rows, experts, block_size)}, "
+                            f"worst routing fills {worst}")
+    return problems
+
+
+SMALL_SHAPES = [(r, e, b) for r in range(0, 9) for e in range(1, 5) for b in (1, 2, 3, 4, 8)]
+
+
+def test_block_count_is_the_most_blocks_any_routing_fills():
+    """Exhaustive over every routing of up to 8 rows on up to 4 experts: no routing overflows
+    ``max_blocks`` and one attains it."""
+    assert bound_problems(gs.max_blocks, SMALL_SHAPES) == []
+
+
+@pytest.mark.parametrize("planted", [
+    lambda r, e, b: gs.max_blocks(r, e, b) - 1,
+    lambda r, e, b: gs.max_blocks(r, e, b) + 1,
+    lambda r, e, b: math.ceil(r / b) + e,  # safe, but not attained: a loose bound
+    lambda r, e, b: math.ceil(r / b),  # forgets that every expert's last block may be partial
+], ids=["minus_one", "plus_one", "ceil_plus_experts", "ceil_only"])
+def test_block_count_check_catches_a_wrong_bound(planted):
+    assert bound_problems(planted, SMALL_SHAPES)
+
+
+def test_block_count_at_the_source_shape():
+    """R = 2048 x top-4 rows, 64 experts, B = 32: 64 + (8192 - 64) // 32 = 318 blocks."""
+    assert gs.max_blocks(8192, 64, 32) == 318
+    assert gs.max_blocks(8192, 64, 32) * 32 <= 8192 + 64 * 31
+
+
+def _check_layout(counts, extra_rows, block_size):
+    offsets = torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32)
+    rows = sum(counts) + extra_rows
+    slots, block_expert = gs.block_layout(offsets, rows, block_size)
+    experts = len(counts)
+    num_blocks = gs.max_blocks(rows, experts, block_size)
+    assert block_expert.dtype == torch.int32 and block_expert.shape == (num_blocks,)
+    owner = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts))
+    owned = slots[: sum(counts)]
+    assert owned.unique().numel() == owned.numel() and bool((owned < num_blocks * block_size).all())
+    assert torch.equal(block_expert[owned // block_size].long(), owner)  # every row in a block of its own expert
+    assert bool((slots[sum(counts):] == num_blocks * block_size).all())  # unowned rows: the discard slot
+    assert bool((block_expert[1:] >= block_expert[:-1]).all())  # blocks sorted by expert
+    used = _blocks_used(counts, block_size)
+    assert bool((block_expert[used:] == experts - 1).all())  # padding blocks: the last expert
+    for e, count in enumerate(counts):  # each expert's rows fill its blocks from the first slot on
+        mine = owned[owner == e]
+        if count:
+            assert int(mine.min()) % block_size == 0 and torch.equal(mine, torch.arange(int(mine[0]), int(mine[0]) + count))
+
+
+@pytest.mark.parametrize("counts,extra,block_size", [
+    ((3, 0, 4, 2), 0, 2), ((0, 0, 9, 0), 0, 4), ((2, 1, 0, 1), 3, 2), ((1, 1, 1, 6), 0, 3), ((5,), 0, 32),
+    ((3, 0, 1, 5, 0, 0, 2, 4, 1, 0, 3, 1, 0, 2, 1, 1), 2, 2),
+])
+def test_layout_puts_every_row_in_a_block_of_its_expert(counts, extra, block_size):
+    _check_layout(counts, extra, block_size)
+
+
+def test_layout_check_catches_a_planted_block_to_expert_shift(monkeypatch):
+    """The assertions above can fail: blocks mapped one expert too far."""
+    real = gs.block_layout
+
+    def shifted(offsets, rows, block_size=gs.BLOCK_SIZE):
+        slots, block_expert = real(offsets, rows, block_size)
+        return slots, (block_expert + 1).clamp(max=offsets.shape[0] - 1)
+
+    monkeypatch.setattr(gs, "block_layout", shifted)
+    with pytest.raises(AssertionError):
+        _check_layout((3, 0, 4, 2), 0, 2)
+
+
+def test_layout_is_computed_from_tensors_alone():
+    """No host read of the routing: the layout traces under FakeTensorMode, where reading a
+    tensor's values (``.tolist()``, ``int(t)``) raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        offsets = torch.empty(4, dtype=torch.int32)
+        slots, block_expert = gs.block_layout(offsets, 9, 2)
+    assert slots.shape == (9,) and block_expert.shape == (gs.max_blocks(9, 4, 2),)
+    with FakeTensorMode(), pytest.raises(Exception):  # the check can fail: a host read raises there
+        torch.empty(4, dtype=torch.int32).tolist()
+
+
+def test_block_shapes_are_static_and_routing_is_runtime_data():
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.bfloat16)
+    seen = []
+
+    def body(x_blocked, block_expert, *weights):
+        seen.append((tuple(x_blocked.shape), tuple(block_expert.shape)))
+        return x_blocked
+
+    for counts in ((3, 0, 4, 2), (0, 9, 0, 0), (1, 1, 1, 6)):
+        gs.grouped_swiglu_blockwise(x, torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32), w1, w2, w3, body)
+    n = gs.max_blocks(9, 4, gs.BLOCK_SIZE)
+    assert seen == [((n * gs.BLOCK_SIZE, x.shape[1]), (n,))] * 3
+
+
+# ------------------------------------------------------------------ block -> body -> unblock
+
+
+def _swiglu_args(dtype, counts=(3, 0, 4, 2), extra_rows=0, dims=(4, 16, 32), seed=1):
+    experts, hidden, dim = dims
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(counts) + extra_rows, dim, generator=g, dtype=torch.float64).to(dtype)
+    w1, w3 = (torch.randn(experts, hidden, dim, generator=g, dtype=torch.float64).mul(0.3).to(dtype) for _ in range(2))
+    w2 = torch.randn(experts, dim, hidden, generator=g, dtype=torch.float64).mul(0.3).to(dtype)
+    return x, torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32), w1, w2, w3
+
+
+def _twin_in_input_dtype(x_blocked, block_expert, w1, w2, w3):
+    """The twin on the kernel's feature-major layout without the layout's bfloat16 cast."""
+    yT = grouped_swiglu_kernel_torch_ref(x_blocked.t(), block_expert.reshape(-1, 1), w1.transpose(-2, -1),
+                                         w3.transpose(-2, -1), w2.transpose(-2, -1))
+    return yT.t()
+
+
+@pytest.mark.parametrize("counts,extra", [((3, 0, 4, 2), 0), ((0, 0, 9, 0), 0), ((2, 1, 0, 1), 3)])
+@pytest.mark.parametrize("block_size", [2, gs.BLOCK_SIZE])
+def test_blockwise_twin_equals_the_unblocked_reference_in_float64(counts, extra, block_size):
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.float64, counts, extra)
+    blocked = gs.grouped_swiglu_blockwise(x, offsets, w1, w2, w3, _twin_in_input_dtype, block_size)
+    expected = grouped_swiglu_torch.grouped_swiglu_torch_ref(x, offsets, w1, w2, w3)
+    torch.testing.assert_close(blocked, expected, rtol=1e-12, atol=1e-12)
+    if extra:
+        assert not blocked[-extra:].any()
+
+
+@pytest.mark.parametrize("counts,extra", [((3, 0, 4, 2), 0), ((2, 1, 0, 1), 3)])
+def test_kernel_layout_with_the_twin_is_the_op_bitwise_in_bfloat16(counts, extra):
+    """The twin through the kernel's layout (bfloat16 casts, transposes) computes exactly what the
+    CPU op computes: the same rounding points."""
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.bfloat16, counts, extra)
+    via = gk.grouped_swiglu_via(grouped_swiglu_kernel_torch_ref, x, offsets, w1, w2, w3)
+    torch.testing.assert_close(via, torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3), rtol=0, atol=0)
+
+
+def test_blockwise_check_catches_blocks_computed_with_the_wrong_expert():
+    """The float64 equality above can fail: each block computed with the next expert's weights."""
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.float64)
+
+    def wrong_expert(x_blocked, block_expert, *weights):
+        return _twin_in_input_dtype(x_blocked, (block_expert + 1) % w1.shape[0], *weights)
+
+    planted = gs.grouped_swiglu_blockwise(x, offsets, w1, w2, w3, wrong_expert, 2)
+    assert not torch.allclose(planted, grouped_swiglu_torch.grouped_swiglu_torch_ref(x, offsets, w1, w2, w3))
+
+
+def test_twin_rejects_a_block_expert_out_of_range():
+    x, _, w1, w2, w3 = _swiglu_args(torch.bfloat16)
+    xT = torch.zeros(x.shape[1], 4, dtype=torch.bfloat16)
+    with pytest.raises(IndexError, match=r"block_expert\[1\] = 4 is not an expert index 0..3"):
+        grouped_swiglu_kernel_torch_ref(xT, torch.tensor([[0], [4]], dtype=torch.int32), w1.transpose(-2, -1),
+                                        w3.transpose(-2, -1), w2.transpose(-2, -1))
+
+
+def test_cpu_op_runs_the_blockwise_path(monkeypatch):
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.bfloat16)
+    calls = []
+    real = gs.to_blocks
+    monkeypatch.setattr(gs, "to_blocks", lambda *a: calls.append(a[2]) or real(*a))
+    torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3)
+    assert calls == [gs.max_blocks(x.shape[0], w1.shape[0]) * gs.BLOCK_SIZE]
+
+
+def test_nki_kernel_takes_tensors_only():
+    """Compiled once per shape: no argument can carry the routing or the block size as a Python
+    value; the kernel and its twin share the signature (also checked by the registry)."""
+    parameters = inspect.signature(gk.grouped_swiglu_kernel_source).parameters
+    assert list(parameters) == ["xT", "block_expert", "w1T", "w3T", "w2T"]
+    assert all(p.default is inspect.Parameter.empty for p in parameters.values())
