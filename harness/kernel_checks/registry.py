@@ -203,6 +203,13 @@ GROUPED_SWIGLU = OpSpec(
             ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
+        Implementation(
+            "nkilib_blockwise", "nkilib", "nkilib.core.moe.moe_cte.bwmm_shard_on_block (rows as one-hot tokens, B=128)",
+            ("nki-sim", "neuron"), nkilib.grouped_swiglu, _bf16, backward=False, requires=has_nkilib,
+            output_dtypes=_same("y"),
+            notes="not on nki-emu: the kernel needs nki.isa.constants (oob_mode), core_barrier, vector_offset "
+                  "gathers and more that the emulator does not implement",
+        ),
     ),
 )
 

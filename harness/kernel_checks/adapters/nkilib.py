@@ -12,6 +12,8 @@ cross_entropy     experimental.loss.cross_entropy: cross_entropy_forward(logits 
                   2026-04 release and the Neuron 2.33 docs, ``core.loss.cross_entropy`` in the
                   January and February 2026 releases: ``cross_entropy_module`` tries them in
                   that order and says which one it found.
+grouped_swiglu    core.moe.moe_cte.bwmm_shard_on_block, routed rows as one-hot tokens, forward
+                  only; "nki-sim" and "neuron" (NOT YET RUN: the emulator lacks APIs it uses).
 """
 
 from __future__ import annotations
@@ -112,3 +114,47 @@ def cross_entropy(inputs, params, device):
     options = {"chunk_size": min(16384, flat.shape[-1]), "dtype": dtype}
     kept = flat[keep]
     return {"loss": _LibraryCrossEntropy.apply(kept, target[keep].to(torch.int32).contiguous(), module, device, options)}
+
+
+# ---------------------------------------------------------------- grouped SwiGLU: blockwise MoE
+
+BWMM_BLOCK = 128  # bwmm_shard_on_block gathers its tokens in tiles of 128: block size a multiple of it
+
+
+def grouped_swiglu(inputs, params, device):
+    """``core.moe.moe_cte.bwmm_shard_on_block`` (nki-library's blockwise MoE, forward) as
+    ``harness::grouped_swiglu``. Each routed row is a "token" whose one expert is its own:
+    affinity 1.0 there and 0 elsewhere, applied after the down projection (POST_SCALE, exact
+    for 1.0), so the library's top-k combine is the identity. The blocks and ``block_to_expert``
+    are ``harness.ops.grouped_swiglu.block_layout``'s at B = 128; padding positions name the
+    zero token ``R``. D is zero-padded to a multiple of 512 and F to a multiple of 128 (zero
+    features add nothing to any GEMM and silu(0) * 0 = 0); rows owned by no expert are zero."""
+    from harness.ops import grouped_swiglu as gs
+
+    kernel = _module("core.moe.moe_cte.bwmm_shard_on_block", device).bwmm_shard_on_block
+    x, w1, w2, w3 = (inputs[k] for k in ("x", "w1", "w2", "w3"))
+    offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32).to(x.device)
+    rows, dim = x.shape
+    experts, hidden, _ = w1.shape
+    dim_p, hidden_p = -(-dim // 512) * 512, -(-hidden // 128) * 128
+    bf = torch.bfloat16
+    slots, block_expert = gs.block_layout(offsets, rows, BWMM_BLOCK)
+    token_of_position = torch.full((block_expert.shape[0] * BWMM_BLOCK + 1,), rows, dtype=torch.int32, device=x.device)
+    token_of_position[slots] = torch.arange(rows, dtype=torch.int32, device=x.device)
+    owner = torch.searchsorted(offsets.to(torch.int64), torch.arange(rows, device=x.device), right=True)
+    owned = owner < experts
+    hidden_states = x.new_zeros(rows + 1, dim_p, dtype=bf)
+    hidden_states[:rows, :dim] = x.to(bf)
+    affinities = x.new_zeros(rows + 1, experts, dtype=bf)
+    affinities[torch.arange(rows, device=x.device)[owned], owner[owned]] = 1
+    gate_up = x.new_zeros(experts, dim_p, 2, hidden_p, dtype=bf)
+    gate_up[:, :dim, 0, :hidden] = w1.to(bf).transpose(-2, -1)
+    gate_up[:, :dim, 1, :hidden] = w3.to(bf).transpose(-2, -1)
+    down = x.new_zeros(experts, hidden_p, dim_p, dtype=bf)
+    down[:, :hidden, :dim] = w2.to(bf).transpose(-2, -1)
+    out = _call(kernel, device)(
+        hidden_states, affinities.reshape(-1, 1), gate_up, down, BWMM_BLOCK, token_of_position[:-1],
+        block_expert.reshape(-1, 1), is_tensor_update_accumulating=False,
+    )
+    y = torch.as_tensor(out)[:rows, :dim].to(x.device)
+    return {"y": torch.where(owned[:, None], y, torch.zeros((), dtype=y.dtype, device=y.device)).to(x.dtype)}
