@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         print(list_implementations(args.run))
         return 0
     if args.command == "replay":
-        from harness.kernel_checks.diagnostics import replay as do_replay
+        from harness.kernel_checks.runner import replay as do_replay
 
         result = do_replay(args.file)
         print(result.report())

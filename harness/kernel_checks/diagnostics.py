@@ -5,7 +5,8 @@ and relative error, how many elements mismatch, a histogram of |error| / bound, 
 nki-library-style max-norm ratio and the float64 arbitration numbers. The inputs (float64
 masters; the implementation's inputs are re-derived by rounding) are saved with
 ``torch.save`` under the given directory (a pytest ``tmp_path``), and the report ends with the
-command that replays the case: ``python -m harness.kernel_checks replay <file>``.
+command that replays the case: ``python -m harness.kernel_checks replay <file>`` (the replay
+itself is ``runner.replay``: data flows runner -> diagnostics, never back).
 """
 
 from __future__ import annotations
@@ -83,21 +84,3 @@ def save_replay(result, op, case, master: dict, directory: Path) -> Path:
         path,
     )
     return path
-
-
-def replay(path: Path, save_dir: Path | None = None, impl=None):
-    """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
-    the registry lookup (for implementations that are not registered, e.g. planted defects)."""
-    from harness.kernel_checks.registry import get_op
-    from harness.kernel_checks.runner import run
-
-    bundle = torch.load(path, weights_only=False)
-    op = get_op(bundle["op"])
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
-        bundle["dtype"]
-    ]
-    impl = impl if impl is not None else op.implementation(bundle["impl"])
-    return run(
-        op, impl, bundle["device"], op.case(bundle["case"]), dtype, backward=bundle["backward"],
-        save_dir=save_dir, master=bundle["master_inputs"],
-    )

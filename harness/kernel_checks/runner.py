@@ -360,3 +360,23 @@ def outcome(result: RunResult, workarounds=()):
         return Verdict("known", "\n".join(f"[{c.name}] {v.message}" for c, v in known),
                        tuple(i for _, v in known for i in v.issues))
     return Verdict("pass")
+
+
+# ------------------------------------------------------------------ replay files
+
+
+def replay(path: Path, save_dir: Path | None = None, impl=None):
+    """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
+    the registry lookup (for implementations that are not registered, e.g. planted defects)."""
+    from harness.kernel_checks.registry import get_op
+
+    bundle = torch.load(path, weights_only=False)
+    op = get_op(bundle["op"])
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
+        bundle["dtype"]
+    ]
+    impl = impl if impl is not None else op.implementation(bundle["impl"])
+    return run(
+        op, impl, bundle["device"], op.case(bundle["case"]), dtype, backward=bundle["backward"],
+        save_dir=save_dir, master=bundle["master_inputs"],
+    )

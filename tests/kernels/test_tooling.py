@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.kernel_checks.spec import device_status
-from harness.kernel_checks import cli, diagnostics
+from harness.kernel_checks import cli, runner
 from harness import plants
 from harness.kernel_checks.registry import OPS
 from harness.kernel_checks.runner import run
@@ -35,7 +35,7 @@ def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
     assert result.replay_path.parent == tmp_path
     bundle = torch.load(result.replay_path, weights_only=False)
     assert bundle["impl"] == defect.implementation.name and set(bundle["master_inputs"]) == {"x", "num_tokens_per_expert", "w1", "w2", "w3"}
-    again = diagnostics.replay(result.replay_path, impl=defect.implementation)
+    again = runner.replay(result.replay_path, impl=defect.implementation)
     assert not again.passed and {c.name for c in again.failures} == {c.name for c in result.failures}
 
 
