@@ -277,3 +277,53 @@ def test_rope_kernel_contract_twin_equals_the_op_bitwise(dtype):
     cos, sin = cos.float(), sin.float()
     via_kernel_layout = rope_kernel.rope_via(rope_halves_kernel_torch_ref, x, cos, sin)
     assert torch.equal(via_kernel_layout, torch.ops.harness.rope(x, cos, sin))
+
+
+# ------------------------------------------------------------------ the real-simulator path
+
+
+def test_bf16_results_of_the_simulator_arrive_as_torch_bfloat16_bit_for_bit():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import numpy as np
+
+    values = torch.randn(5, 7, generator=torch.Generator().manual_seed(3)).bfloat16()
+    array = values.float().numpy().astype(ml_dtypes.bfloat16)  # what nki.simulate returns
+    with pytest.raises(TypeError):
+        torch.as_tensor(array)  # why the conversion is needed
+    converted = neuron.as_torch((array, np.ones(3, dtype=np.float32)))
+    assert converted[0].dtype == torch.bfloat16 and torch.equal(converted[0], values)
+    assert converted[1].dtype == torch.float32
+
+
+def test_simulator_is_pinned_to_trn2(isolated_neuron_probe, monkeypatch):
+    body = ("import os\nseen = []\ndef jit(f):\n    return f\n"
+            "def simulate(f):\n    def run(*a):\n        seen.append(os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE'))\n"
+            "        return f(*a)\n    return run\n")
+    _fake_package(isolated_neuron_probe, "nki", body)
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    assert torch.equal(neuron.simulated(lambda x: x)(torch.ones(2)), torch.ones(2))
+    import nki
+
+    assert nki.seen == ["trn2"]
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    with pytest.raises(RuntimeError, match="simulates trn2 only"):
+        neuron.simulated(lambda x: x)(torch.ones(2))
+
+
+def test_nkilib_is_found_bundled_or_as_the_standalone_wheel():
+    tried = []
+
+    def importer(available):
+        def import_module(name):
+            tried.append(name)
+            if name not in available:
+                raise ModuleNotFoundError(name)
+            return name
+
+        return import_module
+
+    assert neuron.nkilib_module("core.embeddings.rope", importer({"nkilib.core.embeddings.rope"})) == "nkilib.core.embeddings.rope"
+    assert neuron.nkilib_module("core.embeddings.rope", importer({"nkilib_src.nkilib.core.embeddings.rope"})) == (
+        "nkilib_src.nkilib.core.embeddings.rope")
+    with pytest.raises(ImportError, match="tried nkilib.core.cumsum.*nkilib_src.nkilib.core.cumsum"):
+        neuron.nkilib_module("core.cumsum", importer(set()))
