@@ -33,10 +33,8 @@ def measure(ops=None, devices=("cpu",)):
         if ops and op.name not in ops:
             continue
         for impl in op.implementations:
-            if not impl.requires()[0]:
-                continue
             for device in impl.devices:
-                if device not in devices or not device_status(device)[0]:
+                if device not in devices or not impl.requirement(device)()[0] or not device_status(device)[0]:
                     continue
                 for case in op.cases:
                     for dtype in case.dtypes:

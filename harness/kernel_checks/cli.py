@@ -36,8 +36,8 @@ def list_implementations(run_them: bool = False) -> str:
         lines.append(f"{op.name}: {op.title}  [reference: {op.reference.__module__}.{op.reference.__name__}; "
                      f"{len(op.cases)} cases; class {op.op_class}]")
         for impl in op.implementations:
-            lib_ok, lib_reason = impl.requires()
             for device in impl.devices:
+                lib_ok, lib_reason = impl.requirement(device)()
                 dev_ok, dev_reason = device_status(device)
                 label = f"  {impl.name:24s} {device:8s}"
                 if not lib_ok:
