@@ -43,6 +43,11 @@ def has_nkilib_wheel() -> tuple[bool, str]:
     return True, "nkilib_src imports"
 
 
+def has_torchtitan_and_nkilib_wheel() -> tuple[bool, str]:
+    ok, reason = has_torchtitan()
+    return has_nkilib_wheel() if ok else (ok, reason)
+
+
 EMU = {"nki-emu": has_nkilib_wheel}
 
 
@@ -111,7 +116,7 @@ ROTARY_EMBEDDING = OpSpec(
         Implementation(
             "nkilib", "nkilib", "nkilib.core.embeddings.rope.RoPE", ("nki-emu", "nki-sim", "neuron"),
             nkilib.rotary_embedding, _input, backward=False, requires=has_nkilib, output_dtypes=_same("y"),
-            device_requires={"nki-emu": lambda: has_torchtitan() if not has_torchtitan()[0] else has_nkilib_wheel()},
+            device_requires={"nki-emu": has_torchtitan_and_nkilib_wheel},
         ),
     ),
 )
