@@ -149,10 +149,20 @@ grouped_swiglu_kernel = nki.jit(grouped_swiglu_kernel_source) if nki is not None
 
 
 def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
-    """CPU: the NKI kernel under ``nki.simulate`` (needs the real ``nki``)."""
+    """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
+    from harness.ops.neuron import simulated
+
     if grouped_swiglu_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
-    return grouped_swiglu_via(nki.simulate(grouped_swiglu_kernel), x, offsets, w1, w2, w3)
+    return grouped_swiglu_via(simulated(grouped_swiglu_kernel), x, offsets, w1, w2, w3)
+
+
+def grouped_swiglu_emulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
+    """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``)."""
+    from harness import nki_emu
+
+    module = nki_emu.import_module(__name__)
+    return grouped_swiglu_via(nki_emu.run(module.grouped_swiglu_kernel), x, offsets, w1, w2, w3)
 
 
 def grouped_swiglu_neuron(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
