@@ -5,7 +5,7 @@
 
 ``--trace`` traces the current blockwise kernel and the capacity-padded kernel it replaced (read
 from git at ``--old-rev``) on the NKI emulator with no numerics (meta tensors), and prints the
-emulator's cost reports next to the analytic counts (about 10 s and 70 s on one core).
+emulator's cost reports next to the analytic counts (about 10 s and 130 s on one core).
 """
 
 from __future__ import annotations
