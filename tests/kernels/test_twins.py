@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from harness import plants
 from harness.kernel_checks import registry
 from harness.kernel_checks.registry import OPS, op_twin_problems, twin_problems
 from harness.ops import rope_torch
@@ -114,3 +115,24 @@ def test_rope_reference_catches_a_planted_wrong_theta():
     from torchtitan.models.common.rope import CosSinRoPE
 
     assert not torch.equal(cos, CosSinRoPE.Config(dim=16, max_seq_len=64, theta=1e6).build().cache[:64, :16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kernel_on_the_emulator_equals_its_twin_bitwise(dtype):
+    """The twin documents the kernel's rounding points: float32 math, one cast to x's dtype."""
+    g = torch.Generator().manual_seed(11)
+    half, n = 64, 700  # n > FREE_TILE: two free-axis tiles, the second partial
+    x1, x2 = (torch.randn(half, n, generator=g).to(dtype) for _ in range(2))
+    c1, c2, s1, s2 = (torch.randn(half, n, generator=g) for _ in range(4))
+    from harness import nki_emu
+
+    kernel = nki_emu.import_module("harness.ops.nki.rope_kernel").rope_halves_kernel
+    want = rope_kernel_torch.rope_halves_kernel_torch_ref(x1, x2, c1, c2, s1, s2)
+
+    def matches(got):
+        return all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+
+    assert matches(nki_emu.run(kernel)(x1, x2, c1, c2, s1, s2))
+    if dtype == torch.bfloat16:  # the check fails when the kernel's values skip the cast
+        with plants.planted("nki_emu_no_cast"):
+            assert not matches(nki_emu.run(kernel)(x1, x2, c1, c2, s1, s2))
