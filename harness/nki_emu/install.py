@@ -22,9 +22,9 @@ _depth = [0]
 
 
 def _emulator_modules() -> dict[str, object]:
-    from harness.nki_emu import isa, language, nki_module
+    from harness.nki_emu import isa, isa_constants, language, nki_module
 
-    return {"nki": nki_module, "nki.language": language, "nki.isa": isa}
+    return {"nki": nki_module, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa_constants}
 
 
 def _is_nki(name: str) -> bool:

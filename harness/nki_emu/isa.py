@@ -373,6 +373,61 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     dst.write(None if values is None else values.reshape(p, f).t())
 
 
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Within each 32-partition quadrant, dst partition i copies src partition shuffle_mask[i]
+    (255: unmodified)."""
+    dst, src = _on_chip(dst, "nc_stream_shuffle", "dst"), _on_chip(src, "nc_stream_shuffle", "src")
+    mask = [int(m) for m in shuffle_mask]
+    check(len(mask) == 32, "stream-shuffle", f"nki.isa.nc_stream_shuffle: shuffle_mask has {len(mask)} entries")
+    check(dst.dtype is src.dtype and dst.free_size == src.free_size, "stream-shuffle",
+          f"nki.isa.nc_stream_shuffle: dst {dst.shape} {dst.dtype}, src {src.shape} {src.dtype}")
+    active = -(-max(src.partitions, dst.partitions) // 32) * 32
+    allowed = {128: (0,), 96: (0,), 64: (0, 64), 32: (0, 32, 64, 96)}[active]
+    for t, what in ((src, "src"), (dst, "dst")):
+        start = t.offset // t.storage.partition_stride
+        check(start in allowed, "stream-shuffle",
+              f"nki.isa.nc_stream_shuffle: {what} starts on partition {start} with {active} active partitions")
+    cost.active().instruction("nc_stream_shuffle", "vector", dst.size)
+    _clear_matmul_marks(dst)
+    values = _read(src)
+    if values is None:
+        return
+    values = values.reshape(src.partitions, -1)
+    out = _read(dst).reshape(dst.partitions, -1).clone()
+    for i in range(dst.partitions):
+        m = mask[i % 32]
+        if m == 255:
+            continue
+        source = (i // 32) * 32 + m
+        check(source < src.partitions, "stream-shuffle",
+              f"nki.isa.nc_stream_shuffle: dst partition {i} copies src partition {source} of {src.partitions}")
+        out[i] = values[source]
+    dst.write(out)
+
+
+# Documented NKI 0.7 instructions the emulator does not implement: importable (nki-library
+# imports some at module level), raising when called.
+DOCUMENTED_UNIMPLEMENTED = (
+    "get_nc_sub_version tensor_copy_predicated nc_matmul_mx dma_transpose tensor_partition_reduce "
+    "tensor_scalar_cumulative activation_reduce activate2 affine_select local_gather nc_n_gather bn_stats "
+    "bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 exponential "
+    "reciprocal max8 sequence_bounds scalar_tensor_tensor tensor_scalar_reduce core_barrier dma_compute "
+    "quantize_mx range_select select_reduce sendrecv register_alloc register_move register_load "
+    "register_store nc_find_index8 nc_match_replace8 nonzero_with_count topk").split()
+
+
+def unimplemented(qualified: str):
+    def instruction(*args, **kwargs):
+        raise NotImplementedError(f"nki emulator: {qualified} is not implemented")
+
+    instruction.__name__ = instruction.__qualname__ = qualified.rsplit(".", 1)[-1]
+    instruction.__doc__ = f"{qualified}: documented in NKI 0.7, not implemented by the emulator (raises when called)."
+    return instruction
+
+
+globals().update({name: unimplemented(f"nki.isa.{name}") for name in DOCUMENTED_UNIMPLEMENTED})
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)

@@ -19,7 +19,30 @@ sbuf, psum, hbm, private_hbm, shared_hbm = SBUF, PSUM, HBM, PRIVATE_HBM, SHARED_
 
 
 class NKIObject:
-    """Base class of NKI kernel helper objects (plain Python objects at trace time)."""
+    """Base class of NKI kernel dataclasses and configuration objects: fields are the class
+    annotations, set from positional or keyword arguments (class attributes are defaults),
+    then ``__post_init__`` if defined -- a dataclass at trace time."""
+
+    def __init__(self, *args, **kwargs):
+        names = list(dict.fromkeys(n for klass in reversed(type(self).__mro__)
+                                   for n in vars(klass).get("__annotations__", {})))
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)} positional arguments")
+        for name, value in zip(names, args):
+            setattr(self, name, value)
+        for name, value in kwargs.items():
+            if name not in names:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+            setattr(self, name, value)
+        missing = [n for n in names if not hasattr(self, n)]
+        if missing:
+            raise TypeError(f"{type(self).__name__} missing fields {missing}")
+        if hasattr(self, "__post_init__"):
+            self.__post_init__()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
 
 
 class _TileSize:
@@ -118,6 +141,23 @@ def is_sbuf(buffer) -> bool:
 
 def is_on_chip(buffer) -> bool:
     return buffer.on_chip
+
+
+DOCUMENTED_UNIMPLEMENTED = (
+    "bitwise_and bitwise_or bitwise_xor invert left_shift right_shift logical_and logical_or logical_xor logical_not "
+    "gelu_dx gelu_apprx_sigmoid_dx silu_dx erf_dx tan arctan fmod mod sum max min mean prod var all softmax rms_norm "
+    "where dropout ones full zeros_like empty_like random_seed expand_dims broadcast_to transpose matmul no_reorder "
+    "load_transpose2d gather_flattened dynamic_range fori_loop while_loop load store shared_constant device_print "
+    "rand").split()
+
+
+def _unimplemented(name: str):
+    from harness.nki_emu.isa import unimplemented
+
+    return unimplemented(f"nki.language.{name}")
+
+
+globals().update({name: _unimplemented(name) for name in DOCUMENTED_UNIMPLEMENTED if name not in globals()})
 
 
 def __getattr__(name: str):

@@ -74,6 +74,8 @@ RULES = {
         _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)", f"{_ISA}.dma_copy.html (Memory types)"),
         _rule("bounds", "an access stays inside its tensor (out-of-bounds DMA raises by default: oob_mode.error)",
               f"{_ISA}.dma_copy.html (oob_mode)"),
+        _rule("stream-shuffle", "nc_stream_shuffle: a 32-entry mask, dst and src of one dtype and per-partition size, "
+              "start partitions 0 (96/128 active), 0/64 (64) or 0/32/64/96 (32)", f"{_ISA}.nc_stream_shuffle.html"),
         _rule("float-to-int", "a float-to-integer cast of a non-integral value has no documented rounding mode; the "
               "emulator refuses to guess", "api/nki.language.html#nki-dtype"),
     )
