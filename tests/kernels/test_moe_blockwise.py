@@ -236,3 +236,18 @@ def test_kernel_on_the_emulator_meets_the_kernel_tolerance_with_d_and_f_tiled():
     # the check can fail: the blocks computed with the experts in reverse order
     wrong = gk.grouped_swiglu_via(grouped_swiglu_kernel_torch_ref, x, offsets, w1.flip(0), w2.flip(0), w3.flip(0))
     assert not elementwise(wrong, truth, tolerance)["passed"]
+
+
+def test_kernel_weight_load_by_an_expert_id_out_of_range_is_an_error_on_the_emulator():
+    """The weight DMA indexed by ``block_expert`` is bounds-checked (``oob_mode.error``), as the
+    twin is: a bad map fails loudly instead of reading another tensor's memory."""
+    from harness import nki_emu
+
+    kernel = nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel").grouped_swiglu_kernel
+    x, _, w1, w2, w3 = _swiglu_args(torch.bfloat16)
+    args = gk.kernel_layout(torch.zeros(4, x.shape[1], dtype=torch.bfloat16), torch.tensor([0, 4], dtype=torch.int32),
+                            w1, w2, w3)
+    with pytest.raises(nki_emu.RuleViolation, match="bounds"):
+        nki_emu.run(kernel)(*args)
+    nki_emu.run(kernel)(*gk.kernel_layout(torch.zeros(4, x.shape[1], dtype=torch.bfloat16),
+                                          torch.tensor([0, 3], dtype=torch.int32), w1, w2, w3))  # in range: runs
