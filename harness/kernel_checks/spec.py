@@ -92,6 +92,11 @@ class Implementation:
     output_dtypes: Callable[[torch.dtype, str], dict[str, torch.dtype]] | None = None
     notes: str = ""
     device_requires: dict[str, Callable[[], tuple[bool, str]]] = field(default_factory=dict)
+    # On these devices only these cases (CPU time), the reason in ``notes``.
+    device_cases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def runs_case(self, device: str, case_name: str) -> bool:
+        return case_name in self.device_cases.get(device, (case_name,))
 
     def requirement(self, device: str) -> Callable[[], tuple[bool, str]]:
         """What must be installed to run on ``device`` (``device_requires`` overrides ``requires``)."""

@@ -170,20 +170,24 @@ class NkiTensor:
     def __bool__(self):
         raise NotImplementedError("nki emulator: the truth value of an NKI tensor is not defined at trace time")
 
+    @property
+    def empty(self) -> bool:
+        return 0 in self.shape
+
     def _check_partitions(self) -> None:
-        pstride, where = self.storage.partition_stride, repr(self)
-        if not self.shape:
+        pstride, where = self.storage.partition_stride, self
+        if not self.shape or self.empty:
             return
         if self.shape[0] > 1:
             check(self.strides[0] > 0 and self.strides[0] % pstride == 0, "partition-access",
-                  lambda: f"{where}: dim 0 stride {self.strides[0]} does not step whole partitions of {pstride} elements")
+                  lambda: f"{where!r}: dim 0 stride {self.strides[0]} does not step whole partitions of {pstride} elements")
         first = self.offset // pstride
         last = first + (self.shape[0] - 1) * (self.strides[0] // pstride if self.shape[0] > 1 else 0)
         check(0 <= first and last < self.storage.partitions, "partition-access",
-              lambda: f"{where}: partitions {first}..{last} outside the tile's {self.storage.partitions}")
+              lambda: f"{where!r}: partitions {first}..{last} outside the tile's {self.storage.partitions}")
         extent = self.offset % pstride + sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:]))
         check(all(s >= 0 for s in self.strides[1:]) and extent < pstride, "partition-access",
-              lambda: f"{where}: free-dimension access reaches element {extent} of a {pstride}-element partition")
+              lambda: f"{where!r}: free-dimension access reaches element {extent} of a {pstride}-element partition")
 
     # ---------------------------------------------------------------- views
     def __getitem__(self, key) -> "NkiTensor":
@@ -203,9 +207,7 @@ class NkiTensor:
             if isinstance(k, slice):
                 start, stop, step = k.indices(size)
                 check(step > 0, "bounds", f"negative slice step on {self!r}")
-                count = len(range(start, stop, step))
-                if count == 0:
-                    raise IndexError(f"nki emulator: empty slice {k} of dim {dim} (size {size}) of {self!r}")
+                count = len(range(start, stop, step))  # 0: an empty access, which instructions skip
                 shape.append(count)
                 strides.append(stride * step)
                 offset += start * stride
@@ -301,7 +303,7 @@ class NkiTensor:
         return index
 
     def check_static_bounds(self) -> None:
-        if self.dynamic is None:
+        if self.dynamic is None and not self.empty:
             low, high = self.static_bounds()
             check(low >= 0 and high < self.storage.numel, "bounds",
                   lambda: f"{self!r} reaches elements {low}..{high} of {self.storage.numel}")
@@ -311,6 +313,8 @@ class NkiTensor:
         self.check_static_bounds()
         if self.storage.data is None:
             return None
+        if self.empty:
+            return torch.empty(self.shape, dtype=self.storage.data.dtype)
         if self.dynamic is None:
             return torch.as_strided(self.storage.data, self.shape, self.strides, self.offset)
         return self.storage.data[self.addresses()]
@@ -318,7 +322,7 @@ class NkiTensor:
     def write(self, values: torch.Tensor | None) -> None:
         """Store ``values`` (any shape with this view's element count), cast to the view's dtype."""
         self.check_static_bounds()
-        if self.storage.data is None or values is None:
+        if self.storage.data is None or values is None or self.empty:
             return
         values = values.reshape(self.shape)
         data = self.storage.data

@@ -229,9 +229,9 @@ def _reduce_partition_axis():
     nisa.tensor_reduce(dst=nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf), op=nl.add, data=d, axis=0)
 
 
-def _bf16_scalar_operand():
+def _wide_scalar_operand():
     d = nl.zeros((8, 8), dtype=nl.float32, buffer=nl.sbuf)
-    col = nl.zeros((8, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    col = nl.zeros((8, 2), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=d, data=d, op0=nl.add, operand0=col)
 
 
@@ -258,7 +258,7 @@ VIOLATIONS = {
     "partition-access": _partition_crossing_view,
     "transpose-size": _transpose_too_big,
     "reduce-axes": _reduce_partition_axis,
-    "scalar-operand": _bf16_scalar_operand,
+    "scalar-operand": _wide_scalar_operand,
 }
 AT_THE_LIMIT = {
     "partition-dim": _alloc((128, 4), nl.sbuf),
