@@ -32,7 +32,8 @@ EMULATOR_PLANTS = (
           ("emulator tiled-matmul accumulation test", "kernel suite grouped_swiglu nki_kernel on nki-emu"),
           patch=_override(psum_accumulates=False)),
     Plant("nki_emu_no_cast", "kernel",
-          "instructions keep float32 values instead of rounding to the destination dtype",
+          "instructions keep float32 values instead of rounding to the destination dtype (results come back "
+          "as the float32 values they hold)",
           ("nkilib rope_hf bfloat16 vs rope_hf_torch_ref (values)", "every bfloat16 output's dtype"),
           patch=_override(cast_at_destination=False)),
     Plant("nki_emu_zero_fill", "kernel",

@@ -25,6 +25,17 @@ def test_nki_library_kernel_on_the_emulator_matches_its_own_reference(case_id):
     assert row["passed"], validation.table([row])
 
 
+def test_the_comparator_is_nki_librarys_max_norm_rule_and_fails_on_nan_dtype_and_size():
+    import torch
+
+    ref = torch.tensor([1.0, -4.0, 2.0])
+    close = validation.max_all_close
+    assert close(ref + 0.04, ref, rtol=0.01, atol=0.0)["passed"]  # 0.04 <= 0.01 * max|ref|
+    assert not close(ref + 0.05, ref, rtol=0.01, atol=0.0)["passed"]
+    assert not close(torch.tensor([1.0, float("nan"), 2.0]), ref, rtol=1.0, atol=1.0)["passed"]
+    assert not close(ref.bfloat16(), ref, rtol=1.0, atol=1.0)["passed"]
+
+
 def _broken(plant: str, cases) -> set[str]:
     with plants.planted(plant):
         return {case.id for case in cases if not validation.validate(case)["passed"]}
