@@ -210,10 +210,12 @@ GROUPED_SWIGLU = OpSpec(
         ),
         Implementation(
             "nkilib_blockwise", "nkilib", "nkilib.core.moe.moe_cte.bwmm_shard_on_block (rows as one-hot tokens, B=128)",
-            ("nki-sim", "neuron"), nkilib.grouped_swiglu, _bf16, backward=False, requires=has_nkilib,
-            output_dtypes=_same("y"),
-            notes="not on nki-emu: the kernel needs nki.isa.constants (oob_mode), core_barrier, vector_offset "
-                  "gathers and more that the emulator does not implement",
+            ("nki-emu", "nki-sim", "neuron"), nkilib.grouped_swiglu, _bf16, backward=False, requires=has_nkilib,
+            output_dtypes=_same("y"), device_requires=EMU,
+            device_cases={"nki-emu": ("qwen3_30b_dims", "empty_first_last")},
+            notes="launched on two programs (LNC=2), as the kernel's PING_PONG block split assumes; on nki-emu "
+                  "two cases (CPU time: the 30B dims, empty first and last experts), every case passes there "
+                  "(python -m harness.kernel_checks list --run runs them all)",
         ),
     ),
 )

@@ -13,7 +13,7 @@ cross_entropy     experimental.loss.cross_entropy: cross_entropy_forward(logits 
                   January and February 2026 releases: ``cross_entropy_module`` tries them in
                   that order and says which one it found.
 grouped_swiglu    core.moe.moe_cte.bwmm_shard_on_block, routed rows as one-hot tokens, forward
-                  only; "nki-sim" and "neuron" (NOT YET RUN: the emulator lacks APIs it uses).
+                  only, launched as kernel[2] (LNC=2).
 """
 
 from __future__ import annotations
@@ -127,8 +127,11 @@ def grouped_swiglu(inputs, params, device):
     affinity 1.0 there and 0 elsewhere, applied after the down projection (POST_SCALE, exact
     for 1.0), so the library's top-k combine is the identity. The blocks and ``block_to_expert``
     are ``harness.ops.grouped_swiglu.block_layout``'s at B = 128; padding positions name the
-    zero token ``R``. D is zero-padded to a multiple of 512 and F to a multiple of 128 (zero
-    features add nothing to any GEMM and silu(0) * 0 = 0); rows owned by no expert are zero."""
+    zero token ``R``. D is zero-padded to a multiple of 512 (the kernel tiles H by PSUM banks of
+    512) and F to a multiple of 16 (its vector DGE needs a partition count of 1 or 16k); zero
+    features add nothing to any GEMM and silu(0) * 0 = 0. Launched on two programs (LNC=2):
+    its PING_PONG split reads ``block_to_expert`` with stride 2. Rows owned by no expert are
+    zero."""
     from harness.ops import grouped_swiglu as gs
 
     kernel = _module("core.moe.moe_cte.bwmm_shard_on_block", device).bwmm_shard_on_block
@@ -136,7 +139,7 @@ def grouped_swiglu(inputs, params, device):
     offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32).to(x.device)
     rows, dim = x.shape
     experts, hidden, _ = w1.shape
-    dim_p, hidden_p = -(-dim // 512) * 512, -(-hidden // 128) * 128
+    dim_p, hidden_p = -(-dim // 512) * 512, -(-hidden // 16) * 16
     bf = torch.bfloat16
     slots, block_expert = gs.block_layout(offsets, rows, BWMM_BLOCK)
     token_of_position = torch.full((block_expert.shape[0] * BWMM_BLOCK + 1,), rows, dtype=torch.int32, device=x.device)
@@ -152,7 +155,7 @@ def grouped_swiglu(inputs, params, device):
     gate_up[:, :dim, 1, :hidden] = w3.to(bf).transpose(-2, -1)
     down = x.new_zeros(experts, hidden_p, dim_p, dtype=bf)
     down[:, :hidden, :dim] = w2.to(bf).transpose(-2, -1)
-    out = _call(kernel, device)(
+    out = _call(kernel[2], device)(
         hidden_states, affinities.reshape(-1, 1), gate_up, down, BWMM_BLOCK, token_of_position[:-1],
         block_expert.reshape(-1, 1), is_tensor_update_accumulating=False,
     )
