@@ -52,9 +52,14 @@ tests/kernels/test_custom_ops.py); on Neuron the NKI kernel (harness/ops/nki/gro
 whose torch twin walks the same blocks. Cost: at most ``N*B <= R + E*(B-1)`` rows instead of
 ``R`` (harness/ops/nki/grouped_swiglu_cost.py has the full-shape numbers).
 
-The backward stays in torch (the offset-based formulas below, on every device): it is the
-torchtitan-equal derivative the CPU tier checks bitwise, and no NKI backward kernel is
-written yet (nki-library's blockwise backward, ``experimental/moe/bwd``, is the model for one).
+The backward stays in torch (the offset-based formulas below, on every device; on Neuron
+they run as torch-neuronx ops). Why: it is the torchtitan-equal derivative the CPU tier checks
+bitwise and the recorded losses rest on; and a blockwise NKI backward is a kernel of its own
+that is not written yet: each block adds its ``dW`` to its expert's at a runtime index (a
+read-modify-write DMA, ``dma_copy(dst_rmw_op=nl.add)`` at a ``scalar_offset``, into float32
+accumulators, so its rounding differs from ``_grouped_mm``'s per-expert sum), and the weight
+gradients contract over the block's rows, which needs the rows on partitions (on-chip
+transposes). nki-library's dropless blockwise backward (``experimental/moe/bwd``) is the model.
 """
 
 from __future__ import annotations
