@@ -4,7 +4,8 @@ tolerances taken from nki-library's own tests (aws-neuron/nki-library ``test/int
 with nki-library's comparator (``maxAllClose``, mode "max": ``|a - b| <= atol + rtol *
 max|ref|``) plus the reference's dtype.
 
-``CASES`` is the table; ``validate(case)`` runs one row and returns its measured line.
+``CASES`` is the table; ``validate(case)`` runs one row and returns its measured line;
+``python -m harness.nki_emu.validation`` prints the table.
 The kernels come from the standalone wheel (package ``nkilib_src.nkilib``).
 """
 
@@ -223,3 +224,14 @@ def table(rows) -> str:
                          f"atol {case.atol:.3g} ({case.source}) | {name} ({o['dtype']}) | {o['max_err']:.3g} | "
                          f"{o['bound']:.3g} | {'yes' if o['passed'] else 'NO'} |")
     return "\n".join(lines)
+
+
+def main() -> int:
+    """``python -m harness.nki_emu.validation``: run every case, print the table."""
+    rows = [validate(case) for case in CASES]
+    print(table(rows))
+    return 0 if all(row["passed"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
