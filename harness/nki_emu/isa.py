@@ -107,7 +107,7 @@ def _read(t: NkiTensor):
     return None if values is None else values.to(torch.float32)
 
 
-def _column(operand, data: NkiTensor, op: str, what: str, float32_only: bool = False):
+def _column(operand, data: NkiTensor, op: str, what: str, float_only: bool = False):
     """A scalar operand, or a [partitions, 1] tile broadcast along the free dims, read through
     float32. (The tensor_scalar docs also ask for float32 operand tiles; nki-library's
     bwmm_shard_on_block, which AWS's tests run on trn2 with compute_dtype bfloat16, passes a
@@ -117,14 +117,10 @@ def _column(operand, data: NkiTensor, op: str, what: str, float32_only: bool = F
     operand = _on_chip(operand, op, what)
     check(operand.partitions == data.partitions and operand.free_size == 1, "scalar-operand",
           f"nki.isa.{op}: {what} is {operand.shape}, data is {data.shape}")
-    if float32_only:
+    if float_only:
         check(operand.dtype.is_float, "scalar-operand", f"nki.isa.{op}: {what} is {operand.dtype}")
     values = _read(operand)
     return None if values is None else values.reshape([data.partitions] + [1] * (data.ndim - 1))
-
-
-def _name(name):  # instruction names are debugging labels only
-    return name
 
 
 # ------------------------------------------------------------------ data movement
