@@ -5,7 +5,9 @@
 
 ``--trace`` traces the current blockwise kernel and the capacity-padded kernel it replaced (read
 from git at ``--old-rev``) on the NKI emulator with no numerics (meta tensors), and prints the
-emulator's cost reports next to the analytic counts (about 10 s and 130 s on one core).
+emulator's cost reports next to the analytic counts (about 10 s and 130 s on one core), then
+nki-library's ``bwmm_shard_on_block`` on the same routed rows (B = 128, two programs as on an
+LNC=2 core; the adapter's layout, harness/kernel_checks/adapters/nkilib.py) for comparison.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ def main() -> int:
     report, seconds = _trace(old.grouped_swiglu_kernel, ((dim, experts * rows), "bf16"), ((experts, dim, hidden), "bf16"),
                              ((experts, dim, hidden), "bf16"), ((experts, hidden, dim), "bf16"))
     ok &= _compare(f"capacity-padded (at {args.old_rev})", cost.capacity_padded_cost(**shape), report, seconds)
+    library = nki_emu.import_module("nkilib_src.nkilib.core.moe.moe_cte.bwmm_shard_on_block").bwmm_shard_on_block
+    n = gs.max_blocks(rows, experts, 128)
+    start = time.time()
+    _, report = nki_emu.trace(library[2], numerics=False)(
+        nki_emu.meta((rows + 1, dim)), nki_emu.meta(((rows + 1) * experts, 1)), nki_emu.meta((experts, dim, 2, hidden)),
+        nki_emu.meta((experts, hidden, dim)), 128, nki_emu.meta((n * 128,), torch.int32), nki_emu.meta((n, 1), torch.int32),
+        is_tensor_update_accumulating=False)
+    print(f"\nnki-library bwmm_shard_on_block (B=128, N={n}, 2 programs): emulator shape-only trace in "
+          f"{time.time() - start:.1f} s\n  emulator: {report.summary()}\n  emulator opcodes: {dict(report.opcodes)}\n"
+          f"  {report.matmul_flops / cost.needed_flops(rows, dim, hidden):.3f}x the layer's FLOPs")
     return 0 if ok else 1
 
 
