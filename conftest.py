@@ -1,7 +1,8 @@
 """Root pytest configuration: device tiers, the one workaround option, shared backend runs.
 
 Data flows one way: the device profile -> launches (one per distinct RunSpec per session and
-device, shared through ``device_runs``) -> results -> the checks in tests/.
+device, shared through ``device_runs`` by every test and every xdist worker) -> results -> the
+checks in tests/.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from harness import known_issues
 from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for, xdist_workers
 from harness.launch import leftover_processes
-from harness.run_cache import RunCache
+from harness.run_cache import RunCache, repeated_launches
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,11 +39,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
 
 
-# Tests that launch torchrun runs (or share their session cache) hold one of these fixtures.
-LAUNCHING_FIXTURES = frozenset({"device_profile", "device_runs", "backend_runs"})
-LAUNCH_GROUP = "launches"
-
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, pyproject.toml): harness.devices.xdist_workers decides."""
     import os
@@ -52,16 +48,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every launching test in one xdist group; skip tier tests whose device is missing,
-    naming what is missing; skip the tests the installed torchtitan generation has not been
-    ported to, naming why (harness/titan_api)."""
+    """Skip tier tests whose device is missing, naming what is missing; skip the tests the
+    installed torchtitan generation has not been ported to, naming why (harness/titan_api)."""
     import fnmatch
 
     from harness import titan_api
-
-    for item in items:
-        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(LAUNCH_GROUP))
 
     for pattern, why in titan_api.NOT_PORTED:
         skip = pytest.mark.skip(reason=f"not ported to torchtitan {titan_api.generation()}: {why}")
@@ -101,6 +92,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         print("\nharness: processes launched by this session were still running (now killed):\n  "
               + "\n  ".join(leftovers))
+    if not hasattr(session.config, "workerinput"):  # once per session: xdist's controller, or -n 0
+        repeated = repeated_launches(_shared_temp_root(session.config._tmp_path_factory))
+        if repeated:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            print("\nharness: runs launched more than once in this session (each distinct RunSpec "
+                  "must launch once, harness/run_cache.py):\n  "
+                  + "\n  ".join(f"{run}: {n} launches" for run, n in sorted(repeated.items())))
 
 
 def _kill_leftover_ranks(session: pytest.Session) -> list[str]:
@@ -128,16 +126,26 @@ def backend_runs(device_profile, device_runs) -> RunCache:
     return device_runs(device_profile.kind)
 
 
+def _shared_temp_root(tmp_path_factory: pytest.TempPathFactory):
+    """The session's temporary root, the same for every pytest-xdist worker (a worker's own
+    basetemp is ``<root>/popen-gwN``)."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
-    """``device_runs(kind).get(RunSpec(...))``: one run cache per device kind, shared."""
+    """``device_runs(kind).get(RunSpec(...))``: one run cache per device kind, shared by every
+    test and every pytest-xdist worker of the session (each distinct RunSpec launches once)."""
     caches: dict[str, RunCache] = {}
     rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
+    root = _shared_temp_root(tmp_path_factory)
 
     def get(kind: str) -> RunCache:
         if kind not in caches:
-            caches[kind] = RunCache(profile_for(kind), tmp_path_factory.mktemp(f"{kind}_runs"),
-                                    rendezvous=rendezvous)
+            caches[kind] = RunCache(profile_for(kind), root / f"{kind}_runs", rendezvous=rendezvous)
         return caches[kind]
 
     return get

@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -29,6 +28,7 @@ from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
 from harness.subjects import Facts
 from harness.upstream import install as shim_install
+from harness.versions import package_versions  # also the name cli and the reports import
 
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
@@ -37,7 +37,6 @@ PLANTS_ENV = plants.ENV_VAR
 # processes this harness process launched can be found (``leftover_processes``), and no other.
 SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
 SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "torch-neuronx")
 
 
 @dataclass(frozen=True)
@@ -158,20 +157,6 @@ def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
     assets = Path(spec.hf_assets_path) if spec.hf_assets_path else model_dir
     weights = pretrained_weights_dir(spec) if spec.init == "pretrained" else None
     return model_dir, assets, weights
-
-
-def package_versions() -> dict[str, str]:
-    """The versions every result records, with the torchtitan API generation."""
-    from harness.titan_api import generation
-
-    versions = {"python": sys.version.split()[0]}
-    for name in VERSIONED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    versions["torchtitan-generation"] = generation()
-    return versions
 
 
 def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[str]:

@@ -1,15 +1,31 @@
-"""Launch each distinct run once per pytest session and share its result."""
+"""Launch each distinct run once per pytest session and share its result, across processes.
+
+Every pytest-xdist worker of a session opens a ``RunCache`` on the same folder (the session's
+shared temporary root). A run's folder is keyed by a digest of its whole ``RunSpec``; the first
+process to ask for it launches it while holding a file lock on that key, and stores the result
+beside the folder; every other process, waiting on the lock or coming later, reads the stored
+result. Each launch appends one line to the folder's ledger (``launches.jsonl``), which
+``repeated_launches`` reads: a session in which one spec was launched twice is a defect.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import pickle
 import re
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+
+from filelock import FileLock
 
 from harness.devices import DeviceProfile
 from harness.launch import RunSpec, launch
 from harness.results import RunResult
+
+LEDGER = "launches.jsonl"
 
 
 class RunCache:
@@ -17,6 +33,7 @@ class RunCache:
                  rendezvous: tuple[str, ...] = ()) -> None:
         self.profile = profile
         self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.rendezvous = rendezvous  # torchrun options for multi-node runs (--torchrun-arg)
         self._results: dict[RunSpec, RunResult] = {}
 
@@ -24,15 +41,40 @@ class RunCache:
         if self.rendezvous and not spec.rendezvous:
             spec = replace(spec, rendezvous=self.rendezvous)
         if spec not in self._results:
-            self._results[spec] = launch(spec, self.profile, self.root / self._dirname(spec))
+            self._results[spec] = self._shared(spec)
         return self._results[spec]
 
     def results(self) -> list[RunResult]:
         return list(self._results.values())
 
-    def _dirname(self, spec: RunSpec) -> str:
-        # A stable digest (str hash() is salted per process): the same spec gets the same
-        # folder on every node of a multi-node run.
-        key = repr((spec.overrides, spec.extra_env, spec.save_hf, spec.steps, spec.rendezvous))
-        extras = "-" + hashlib.sha1(key.encode()).hexdigest()[:10]
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name + extras)
+    def _shared(self, spec: RunSpec) -> RunResult:
+        run_dir = self.root / self._dirname(spec)
+        stored = run_dir.with_name(run_dir.name + ".result.pickle")
+        with FileLock(str(run_dir.with_name(run_dir.name + ".lock"))):
+            if stored.is_file():
+                return pickle.loads(stored.read_bytes())
+            result = launch(spec, self.profile, run_dir)
+            stored.write_bytes(pickle.dumps(result))
+            with open(self.root / LEDGER, "a", encoding="utf-8") as ledger:
+                ledger.write(json.dumps({"run": run_dir.name, "name": spec.name, "pid": os.getpid(),
+                                         "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
+            return result
+
+    @staticmethod
+    def _dirname(spec: RunSpec) -> str:
+        # The digest of the whole spec, stable across processes (str hash() is salted per
+        # process): the same spec gets the same folder in every worker, and on every node of
+        # a multi-node run.
+        digest = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.name}-{digest}")
+
+
+def repeated_launches(root: Path) -> dict[str, int]:
+    """``{run folder: launches}`` for every run launched more than once in the session whose
+    temporary root is ``root``: by the shared caches (``<root>/<kind>_runs``) or by caches a
+    worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
+    counts: Counter[str] = Counter()
+    root = Path(root)
+    for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]:
+        counts.update(json.loads(line)["run"] for line in ledger.read_text().splitlines() if line)
+    return {run: n for run, n in counts.items() if n > 1}

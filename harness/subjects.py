@@ -229,7 +229,7 @@ def lint(subject: Subject) -> LintReport:
     meta device): the model spec against the config.json it loads, the assets dir, the
     parameter count, and what it will run with (attention, torchtitan)."""
     from harness import known_issues
-    from harness.launch import package_versions
+    from harness.versions import package_versions
     from harness.preflight import PreflightError, check_run_inputs
 
     report = LintReport(subject.name)

@@ -3,13 +3,22 @@
 Specification:
 - a CPU-only selection gets two workers; an accelerator tier (``-m neuron``/``-m cuda``, or
   ``--device neuron|cuda``) and a single core get none (one process);
-- every test that launches runs, or shares the session's run cache, is in one xdist group, so
-  one worker launches each run once; the others are in none.
+- each distinct RunSpec launches once per session, however many tests on however many
+  workers read it: a real ``-n 2`` session of four tests needing one run, spread over both
+  workers, launches it once (run folders counted on disk, not from the cache's own ledger);
+- the session fails, naming the run, when a run was launched twice (the ledger).
 """
+
+import json
+import re
+import subprocess
+import sys
 
 import pytest
 
+from harness import paths
 from harness.devices import xdist_workers
+from harness.run_cache import LEDGER, repeated_launches
 
 
 @pytest.mark.parametrize(("device", "markexpr", "cpus", "workers"), [
@@ -26,10 +35,25 @@ def test_workers_for_a_selection(device, markexpr, cpus, workers):
     assert xdist_workers(device, markexpr, cpus) == workers
 
 
-def test_a_test_sharing_the_run_cache_is_in_the_launch_group(request, backend_runs):
-    marker = request.node.get_closest_marker("xdist_group")
-    assert marker is not None and marker.args == ("launches",)
+# Slow tier: a pytest session of its own with two workers and one launch (~1 min on 2 cores).
+@pytest.mark.slow
+def test_a_run_read_on_two_workers_launches_once(tmp_path):
+    basetemp = tmp_path / "session"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "--dist",
+         "load", "-m", "", f"--basetemp={basetemp}", "tests/selftest/launch_once_cases.py"],
+        cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    workers = set(re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED", done.stdout, re.MULTILINE))
+    assert workers == {"gw0", "gw1"}, "the four readers did not spread over both workers:\n" + done.stdout[-2000:]
+    launched = sorted(p.parent.relative_to(basetemp) for p in basetemp.rglob("command.txt"))
+    assert len(launched) == 1, f"one run, launched {len(launched)} times: {launched}"
 
 
-def test_an_in_process_test_is_in_no_group(request):
-    assert request.node.get_closest_marker("xdist_group") is None
+def test_a_run_launched_twice_is_found(tmp_path):
+    """Once by the shared cache and once by a worker's own, or twice by one cache."""
+    for folder, runs in (("cpu_runs", ["a-1", "b-2", "c-3", "c-3"]), ("popen-gw1/cpu_runs", ["a-1"]),
+                         ("popen-gw1/test_x0/cpu_runs", ["b-2"])):  # a test's own session: not this one
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / LEDGER).write_text("".join(json.dumps({"run": r}) + "\n" for r in runs))
+    assert repeated_launches(tmp_path) == {"a-1": 2, "c-3": 2}
