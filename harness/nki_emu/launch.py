@@ -16,7 +16,7 @@ def _to_torch_argument(value):
     if isinstance(value, torch.Tensor):
         return value
     if type(value).__module__ == "numpy":  # NumPy arrays (ml_dtypes bfloat16 included)
-        from harness.ops.neuron import numpy_to_torch
+        from harness.ops.nki.simulation import numpy_to_torch
 
         return numpy_to_torch(value)
     return None

@@ -12,6 +12,7 @@ import harness.ops
 from harness import known_issues, titan_api
 from harness.ops import grouped_swiglu as gs
 from harness.ops import neuron
+from harness.ops.nki import simulation
 from harness.ops import rope as _rope
 from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
 from harness.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
@@ -290,7 +291,7 @@ def test_bf16_results_of_the_simulator_arrive_as_torch_bfloat16_bit_for_bit():
     array = values.float().numpy().astype(ml_dtypes.bfloat16)  # what nki.simulate returns
     with pytest.raises(TypeError):
         torch.as_tensor(array)  # why the conversion is needed
-    converted = neuron.as_torch((array, np.ones(3, dtype=np.float32)))
+    converted = simulation.as_torch((array, np.ones(3, dtype=np.float32)))
     assert converted[0].dtype == torch.bfloat16 and torch.equal(converted[0], values)
     assert converted[1].dtype == torch.float32
 
@@ -301,13 +302,13 @@ def test_simulator_is_pinned_to_trn2(isolated_neuron_probe, monkeypatch):
             "        return f(*a)\n    return run\n")
     _fake_package(isolated_neuron_probe, "nki", body)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
-    assert torch.equal(neuron.simulated(lambda x: x)(torch.ones(2)), torch.ones(2))
+    assert torch.equal(simulation.simulated(lambda x: x)(torch.ones(2)), torch.ones(2))
     import nki
 
     assert nki.seen == ["trn2"]
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     with pytest.raises(RuntimeError, match="simulates trn2 only"):
-        neuron.simulated(lambda x: x)(torch.ones(2))
+        simulation.simulated(lambda x: x)(torch.ones(2))
 
 
 def test_nkilib_is_found_bundled_or_as_the_standalone_wheel():
@@ -322,8 +323,8 @@ def test_nkilib_is_found_bundled_or_as_the_standalone_wheel():
 
         return import_module
 
-    assert neuron.nkilib_module("core.embeddings.rope", importer({"nkilib.core.embeddings.rope"})) == "nkilib.core.embeddings.rope"
-    assert neuron.nkilib_module("core.embeddings.rope", importer({"nkilib_src.nkilib.core.embeddings.rope"})) == (
+    assert simulation.nkilib_module("core.embeddings.rope", importer({"nkilib.core.embeddings.rope"})) == "nkilib.core.embeddings.rope"
+    assert simulation.nkilib_module("core.embeddings.rope", importer({"nkilib_src.nkilib.core.embeddings.rope"})) == (
         "nkilib_src.nkilib.core.embeddings.rope")
     with pytest.raises(ImportError, match="tried nkilib.core.cumsum.*nkilib_src.nkilib.core.cumsum"):
-        neuron.nkilib_module("core.cumsum", importer(set()))
+        simulation.nkilib_module("core.cumsum", importer(set()))

@@ -58,7 +58,7 @@ def grouped_swiglu(inputs, params, device):
         kernel = nki_emu.import_module(GROUPED_SWIGLU_MODULE).grouped_swiglu_kernel
         return {"y": gk.grouped_swiglu_via(nki_emu.run(kernel), x, offsets, w1, w2, w3)}
     if device == "nki-sim":
-        from harness.ops.neuron import simulated
+        from harness.ops.nki.simulation import simulated
 
         return {"y": gk.grouped_swiglu_via(simulated(gk.grouped_swiglu_kernel), x, offsets, w1, w2, w3)}
     if device == "neuron":

@@ -1,7 +1,7 @@
 """aws-neuron/nki-library kernels: on "nki-emu" (the harness's NKI emulator, with the
 standalone wheel ``nkilib_src.nkilib``), "nki-sim" (the real ``nki.simulate``, trn2) and
 "neuron". The module is ``nkilib.X`` where neuronx-cc bundles it and ``nkilib_src.nkilib.X``
-from the standalone wheel (``harness.ops.neuron.nkilib_module``).
+from the standalone wheel (``harness.ops.nki.simulation.nkilib_module``).
 
 rotary_embedding  core.embeddings.rope.RoPE(x [D, B, H, S], cos/sin [D/2, B, S]), forward only.
 cross_entropy     experimental.loss.cross_entropy: cross_entropy_forward(logits [N, V],
@@ -30,7 +30,7 @@ def _module(path: str, device: str):
         from harness import nki_emu
 
         return nki_emu.import_module(f"{EMULATOR_PACKAGE}.{path}")
-    from harness.ops.neuron import nkilib_module
+    from harness.ops.nki.simulation import nkilib_module
 
     return nkilib_module(path)
 
@@ -41,7 +41,7 @@ def _call(kernel, device):
 
         return nki_emu.run(kernel)
     if device == "nki-sim":
-        from harness.ops.neuron import simulated
+        from harness.ops.nki.simulation import simulated
 
         return simulated(kernel)
     return kernel

@@ -8,7 +8,7 @@ Each kernel module holds three things with one signature and layout:
 * ``*_kernel``: the ``@nki.jit`` kernel (defined only when the real ``nki`` imports);
 * ``*_via(call, ...)``: the torch-side layout wrapper shared by the Neuron op registration
   (``call`` = the kernel on Neuron tensors), the real CPU simulator
-  (``call`` = ``harness.ops.neuron.simulated(kernel)``, trn2) and the emulator
+  (``call`` = ``harness.ops.nki.simulation.simulated(kernel)``, trn2) and the emulator
   (``call`` = ``harness.nki_emu.run(kernel)`` on the module imported by
   ``harness.nki_emu.import_module``, whose ``nki`` is the emulator).
 

@@ -150,7 +150,7 @@ grouped_swiglu_kernel = nki.jit(grouped_swiglu_kernel_source) if nki is not None
 
 def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.ops.neuron import simulated
+    from harness.ops.nki.simulation import simulated
 
     if grouped_swiglu_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")

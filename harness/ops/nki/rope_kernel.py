@@ -54,7 +54,7 @@ def from_halves(o1: Tensor, o2: Tensor, shape) -> Tensor:
 
 def rope_via(call, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Run ``call`` (kernel, simulated kernel or reference) on ``x`` and reassemble (B,S,H,D)."""
-    from harness.ops.neuron import as_torch
+    from harness.ops.nki.simulation import as_torch
 
     o1, o2 = as_torch(tuple(call(*to_halves(x, cos, sin))))
     return from_halves(o1, o2, x.shape).to(x.dtype)
@@ -96,7 +96,7 @@ rope_halves_kernel = nki.jit(rope_halves_kernel_source) if nki is not None else 
 
 def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.ops.neuron import simulated
+    from harness.ops.nki.simulation import simulated
 
     if rope_halves_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")

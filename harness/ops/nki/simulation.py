@@ -1,0 +1,71 @@
+"""Calling NKI kernels off the device: the real ``nki.simulate`` pinned to trn2, kernel results
+as torch tensors (bfloat16 ``ml_dtypes`` arrays included), and nki-library's package path.
+
+Below the kernels (``harness/ops/nki/*_kernel.py`` import it) and below the Neuron registration
+(``harness.ops.neuron`` re-exports it), so imports flow one way.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+def numpy_to_torch(array):
+    """A NumPy array as a torch tensor, bfloat16 included: ``nki.simulate`` returns bfloat16 as
+    ``ml_dtypes.bfloat16`` arrays, which ``torch.as_tensor`` rejects; their bits are reread
+    as torch bfloat16."""
+    import numpy as np
+    import torch
+
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
+def as_torch(value):
+    """A kernel result (torch tensor, NumPy array, or a tuple of them) as torch tensors."""
+    import torch
+
+    if isinstance(value, (tuple, list)):
+        return type(value)(as_torch(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value
+    return numpy_to_torch(value)
+
+
+# The real simulator without a chip targets trn3 (the NKI simulator guide), whose looser limits
+# (nc_matmul moving free size 4096, bf16 PSUM results) would let trn2 violations through.
+SIMULATOR_ENV = {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+
+
+def simulated(kernel):
+    """``nki.simulate(kernel)`` pinned to trn2, with results as torch tensors (``as_torch``)."""
+    import os
+
+    import nki
+
+    def call(*args, **kwargs):
+        for name, value in SIMULATOR_ENV.items():
+            if os.environ.get(name, value) != value:
+                raise RuntimeError(f"{name}={os.environ[name]!r}: the harness simulates trn2 only; unset it or set {value!r}")
+            os.environ[name] = value
+        return as_torch(nki.simulate(kernel)(*args, **kwargs))
+
+    return call
+
+
+NKILIB_PACKAGES = ("nkilib", "nkilib_src.nkilib")  # neuronx-cc's bundled copy, then the standalone wheel
+
+
+def nkilib_module(path: str, import_module=None):
+    """nki-library's module ``path`` (e.g. ``"core.embeddings.rope"``): the copy bundled with
+    neuronx-cc is ``nkilib``, the standalone wheel's package is ``nkilib_src.nkilib``."""
+    import_module = import_module or importlib.import_module
+    missed = []
+    for package in NKILIB_PACKAGES:
+        try:
+            return import_module(f"{package}.{path}")
+        except ImportError as error:
+            missed.append(f"{package}.{path}: {type(error).__name__}: {error}")
+    raise ImportError("nki-library module not found; tried " + "; ".join(missed))
