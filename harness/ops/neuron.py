@@ -18,8 +18,6 @@ runs as ordinary torch-neuronx ops.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 
 from harness.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 
