@@ -327,9 +327,11 @@ HF_V5_CAUSAL_MASK = KnownIssue(
     # differs) against a per-document mask: native flex, or the reference with its document
     # mask ("attention" names the comparator's mask backend). Each observes "deviation":
     # the hf_v5 loss minus the document-mask loss on the same weights and batch (step 1).
-    where=(*(Where(check=c, backend=("hf_v5",), attention=("flex",)) for c in (
+    # (0.3.0's backend: spring 2026's discards the positions, spring2026-hf_v5-row-positions.)
+    where=(*(Where(check=c, backend=("hf_v5",), attention=("flex",), generation=("v0_3",)) for c in (
         "attention_mask", "logits_vs_reference", "saved_weights_vs_reference")),
-        Where(check="loss_curve_vs_titan_native", backend=("hf_v5",), attention=("flex", "sdpa"))),
+        Where(check="loss_curve_vs_titan_native", backend=("hf_v5",), attention=("flex", "sdpa"),
+              generation=("v0_3",))),
     signature=Signature(quantity="deviation", low=0.02, high=0.15),
     workaround=HF_BLOCK_CAUSAL,
 )
@@ -497,11 +499,22 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
              "the saved checkpoint lacks every mlp.experts.gate_up_proj / down_proj.",
     where=(Where(check="first_step_loss", backend=("nki_moe",), init=("pretrained",),
                  generation=("spring2026",)),
-           Where(check="hf_checkpoint_complete", backend=("nki_moe",), generation=("spring2026",))),
+           Where(check="hf_checkpoint_complete", backend=("nki_moe",), generation=("spring2026",)),
+           # in process (tests/parity): the adapter's load and save of tiny_moe, and every
+           # comparison of the native MoE model loaded through it
+           Where(check="checkpoint_conformance", subject=("tiny_moe",), generation=("spring2026",)),
+           Where(check="native_moe_parity", subject=("tiny_moe",), generation=("spring2026",))),
     signature=Signature(quantity="deviation", low=0.7, high=1.3),
     signatures=(("hf_checkpoint_complete",
                  Signature(quantity="missing_key_kinds",
-                           equals=("mlp.experts.down_proj", "mlp.experts.gate_up_proj"))),),
+                           equals=("mlp.experts.down_proj", "mlp.experts.gate_up_proj"))),
+                # every violated key is a routed expert's (in-process: 0 others of 48 + 6)
+                ("checkpoint_conformance", Signature(quantity="keys_outside_routed_experts", equals=0)),
+                # in-process native loss on tiny_moe's first batch 2.2593 vs transformers
+                # 1.2698: the comparisons fail while exactly the experts were left unloaded
+                ("native_moe_parity", Signature(quantity="native_keys_not_loaded",
+                                                equals=("moe.experts.w1_EFD", "moe.experts.w2_EDF",
+                                                        "moe.experts.w3_EFD")))),
 )
 
 SPRING_TIED_OUTPUT_INIT = KnownIssue(
@@ -519,6 +532,26 @@ SPRING_TIED_OUTPUT_INIT = KnownIssue(
     signature=Signature(quantity="deviation", low=3.0, high=4.5),
 )
 
+SPRING_HF_ROW_POSITIONS = KnownIssue(
+    name="spring2026-hf_v5-row-positions",
+    upstream="torchtitan main a9c5edc74 experiments/transformers_modeling_backend/model.py "
+             "HFTransformerModel.forward (position_ids = arange(max_seq_len)); attn_mask_type "
+             "declared but unused (no get_attention_masks)",
+    summary="the transformers backend discards the dataloader's per-document positions and "
+            "attends causally over the whole packed row at row positions: it is native sdpa's "
+            "model, and no setting gives native flex's per-document one (0.3.0's backend masks "
+            "causally at per-document positions instead: hf_v5-causal-mask-across-documents, "
+            "whose hf_block_causal has no counterpart here).",
+    evidence="in-process, tiny_dense, one 2x256 batch, RoPE recomputed: the backend's loss minus "
+             "the per-document reference's: +0.00325; against the row-causal reference at row "
+             "positions it agrees within the float32 logits tolerance "
+             "(tests/parity/test_hf_backend_parity.py). Signature [0.001, 0.01]: 0.3.0's mask "
+             "issue is +0.054 and RoPE off +1.1 on the same batch.",
+    where=tuple(Where(check=c, backend=("hf_v5",), attention=("flex",), generation=("spring2026",))
+                for c in ("attention_mask", "logits_vs_reference")),
+    signature=Signature(quantity="deviation", low=0.001, high=0.01),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     HF_V5_ROPE_INV_FREQ,
     HF_V5_TIED_EMBEDDING_INIT,
@@ -534,6 +567,7 @@ ISSUES: tuple[KnownIssue, ...] = (
     SPRING_HF_NO_STATE_DICT_ADAPTER,
     SPRING_MOE_ADAPTER_EXPERTS,
     SPRING_TIED_OUTPUT_INIT,
+    SPRING_HF_ROW_POSITIONS,
 )
 
 WORKAROUNDS: dict[str, Workaround] = {

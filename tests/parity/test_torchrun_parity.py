@@ -18,6 +18,13 @@ sdpa, "document" for native flex), and hf_v5 against the native variant it can m
   through ``from_pretrained``) and carries the reference trajectory's updates, tensor by
   tensor: relative error, size ratio ``||du|| / ||du_ref||`` and direction (cosine), so that a
   frozen, detached or double-counted tensor fails even where the error bound is coarse.
+
+Known issues of the installed generation are judged as the run template judges them
+(harness/checks.py): a run a known issue stops is not comparable (an xfail naming it, only
+when its ``completed`` check fails as recorded); a checkpoint a known issue leaves incomplete
+likewise (``hf_checkpoint_complete``); a trajectory is judged as ``first_step_loss`` (observed
+``deviation``: the run's step-1 loss minus the reference's, the quantity the recorded
+expectation measures).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import known_issues
+from harness import checks, known_issues, titan_api
 from harness.backends import BACKENDS
 from harness.conformance import checkpoint as C
 from harness.parity import compare
@@ -56,6 +63,8 @@ def run(backend_runs, device_profile, steps, workarounds):
         spec = RunCase(device_profile.kind, backend, "tiny", "pretrained", attention).run_spec(
             steps, None, names)
         result = backend_runs.get(spec)
+        verdict, outcome = checks.verdict("completed", result, steps)
+        known_issues.xfail_if_known(verdict, outcome.problem)
         if not result.ok or len(result.steps) != steps:
             from harness.results import RunFailed
 
@@ -108,10 +117,14 @@ def test_native_run_follows_the_reference_trajectory(backend, attention, run, st
     model_dir = _model_dir(backend)
     mask = BACKENDS[backend].mask(attention)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
-    reports = curve_reports(f"{backend}/{attention}", result, f"reference ({mask})",
-                            reference_trajectory(model_dir, steps, mask), regime)
-    assert all(r.ok for r in reports), compare.parity_message(
+    ref = reference_trajectory(model_dir, steps, mask)
+    reports = curve_reports(f"{backend}/{attention}", result, f"reference ({mask})", ref, regime)
+    problem = None if all(r.ok for r in reports) else compare.parity_message(
         *(r.format() for r in reports), result.describe())
+    verdict = known_issues.judge("first_step_loss", problem, {"deviation": result.losses[0] - ref.losses[0]},
+                                 result.workarounds, **checks.context(result))
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
 
 
 # hf_v5 vs native, by native attention: (workarounds added to the hf_v5 run, removed from it)
@@ -140,7 +153,7 @@ def test_hf_v5_and_titan_native_runs_have_the_same_curves(pair, run, workarounds
         *(r.format() for r in reports), hf.describe(), native.describe())
     known_issues.enforce("loss_curve_vs_titan_native", problem,
                          {"deviation": hf.losses[0] - native.losses[0]},
-                         applied, backend="hf_v5", attention=attention)
+                         applied, backend="hf_v5", attention=attention, generation=titan_api.generation())
 
 
 CKPT_BACKENDS = list(BACKENDS)
@@ -155,6 +168,8 @@ def _checkpoint_dir(result):
 @pytest.mark.parametrize("backend", CKPT_BACKENDS)
 def test_saved_checkpoint_is_complete_and_reloads(backend, run, tmp_path):
     result = run(backend)
+    verdict, outcome = checks.verdict("hf_checkpoint_complete", result, len(result.steps))
+    known_issues.xfail_if_known(verdict, outcome.problem)
     model_dir = _model_dir(backend)
     directory = _checkpoint_dir(result)
     violations = C.checkpoint_violations(directory, config_dir=model_dir)
@@ -199,6 +214,8 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention,
     model_dir = _model_dir(backend)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
     result = run(backend, attention, extra)
+    verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
+    known_issues.xfail_if_known(verdict, outcome.problem)
     ref = reference_trajectory(model_dir, steps, mask)
     problem = saved_weights_problem(f"{backend} ({mask} reference)", load_hf_tensors(_checkpoint_dir(result)),
                                     load_hf_tensors(model_dir), ref, regime)
@@ -206,4 +223,4 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention,
         problem += "\n" + result.describe()
     known_issues.enforce("saved_weights_vs_reference", problem,
                          {"deviation": result.losses[0] - ref.losses[0]}, (*workarounds, *extra),
-                         backend=backend, attention=ATTENTION_OF_MASK[mask])
+                         backend=backend, attention=ATTENTION_OF_MASK[mask], generation=titan_api.generation())
