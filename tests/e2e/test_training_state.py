@@ -12,8 +12,17 @@
 (c) Tied embeddings (tiny_dense is tied): in every rank the token embedding and the output
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
-Each is shown failing on a planted defect: expert_bias zeroed after the checkpoint load; a
-model built untied.
+(d) MoE load balancing step by step (harness/training_state.py ``balance_findings``, from the
+    rank-side records of harness/data/rank_hooks.py): the routing counts are the step's router
+    choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
+    exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
+    the bias of its step.
+The default tier runs (a), (b) and (d) in their cheap form on nki_moe (2 steps, checkpoint at
+step 1, resumed for step 2: two short launches) and (c) on the shared one-step run; the slow
+tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
+failing on planted defects (harness/plants/in_torchtitan.py): expert_bias zeroed after the
+checkpoint load or never checkpointed; the balancing update dropped, of the wrong sign, its
+counts never reset or never accumulated; the router ignoring the bias; a model built untied.
 """
 
 from __future__ import annotations
@@ -27,9 +36,7 @@ from harness import training_state as ts
 from harness.data import instrumented
 from harness.launch import RunSpec
 
-K, STEPS = 2, 4
-CHECKPOINTING = ("--checkpoint.enable", "--checkpoint.interval", str(K),
-                 "--checkpoint.no-last-save-model-only")
+K, STEPS = 2, 4  # the slow tier's form
 
 
 @pytest.fixture(scope="module")
@@ -44,30 +51,44 @@ def _ok(result):
     return result
 
 
-def resume_pair(backend_runs, names, base, plants=()):
-    """(uninterrupted run of STEPS, run resumed from its step-K checkpoint)."""
+QUICK_K, QUICK_STEPS = 1, 2  # the default tier's form
+
+
+def checkpointing(k: int) -> tuple[str, ...]:
+    return ("--checkpoint.enable", "--checkpoint.interval", str(k),
+            "--checkpoint.no-last-save-model-only")
+
+
+def first_run(backend_runs, names, base, plants=(), k=K, steps=STEPS):
     env = instrumented.env(f"harness.backends.{base}")
-    first = _ok(backend_runs.get(RunSpec(names[base], steps=STEPS, overrides=CHECKPOINTING,
-                                         extra_env=env)))
-    resume = CHECKPOINTING + (
-        "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, K).resolve()),
+    return backend_runs.get(RunSpec(names[base], steps=steps, overrides=checkpointing(k),
+                                    plants=plants, extra_env=env))
+
+
+def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_plants=()):
+    """(uninterrupted run of ``steps``, run resumed from its step-``k`` checkpoint);
+    ``first_plants`` break the first run too."""
+    env = instrumented.env(f"harness.backends.{base}")
+    first = _ok(first_run(backend_runs, names, base, first_plants, k, steps))
+    resume = checkpointing(k) + (
+        "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, k).resolve()),
         "--checkpoint.no-initial-load-model-only")
     second = _ok(backend_runs.get(RunSpec(
-        names[base], steps=STEPS, overrides=resume, plants=plants, extra_env=env)))
+        names[base], steps=steps, overrides=resume, plants=plants, extra_env=env)))
     return first, second
 
 
-def resume_findings(first, second) -> list[str]:
+def resume_findings(first, second, k=K, steps=STEPS) -> list[str]:
     found = []
     want = {s.step: s.loss for s in first.steps}
     got = {s.step: s.loss for s in second.steps}
-    if sorted(got) != list(range(K + 1, STEPS + 1)):
-        found.append(f"resumed run logged steps {sorted(got)}, not {K + 1}..{STEPS}")
+    if sorted(got) != list(range(k + 1, steps + 1)):
+        found.append(f"resumed run logged steps {sorted(got)}, not {k + 1}..{steps}")
     for step, loss in got.items():
         if loss != want.get(step):
             found.append(f"step {step}: resumed loss {loss!r} != uninterrupted {want.get(step)!r}")
-    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, STEPS)),
-                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, STEPS)))
+    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)),
+                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, steps)))
     found += [f"final checkpoint: {d}" for d in diffs[:20]]
     return found
 
@@ -80,17 +101,30 @@ def test_resume_reproduces_uninterrupted_run(backend_runs, instrumented_names, b
     assert not found, "\n".join(found)
 
 
-def expert_bias_findings(first, second) -> list[str]:
+def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
     found = []
-    saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, K)))
-    saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, STEPS)))
+    saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, k)))
+    saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)))
     if not saved_k:
-        return ["no expert_bias in the step-K checkpoint"]
+        return [f"no expert_bias in the step-{k} checkpoint"]
     for key, value in saved_k.items():
         if not value.abs().sum() > 0:
-            found.append(f"{key}: still zero after {K} steps (never updated)")
-        if torch.equal(value, saved_end[key]):
-            found.append(f"{key}: unchanged between step {K} and step {STEPS}")
+            found.append(f"{key}: still zero after {k} steps (never updated)")
+        if torch.equal(value, saved_end.get(key)):
+            found.append(f"{key}: unchanged between step {k} and step {steps}")
+    # the checkpoint holds the bias the trainer had after step k's update
+    records = ts.balance_records(first.run_dir)
+    for rank, steps_seen in records.items():
+        after_k = {ts.canonical_key(n): rec["bias_after"] for s in steps_seen if s["step"] == k
+                   for n, rec in s["layers"].items()}
+        for key, value in saved_k.items():
+            layer = key.rsplit(".expert_bias", 1)[0]
+            match = [v for n, v in after_k.items() if n == layer.split("model.", 1)[-1]]
+            if not match:
+                found.append(f"rank {rank}: no step-{k} record of {layer}")
+            elif not torch.equal(match[0], value.float()):
+                found.append(f"rank {rank}: checkpoint {key} {value.tolist()} != the trainer's after "
+                             f"step {k} {match[0].tolist()}")
     # what the resumed trainer holds right after the load, on every rank
     for rank in range(first.nproc):
         loaded = torch.load(second.run_dir / "dump" / "harness_state" / f"rank{rank}_loaded.pt")
@@ -107,8 +141,69 @@ def expert_bias_findings(first, second) -> list[str]:
 @pytest.mark.slow
 def test_expert_bias_updated_saved_restored(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe")
-    found = expert_bias_findings(first, second)
+    found = expert_bias_findings(first, second) + ts.balance_findings(ts.balance_records(first.run_dir))
     assert not found, "\n".join(found)
+
+
+def quick_findings(first, second) -> list[str]:
+    """Every training-state finding of the default tier's nki_moe pair."""
+    return ([f"first run: {f}" for f in ts.balance_findings(ts.balance_records(first.run_dir))]
+            + [f"resumed run: {f}" for f in ts.balance_findings(ts.balance_records(second.run_dir))]
+            + expert_bias_findings(first, second, QUICK_K, QUICK_STEPS)
+            + resume_findings(first, second, QUICK_K, QUICK_STEPS))
+
+
+def test_moe_load_balancing_through_a_checkpoint(backend_runs, instrumented_names):
+    """The default tier's training-state check: nki_moe for 2 steps with load balancing on,
+    checkpointed at step 1 and resumed for step 2. expert_bias is updated from the routing
+    counts at every step, applied in routing, saved, restored, and the resumed run is the
+    uninterrupted one bit for bit (losses and the final checkpoint, optimizer state included)."""
+    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe",
+                                k=QUICK_K, steps=QUICK_STEPS)
+    found = quick_findings(first, second)
+    assert not found, "\n".join(found)
+
+
+def test_seeded_rerun_is_bitwise_identical(backend_runs, instrumented_names):
+    """The default tier's determinism check: the first run of the pair above launched again
+    with the same seed gives the same losses and grad norms, and the same full checkpoint
+    (weights, optimizer, lr schedule, dataloader, expert_bias) bit for bit."""
+    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", k=QUICK_K, steps=QUICK_STEPS))
+    env = instrumented.env("harness.backends.nki_moe") + (("HARNESS_RERUN", "1"),)
+    rerun = _ok(backend_runs.get(RunSpec(instrumented_names["nki_moe"], steps=QUICK_STEPS,
+                                         overrides=checkpointing(QUICK_K), extra_env=env)))
+    found = [f"step {a.step}: loss {a.loss!r} vs {b.loss!r}, grad norm {a.grad_norm!r} vs {b.grad_norm!r}"
+             for a, b in zip(first.steps, rerun.steps) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
+    if len(rerun.steps) != len(first.steps):
+        found.append(f"{len(rerun.steps)} steps logged, not {len(first.steps)}")
+    found += [f"final checkpoint: {d}" for d in ts.differences(
+        ts.load_dcp(ts.checkpoint_dir(first.run_dir, QUICK_STEPS)),
+        ts.load_dcp(ts.checkpoint_dir(rerun.run_dir, QUICK_STEPS)))[:20]]
+    assert not found, "seeded rerun differs:\n" + "\n".join(found)
+
+
+BALANCE_PLANTS = ("moe_balance_hook_dropped", "moe_bias_update_sign_flipped", "moe_counts_not_reset",
+                  "moe_counts_not_accumulated", "moe_router_ignores_bias")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", BALANCE_PLANTS)
+def test_load_balancing_check_catches_planted_defect(backend_runs, instrumented_names, plant):
+    """What test_moe_load_balancing_through_a_checkpoint reads from the first run catches a
+    broken balancing update or routing (the plant breaks the uninterrupted run)."""
+    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", (plant,), QUICK_K, QUICK_STEPS))
+    assert ts.balance_findings(ts.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["moe_expert_bias_not_checkpointed", "reset_expert_bias_on_load"])
+def test_checkpoint_check_catches_expert_bias_not_restored(backend_runs, instrumented_names, plant):
+    """The default-tier pair with expert_bias lost on its way through the checkpoint (never
+    saved: both runs planted; zeroed by the load: the resumed run planted)."""
+    first_plants = (plant,) if plant == "moe_expert_bias_not_checkpointed" else ()
+    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe", (plant,),
+                                QUICK_K, QUICK_STEPS, first_plants=first_plants)
+    assert quick_findings(first, second), f"planted {plant} went unnoticed"
 
 
 @pytest.mark.slow
