@@ -552,6 +552,25 @@ SPRING_HF_ROW_POSITIONS = KnownIssue(
     signature=Signature(quantity="deviation", low=0.001, high=0.01),
 )
 
+SPRING_QWEN3_NO_LOAD_BALANCING = KnownIssue(
+    name="spring2026-qwen3-moe-no-load-balancing-hook",
+    upstream="torchtitan main a9c5edc74 models/qwen3/__init__.py model_registry: ModelSpec("
+             "post_optimizer_build_fn=None) (0.3.0: register_moe_load_balancing_hook; "
+             "deepseek_v3 and gpt_oss register it on main too)",
+    summary="Qwen3 MoE never registers the aux-loss-free load-balancing update: expert_bias_E "
+            "stays at zero whatever load_balance_coeff says, and tokens_per_expert_E is never "
+            "reset, so every Qwen3 MoE run trains without the load balancing its configuration "
+            "asks for.",
+    evidence="nki_moe tiny, 2 ranks, 2 steps (tests/e2e/test_training_state.py, rank-side "
+             "records): expert_bias_E exactly 0 after both optimizer steps while the choices were "
+             "unbalanced (layer 0 step 1 over both ranks: 580, 504, 442, 522 per expert of the "
+             "first four; the update should move it by +-1e-3); rank 0 layer 0 expert 0 count "
+             "350 after step 1 and 618 = 350 + 268 before step 2's update. 0.3.0, same run: the "
+             "bias moves by exactly the update and the counts reset.",
+    where=(Where(check="moe_load_balancing", backend=("nki_moe",), generation=("spring2026",)),),
+    signature=Signature(quantity="finding_kinds", equals=("bias not updated", "counts not reset")),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     HF_V5_ROPE_INV_FREQ,
     HF_V5_TIED_EMBEDDING_INIT,
@@ -568,6 +587,7 @@ ISSUES: tuple[KnownIssue, ...] = (
     SPRING_MOE_ADAPTER_EXPERTS,
     SPRING_TIED_OUTPUT_INIT,
     SPRING_HF_ROW_POSITIONS,
+    SPRING_QWEN3_NO_LOAD_BALANCING,
 )
 
 WORKAROUNDS: dict[str, Workaround] = {

@@ -269,15 +269,24 @@ def _counts_kept(hook, container):
 
 
 def _counts_not_accumulated(moe_module: ModuleType):
+    """Each MoE layer's forward leaves tokens_per_expert as it found it (hooks on the built
+    layer: its forward itself is left alone)."""
     def make(original):
-        def forward(self, *args, **kwargs):
-            before = self.tokens_per_expert_E.detach().clone()
-            out = original(self, *args, **kwargs)
-            with torch.no_grad():
-                self.tokens_per_expert_E.copy_(before)
-            return out
-        return forward
-    return _replace(moe_module.MoE, "forward", make)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            kept = {}
+
+            def before(module, _args):
+                kept["counts"] = module.tokens_per_expert_E.detach().clone()
+
+            def after(module, _args, _out):
+                with torch.no_grad():
+                    module.tokens_per_expert_E.copy_(kept.pop("counts"))
+
+            self.register_forward_pre_hook(before)
+            self.register_forward_hook(after)
+        return __init__
+    return _replace(moe_module.MoE, "__init__", make)
 
 
 def _router_ignores_bias(moe_module: ModuleType):

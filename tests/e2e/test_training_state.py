@@ -32,6 +32,7 @@ import contextlib
 import pytest
 import torch
 
+from harness import known_issues
 from harness import training_state as ts
 from harness.data import instrumented
 from harness.launch import RunSpec
@@ -83,13 +84,14 @@ def resume_findings(first, second, k=K, steps=STEPS) -> list[str]:
     want = {s.step: s.loss for s in first.steps}
     got = {s.step: s.loss for s in second.steps}
     if sorted(got) != list(range(k + 1, steps + 1)):
-        found.append(f"resumed run logged steps {sorted(got)}, not {k + 1}..{steps}")
+        found.append(f"[{ts.RESUME}] resumed run logged steps {sorted(got)}, not {k + 1}..{steps}")
     for step, loss in got.items():
         if loss != want.get(step):
-            found.append(f"step {step}: resumed loss {loss!r} != uninterrupted {want.get(step)!r}")
+            found.append(f"[{ts.RESUME}] step {step}: resumed loss {loss!r} != uninterrupted "
+                         f"{want.get(step)!r}")
     diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)),
                            ts.load_dcp(ts.checkpoint_dir(second.run_dir, steps)))
-    found += [f"final checkpoint: {d}" for d in diffs[:20]]
+    found += [f"[{ts.RESUME}] final checkpoint: {d}" for d in diffs[:20]]
     return found
 
 
@@ -106,12 +108,12 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
     saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, k)))
     saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)))
     if not saved_k:
-        return [f"no expert_bias in the step-{k} checkpoint"]
+        return [f"[{ts.CHECKPOINT}] no expert_bias in the step-{k} checkpoint"]
     for key, value in saved_k.items():
         if not value.abs().sum() > 0:
-            found.append(f"{key}: still zero after {k} steps (never updated)")
+            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: still zero after {k} steps")
         if torch.equal(value, saved_end.get(key)):
-            found.append(f"{key}: unchanged between step {k} and step {steps}")
+            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: unchanged between step {k} and step {steps}")
     # the checkpoint holds the bias the trainer had after step k's update
     records = ts.balance_records(first.run_dir)
     for rank, steps_seen in records.items():
@@ -121,9 +123,9 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
             layer = key.rsplit(".expert_bias", 1)[0]
             match = [v for n, v in after_k.items() if n == layer.split("model.", 1)[-1]]
             if not match:
-                found.append(f"rank {rank}: no step-{k} record of {layer}")
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: no step-{k} record of {layer}")
             elif not torch.equal(match[0], value.float()):
-                found.append(f"rank {rank}: checkpoint {key} {value.tolist()} != the trainer's after "
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: checkpoint {key} {value.tolist()} != the trainer's after "
                              f"step {k} {match[0].tolist()}")
     # what the resumed trainer holds right after the load, on every rank
     for rank in range(first.nproc):
@@ -131,9 +133,9 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
         loaded = {ts.canonical_key(k): v for k, v in loaded.items()}
         for key, value in saved_k.items():
             if key not in loaded:
-                found.append(f"rank {rank}: {key} not found after load ({sorted(loaded)})")
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} not found after load ({sorted(loaded)})")
             elif not torch.equal(loaded[key], value):
-                found.append(f"rank {rank}: {key} after load {loaded[key].tolist()} != saved "
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} after load {loaded[key].tolist()} != saved "
                              f"{value.tolist()}")
     return found
 
@@ -141,16 +143,31 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
 @pytest.mark.slow
 def test_expert_bias_updated_saved_restored(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe")
-    found = expert_bias_findings(first, second) + ts.balance_findings(ts.balance_records(first.run_dir))
-    assert not found, "\n".join(found)
+    problem, verdict = judge_balance(
+        expert_bias_findings(first, second) + ts.balance_findings(ts.balance_records(first.run_dir)), first)
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
+
+
+def _tagged(run_name: str, findings: list[str]) -> list[str]:
+    return [f.replace("] ", f"] {run_name}: ", 1) for f in findings]
 
 
 def quick_findings(first, second) -> list[str]:
-    """Every training-state finding of the default tier's nki_moe pair."""
-    return ([f"first run: {f}" for f in ts.balance_findings(ts.balance_records(first.run_dir))]
-            + [f"resumed run: {f}" for f in ts.balance_findings(ts.balance_records(second.run_dir))]
+    """Every training-state finding of the default tier's nki_moe pair (each ``[kind] ...``)."""
+    return (_tagged("first run", ts.balance_findings(ts.balance_records(first.run_dir)))
+            + _tagged("resumed run", ts.balance_findings(ts.balance_records(second.run_dir)))
             + expert_bias_findings(first, second, QUICK_K, QUICK_STEPS)
             + resume_findings(first, second, QUICK_K, QUICK_STEPS))
+
+
+def judge_balance(found: list[str], run):
+    """The ``moe_load_balancing`` verdict of nki_moe ``run``'s findings (observed:
+    ``finding_kinds``), against the known issues of its generation."""
+    problem = "\n".join(found) or None
+    return problem, known_issues.judge(
+        "moe_load_balancing", problem, {"finding_kinds": ts.finding_kinds(found)}, run.workarounds,
+        backend="nki_moe", generation=run.versions.get("torchtitan-generation", ""))
 
 
 def test_moe_load_balancing_through_a_checkpoint(backend_runs, instrumented_names):
@@ -160,8 +177,9 @@ def test_moe_load_balancing_through_a_checkpoint(backend_runs, instrumented_name
     uninterrupted one bit for bit (losses and the final checkpoint, optimizer state included)."""
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe",
                                 k=QUICK_K, steps=QUICK_STEPS)
-    found = quick_findings(first, second)
-    assert not found, "\n".join(found)
+    problem, verdict = judge_balance(quick_findings(first, second), first)
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
 
 
 def test_seeded_rerun_is_bitwise_identical(backend_runs, instrumented_names):
