@@ -246,3 +246,19 @@ def test_tie_check_catches_untied_model(backend_runs):
         result = _ok(backend_runs.get(instrumented.native_feed_spec(
             name, plants=("untie_embeddings",))))
     assert ts.tie_findings(result.run_dir, step=1), "an untied model went unnoticed"
+
+
+def test_load_balancing_issue_excuses_only_its_own_signature():
+    """spring2026-qwen3-moe-no-load-balancing-hook excuses the balancing check only when the bias
+    never moved and the counts were never reset, nothing else; and nowhere on 0.3.0."""
+    def status(kinds, generation="spring2026"):
+        return known_issues.judge("moe_load_balancing", "findings", {"finding_kinds": kinds}, (),
+                                  backend="nki_moe", generation=generation).status
+
+    own = (ts.BIAS_NOT_UPDATED, ts.COUNTS_NOT_RESET)
+    assert status(own) == "known"
+    assert status((ts.BIAS_UPDATE_WRONG,)) == "fail"
+    assert status((*own, ts.RESUME)) == "fail"
+    assert status(own, "v0_3") == "fail"
+    assert known_issues.judge("moe_load_balancing", None, {}, (), backend="nki_moe",
+                              generation="spring2026").status == "fail"  # a pass: stale entry
