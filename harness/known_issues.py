@@ -331,9 +331,11 @@ HF_V5_CAUSAL_MASK = KnownIssue(
     # differs) against a per-document mask: native flex, or the reference with its document
     # mask ("attention" names the comparator's mask backend). Each observes "deviation":
     # the hf_v5 loss minus the document-mask loss on the same weights and batch (step 1).
-    where=(*(Where(check=c, backend=("hf_v5",), attention=("flex",)) for c in (
+    # (0.3.0's backend: spring 2026's discards the positions, spring2026-hf_v5-row-positions.)
+    where=(*(Where(check=c, backend=("hf_v5",), attention=("flex",), generation=("v0_3",)) for c in (
         "attention_mask", "logits_vs_reference", "saved_weights_vs_reference")),
-        Where(check="loss_curve_vs_titan_native", backend=("hf_v5",), attention=("flex", "sdpa"))),
+        Where(check="loss_curve_vs_titan_native", backend=("hf_v5",), attention=("flex", "sdpa"),
+              generation=("v0_3",))),
     signature=Signature(quantity="deviation", low=0.02, high=0.15),
     workaround=HF_BLOCK_CAUSAL,
 )
@@ -501,11 +503,22 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
              "the saved checkpoint lacks every mlp.experts.gate_up_proj / down_proj.",
     where=(Where(check="first_step_loss", backend=("nki_moe",), init=("pretrained",),
                  generation=("spring2026",)),
-           Where(check="hf_checkpoint_complete", backend=("nki_moe",), generation=("spring2026",))),
+           Where(check="hf_checkpoint_complete", backend=("nki_moe",), generation=("spring2026",)),
+           # in process (tests/parity): the adapter's load and save of tiny_moe, and every
+           # comparison of the native MoE model loaded through it
+           Where(check="checkpoint_conformance", subject=("tiny_moe",), generation=("spring2026",)),
+           Where(check="native_moe_parity", subject=("tiny_moe",), generation=("spring2026",))),
     signature=Signature(quantity="deviation", low=0.7, high=1.3),
     signatures=(("hf_checkpoint_complete",
                  Signature(quantity="missing_key_kinds",
-                           equals=("mlp.experts.down_proj", "mlp.experts.gate_up_proj"))),),
+                           equals=("mlp.experts.down_proj", "mlp.experts.gate_up_proj"))),
+                # every violated key is a routed expert's (in-process: 0 others of 48 + 6)
+                ("checkpoint_conformance", Signature(quantity="keys_outside_routed_experts", equals=0)),
+                # in-process native loss on tiny_moe's first batch 2.2593 vs transformers
+                # 1.2698: the comparisons fail while exactly the experts were left unloaded
+                ("native_moe_parity", Signature(quantity="native_keys_not_loaded",
+                                                equals=("moe.experts.w1_EFD", "moe.experts.w2_EDF",
+                                                        "moe.experts.w3_EFD")))),
 )
 
 SPRING_TIED_OUTPUT_INIT = KnownIssue(
@@ -523,6 +536,45 @@ SPRING_TIED_OUTPUT_INIT = KnownIssue(
     signature=Signature(quantity="deviation", low=3.0, high=4.5),
 )
 
+SPRING_HF_ROW_POSITIONS = KnownIssue(
+    name="spring2026-hf_v5-row-positions",
+    upstream="torchtitan main a9c5edc74 experiments/transformers_modeling_backend/model.py "
+             "HFTransformerModel.forward (position_ids = arange(max_seq_len)); attn_mask_type "
+             "declared but unused (no get_attention_masks)",
+    summary="the transformers backend discards the dataloader's per-document positions and "
+            "attends causally over the whole packed row at row positions: it is native sdpa's "
+            "model, and no setting gives native flex's per-document one (0.3.0's backend masks "
+            "causally at per-document positions instead: hf_v5-causal-mask-across-documents, "
+            "whose hf_block_causal has no counterpart here).",
+    evidence="in-process, tiny_dense, one 2x256 batch, RoPE recomputed: the backend's loss minus "
+             "the per-document reference's: +0.00325; against the row-causal reference at row "
+             "positions it agrees within the float32 logits tolerance "
+             "(tests/parity/test_hf_backend_parity.py). Signature [0.001, 0.01]: 0.3.0's mask "
+             "issue is +0.054 and RoPE off +1.1 on the same batch.",
+    where=tuple(Where(check=c, backend=("hf_v5",), attention=("flex",), generation=("spring2026",))
+                for c in ("attention_mask", "logits_vs_reference")),
+    signature=Signature(quantity="deviation", low=0.001, high=0.01),
+)
+
+SPRING_QWEN3_NO_LOAD_BALANCING = KnownIssue(
+    name="spring2026-qwen3-moe-no-load-balancing-hook",
+    upstream="torchtitan main a9c5edc74 models/qwen3/__init__.py model_registry: ModelSpec("
+             "post_optimizer_build_fn=None) (0.3.0: register_moe_load_balancing_hook; "
+             "deepseek_v3 and gpt_oss register it on main too)",
+    summary="Qwen3 MoE never registers the aux-loss-free load-balancing update: expert_bias_E "
+            "stays at zero whatever load_balance_coeff says, and tokens_per_expert_E is never "
+            "reset, so every Qwen3 MoE run trains without the load balancing its configuration "
+            "asks for.",
+    evidence="nki_moe tiny, 2 ranks, 2 steps (tests/e2e/test_training_state.py, rank-side "
+             "records): expert_bias_E exactly 0 after both optimizer steps while the choices were "
+             "unbalanced (layer 0 step 1 over both ranks: 580, 504, 442, 522 per expert of the "
+             "first four; the update should move it by +-1e-3); rank 0 layer 0 expert 0 count "
+             "350 after step 1 and 618 = 350 + 268 before step 2's update. 0.3.0, same run: the "
+             "bias moves by exactly the update and the counts reset.",
+    where=(Where(check="moe_load_balancing", backend=("nki_moe",), generation=("spring2026",)),),
+    signature=Signature(quantity="finding_kinds", equals=("bias not updated", "counts not reset")),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     HF_V5_ROPE_INV_FREQ,
     HF_V5_TIED_EMBEDDING_INIT,
@@ -538,6 +590,8 @@ ISSUES: tuple[KnownIssue, ...] = (
     SPRING_HF_NO_STATE_DICT_ADAPTER,
     SPRING_MOE_ADAPTER_EXPERTS,
     SPRING_TIED_OUTPUT_INIT,
+    SPRING_HF_ROW_POSITIONS,
+    SPRING_QWEN3_NO_LOAD_BALANCING,
 )
 
 WORKAROUNDS: dict[str, Workaround] = {

@@ -136,3 +136,108 @@ def tie_findings(run_dir: str | Path, step: int,
         found.append(f"saved HF checkpoint: lm_head.weight differs from embed_tokens "
                      f"({n} of {head.numel()} elements)")
     return found
+
+
+# ---- MoE load balancing ----------------------------------------------------------------------
+
+def balance_records(run_dir: str | Path) -> dict[int, list[dict]]:
+    """The rank-side load-balancing records (harness/data/rank_hooks.py): rank -> one record
+    per optimizer step."""
+    folder = Path(run_dir) / "dump" / "harness_state"
+    return {int(p.name[4:].split("_")[0]): torch.load(p)
+            for p in sorted(folder.glob("rank*_balance.pt"))}
+
+
+def expected_bias_update(counts: torch.Tensor, coeff: float) -> torch.Tensor:
+    """Aux-loss-free load balancing (arXiv 2408.15664, as torchtitan documents it): each
+    expert's bias moves by ``coeff`` towards balance, up for an expert chosen less than the
+    mean count, down for one chosen more, and the update is centred (it sums to zero).
+    ``counts``: the expert choices of the step over every data-parallel rank."""
+    delta = coeff * torch.sign(counts.mean() - counts)
+    return delta - delta.mean()
+
+
+# What a finding of balance_findings / expert_bias_findings is about (its ``[kind]`` prefix): the
+# observation a known load-balancing defect is judged by (``finding_kinds``).
+BIAS_NOT_UPDATED = "bias not updated"
+BIAS_UPDATE_WRONG = "bias update wrong"
+BIAS_NOT_APPLIED = "bias not applied in routing"
+BIAS_MOVED_BETWEEN_STEPS = "bias changed between steps"
+COUNTS_NOT_RESET = "counts not reset"
+COUNTS_NOT_CHOICES = "counts not the router's choices"
+NOT_EXERCISED = "balancing not exercised"
+CHECKPOINT = "bias not checkpointed or restored"
+RESUME = "resumed run differs"
+
+
+def finding_kinds(findings: list[str]) -> tuple[str, ...]:
+    """The sorted distinct ``[kind]`` prefixes of findings."""
+    return tuple(sorted({f[1:f.index("]")] for f in findings if f.startswith("[") and "]" in f}))
+
+
+def balance_findings(records: dict[int, list[dict]]) -> list[str]:
+    """What breaks MoE load balancing in a run's records: on every rank, step and MoE layer,
+    the routing counts torchtitan accumulates (``tokens_per_expert_E`` before the optimizer
+    step) are the step's own router choices (accumulated, and reset after each update); the
+    router's choices are the top-k of its scores plus the layer's ``expert_bias_E`` (the bias
+    is applied); the bias moves by exactly :func:`expected_bias_update` of the choices summed
+    over the ranks, and nothing else moves it between steps; at least one update is not zero.
+    Each finding starts with its ``[kind]``."""
+    found: list[str] = []
+    if not records:
+        return [f"[{NOT_EXERCISED}] no load-balancing records (was the run instrumented, and is "
+                "the model MoE?)"]
+    ranks = sorted(records)
+    n_steps = {r: len(records[r]) for r in ranks}
+    if len(set(n_steps.values())) != 1 or not n_steps[ranks[0]]:
+        return [f"[{NOT_EXERCISED}] optimizer steps recorded per rank differ or are none: {n_steps}"]
+    moved = False
+    for s in range(n_steps[ranks[0]]):
+        step = records[ranks[0]][s]["step"]
+        for name in records[ranks[0]][s]["layers"]:
+            per_rank = {r: records[r][s]["layers"][name] for r in ranks}
+            if any(rec["bias_before"] is None for rec in per_rank.values()):
+                found.append(f"[{NOT_EXERCISED}] step {step} {name}: no expert_bias_E (load "
+                             "balancing off)")
+                continue
+            for r, rec in per_rank.items():
+                where = f"step {step} rank {r} {name}"
+                if rec["hist"] is None:
+                    found.append(f"[{NOT_EXERCISED}] {where}: the router never ran")
+                    continue
+                previous = records[r][s - 1]["layers"][name] if s else None
+                if not torch.equal(rec["counts_before"], rec["hist"]):
+                    kept = previous is not None and torch.equal(
+                        rec["counts_before"], previous["counts_after"] + rec["hist"])
+                    found.append(f"[{COUNTS_NOT_RESET if kept else COUNTS_NOT_CHOICES}] {where}: "
+                                 f"tokens_per_expert_E before the update "
+                                 f"{rec['counts_before'].tolist()} != this step's router choices "
+                                 f"{rec['hist'].tolist()}")
+                if rec["mismatched"]:
+                    found.append(f"[{BIAS_NOT_APPLIED}] {where}: {rec['mismatched']} of "
+                                 f"{rec['tokens']} tokens' experts are not the top-k of scores + "
+                                 "expert_bias_E")
+                if rec["counts_after"].abs().sum() != 0:
+                    found.append(f"[{COUNTS_NOT_RESET}] {where}: tokens_per_expert_E not reset by "
+                                 f"the update ({rec['counts_after'].tolist()})")
+                if previous is not None and not torch.equal(rec["bias_before"], previous["bias_after"]):
+                    found.append(f"[{BIAS_MOVED_BETWEEN_STEPS}] {where}: expert_bias_E changed "
+                                 "between optimizer steps")
+            rec0 = per_rank[ranks[0]]
+            if any(rec["hist"] is None for rec in per_rank.values()):
+                continue
+            counts = sum(rec["hist"] for rec in per_rank.values())
+            delta = expected_bias_update(counts, rec0["coeff"])
+            want = rec0["bias_before"] + delta
+            moved = moved or bool(delta.abs().sum() > 0)
+            for r, rec in per_rank.items():
+                if not torch.equal(rec["bias_after"], want):
+                    got = rec["bias_after"] - rec["bias_before"]
+                    kind = BIAS_NOT_UPDATED if not got.abs().sum() > 0 else BIAS_UPDATE_WRONG
+                    found.append(f"[{kind}] step {step} rank {r} {name}: expert_bias_E moved by "
+                                 f"{got.tolist()}, expected {delta.tolist()} from the choices "
+                                 f"{counts.tolist()} (coeff {rec0['coeff']})")
+    if not moved:
+        found.append(f"[{NOT_EXERCISED}] no step's choices were unbalanced: the update was never "
+                     "exercised")
+    return found

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from harness import titan_api
 from harness.parity import reference
 from harness.conformance.checkpoint import Violation
 from harness.hf_config import Qwen3Arch
@@ -315,7 +316,8 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
     moes = [(f"layers.{k}.moe", l.moe) for k, l in layers if getattr(l, "moe_enabled", False)]
     if moes and arch.is_moe:
         routers = [(f"{n}.router", m.router) for n, m in moes]
-        experts = [(f"{n}.routed_experts.inner_experts", m.routed_experts.inner_experts) for n, m in moes]
+        experts = [(f"{n}.{titan_api.MOE_GROUPED_EXPERTS_PATH}", titan_api.moe_grouped_experts(m))
+                   for n, m in moes]
         check.per_module("num_experts (router)", [(n, r.num_experts) for n, r in routers], arch.num_experts)
         check.per_module("num_experts (gate rows)", [(n, r.gate.weight.shape[0]) for n, r in routers], arch.num_experts)
         check.per_module("num_experts (expert weights)", [(n, e.w1_EFD.shape[0]) for n, e in experts], arch.num_experts)

@@ -12,6 +12,14 @@ What they write, under the run's dump folder:
   checkpoint load at the start of ``train``; ``trained``: after the last step) whether the
   output projection and the token embedding are one parameter, and whether their values agree;
   ``harness_state/rank{R}_{phase}.pt``: every ``expert_bias`` buffer's local values.
+- ``harness_state/rank{R}_balance.pt`` (MoE models): per optimizer step, per MoE layer, what
+  the aux-loss-free load balancing saw and did: the router's own choices in that step (a
+  histogram of the chosen expert ids, counted here from the router's output, independently of
+  torchtitan's ``tokens_per_expert_E``), how many tokens' choices differ from the top-k of
+  the scores plus the layer's ``expert_bias_E`` (the bias applied in routing), and
+  ``tokens_per_expert_E`` and ``expert_bias_E`` right before and right after the optimizer
+  step (whose pre-hook updates the bias from the counts and resets them), with the layer's
+  ``load_balance_coeff``. Judged by harness/training_state.py ``balance_findings``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from harness import titan_api
 
 DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
 
@@ -92,7 +102,8 @@ def install_trainer_hooks(trainer_module) -> None:
     original_train = cls.train
 
     def _dump(self, input_dict, labels, original_post):
-        inputs, model_labels, extra = original_post(input_dict, labels)
+        processed = original_post(input_dict, labels)
+        inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
         if self.step <= dump_steps:
             folder = Path(self.config.dump_folder) / "harness_batches"
             folder.mkdir(parents=True, exist_ok=True)
@@ -106,7 +117,7 @@ def install_trainer_hooks(trainer_module) -> None:
                 "model_labels": _plain(model_labels),
                 "model_positions": None if model_positions is None else _plain(model_positions),
             }, folder / f"rank{_rank()}_step{self.step}.pt")
-        return inputs, model_labels, extra
+        return processed
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
@@ -124,6 +135,7 @@ def install_trainer_hooks(trainer_module) -> None:
             return loaded
 
         self.checkpointer.load = load
+        _record_balance(self)
 
     def train(self, *args, **kwargs):
         result = original_train(self, *args, **kwargs)
@@ -132,3 +144,70 @@ def install_trainer_hooks(trainer_module) -> None:
 
     cls.__init__ = __init__
     cls.train = train
+
+
+# ---- MoE load balancing ----------------------------------------------------------------------
+
+def _moe_layers(trainer) -> list[tuple[str, torch.nn.Module]]:
+    out = []
+    for i, part in enumerate(trainer.model_parts):
+        layers = getattr(part, "layers", None)
+        for key, layer in (layers.items() if layers is not None else ()):
+            if getattr(layer, "moe_enabled", False):
+                out.append((f"part{i}.layers.{key}.moe", layer.moe))
+    return out
+
+
+def _plain_local(t):
+    return None if t is None else _local(t.detach()).cpu().clone().float()
+
+
+def _record_balance(trainer) -> None:
+    """Per-step load-balancing records (module docstring), for MoE models only."""
+    moes = _moe_layers(trainer)
+    if not moes:
+        return
+    seen: dict[str, dict] = {name: {} for name, _ in moes}  # this step's router observations
+    records: list[dict] = []
+    path = Path(trainer.config.dump_folder) / "harness_state" / f"rank{_rank()}_balance.pt"
+
+    def router_hook(name, moe):
+        def hook(_router, _args, out):
+            ids, scores = _local(out[1].detach()), _local(out[2].detach())
+            num_experts = scores.shape[-1]
+            bias = _plain_local(moe.expert_bias_E)
+            biased = scores.float() + (bias.to(scores.device) if bias is not None else 0.0)
+            want = torch.topk(biased, k=ids.shape[-1], dim=-1).indices
+            mismatched = int((ids.sort(dim=-1).values != want.sort(dim=-1).values).any(dim=-1).sum())
+            hist = torch.bincount(ids.flatten().cpu(), minlength=num_experts).float()
+            entry = seen[name]
+            entry["hist"] = entry.get("hist", 0) + hist
+            entry["mismatched"] = entry.get("mismatched", 0) + mismatched
+            entry["tokens"] = entry.get("tokens", 0) + int(ids.shape[:-1].numel())
+        return hook
+
+    for name, moe in moes:
+        moe.router.register_forward_hook(router_hook(name, moe))
+
+    optimizer_step = trainer.optimizers.step
+
+    def step(*args, **kwargs):
+        before = {name: (_plain_local(moe.tokens_per_expert_E), _plain_local(moe.expert_bias_E))
+                  for name, moe in moes}
+        result = optimizer_step(*args, **kwargs)
+        layers = {}
+        for name, moe in moes:
+            layers[name] = {
+                "hist": seen[name].get("hist"), "mismatched": seen[name].get("mismatched", 0),
+                "tokens": seen[name].get("tokens", 0),
+                "counts_before": before[name][0], "bias_before": before[name][1],
+                "counts_after": _plain_local(moe.tokens_per_expert_E),
+                "bias_after": _plain_local(moe.expert_bias_E),
+                "coeff": moe.load_balance_coeff,
+            }
+            seen[name] = {}
+        records.append({"step": int(trainer.step), "layers": layers})
+        torch.save(records, path)
+        return result
+
+    trainer.optimizers.step = step

@@ -1,13 +1,17 @@
-"""An independent reference of torchtitan 0.3.0's pretraining data path, written from its
-documented contract, sharing no code with torchtitan or ``datasets``:
+"""An independent reference of torchtitan's pretraining data path, written from each
+generation's documented contract, sharing no code with torchtitan or ``datasets``:
 
 - each JSONL record's ``text`` is tokenised with the ``tokenizers`` library (tokenizer.json);
   the document is ``[BOS] + ids + [EOS]`` (BOS/EOS from tokenizer_config.json; a null token is
   not added, nor one the tokenizer already adds);
-- the shift is *within* each document: inputs ``doc[:-1]``, labels ``doc[1:]`` (a document's
-  last input never predicts the next document's first token); the documents are concatenated
-  and cut into rows of exactly ``seq_len`` (0.3.0 no longer cuts a ``seq_len + 1`` row and
-  splits it);
+- packing (``packing``, the installed generation's ``titan_api.TEXT_PACKING``):
+  - ``"within_document"`` (0.3.0): the shift is within each document: inputs ``doc[:-1]``,
+    labels ``doc[1:]`` (a document's last input never predicts the next document's first
+    token); the documents are concatenated and cut into rows of exactly ``seq_len``;
+  - ``"across_row"`` (spring 2026): the documents are concatenated whole and cut into windows
+    of ``seq_len + 1``; inputs ``window[:-1]``, labels ``window[1:]`` (a document's EOS input
+    predicts the next document's first token; the window's last token is a label only and
+    never an input);
 - positions count from 0 at every document start and at every row start (a document carried
   over from the previous row restarts at 0 in the new row);
 - dp sharding is contiguous: rank ``r`` of ``n`` reads records ``[r*q + min(r, m), ...)`` with
@@ -72,25 +76,48 @@ def shard(n: int, rank: int, world: int) -> range:
     return range(start, start + q + (1 if rank < m else 0))
 
 
-def packed_rows(texts: list[str], tok: TokenizerRef, seq_len: int, max_rows: int):
-    """Rows (input, labels, positions) as lists, at most ``max_rows``."""
+PACKINGS = ("within_document", "across_row")
+
+
+def _positions(starts: list[bool]) -> list[int]:
+    """0 at every document start and at the row start, counting up in between."""
+    pos, p = [], 0
+    for i, s in enumerate(starts):
+        p = 0 if (s or i == 0) else p + 1
+        pos.append(p)
+    return pos
+
+
+def packed_rows(texts: list[str], tok: TokenizerRef, seq_len: int, max_rows: int,
+                packing: str = "within_document"):
+    """Rows (input, labels, positions) as lists, at most ``max_rows``, packed as ``packing``."""
+    if packing not in PACKINGS:
+        raise ValueError(f"unknown packing {packing!r}; known: {PACKINGS}")
+    # the token streams of inputs and labels, and where a document begins in the input stream
     inputs: list[int] = []
     labels: list[int] = []
-    doc_start: list[bool] = []  # True where a document begins
+    doc_start: list[bool] = []
+    # within_document: a row is seq_len shifted pairs; across_row: seq_len + 1 whole tokens
+    width = seq_len if packing == "within_document" else seq_len + 1
     rows = []
     for text in texts:
         doc = tok.document(text)
-        inputs += doc[:-1]
-        labels += doc[1:]
-        doc_start += [True] + [False] * (len(doc) - 2)
-        while len(inputs) >= seq_len and len(rows) < max_rows:
-            row_in, row_lab, starts = inputs[:seq_len], labels[:seq_len], doc_start[:seq_len]
-            inputs, labels, doc_start = inputs[seq_len:], labels[seq_len:], doc_start[seq_len:]
-            pos, p = [], 0
-            for i, s in enumerate(starts):
-                p = 0 if (s or i == 0) else p + 1
-                pos.append(p)
-            rows.append((row_in, row_lab, pos))
+        if packing == "within_document":
+            inputs += doc[:-1]
+            labels += doc[1:]
+            doc_start += [True] + [False] * (len(doc) - 2)
+        else:
+            inputs += doc
+            doc_start += [True] + [False] * (len(doc) - 1)
+        while len(inputs) >= width and len(rows) < max_rows:
+            window, starts = inputs[:width], doc_start[:width]
+            if packing == "within_document":
+                row_in, row_lab = window, labels[:width]
+                labels = labels[width:]
+            else:
+                row_in, row_lab, starts = window[:-1], window[1:], starts[:-1]
+            inputs, doc_start = inputs[width:], doc_start[width:]
+            rows.append((row_in, row_lab, _positions(starts)))
         if len(rows) >= max_rows:
             break
     return rows
@@ -98,10 +125,11 @@ def packed_rows(texts: list[str], tok: TokenizerRef, seq_len: int, max_rows: int
 
 def reference_batches(corpus: str | Path, tokenizer_dir: str | Path, *, seq_len: int,
                       local_batch_size: int, dp_rank: int, dp_world: int,
-                      n_batches: int = 1) -> list[Batch]:
+                      n_batches: int = 1, packing: str = "within_document") -> list[Batch]:
     texts = read_texts(corpus)
     mine = [texts[i] for i in shard(len(texts), dp_rank, dp_world)]
-    rows = packed_rows(mine, TokenizerRef(tokenizer_dir), seq_len, n_batches * local_batch_size)
+    rows = packed_rows(mine, TokenizerRef(tokenizer_dir), seq_len, n_batches * local_batch_size,
+                       packing)
     out = []
     for b in range(n_batches):
         chunk = rows[b * local_batch_size:(b + 1) * local_batch_size]

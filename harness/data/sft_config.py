@@ -1,5 +1,5 @@
-"""An SFT data path (ignored labels) for the tiny native backend, through torchtitan 0.3.0's own
-chat dataset (``ChatDataLoader``: the chat template, prompt labels set to IGNORE_INDEX, greedy
+"""An SFT data path (ignored labels) for the tiny native backend, through torchtitan's own
+chat dataset (identical in 0.3.0 and spring 2026) (``ChatDataLoader``: the chat template, prompt labels set to IGNORE_INDEX, greedy
 packing with EOS padding whose labels are IGNORE_INDEX, per-document positions).
 
 The conversations come from the fixture corpus: each record's first sentence is the user turn,

@@ -1,5 +1,5 @@
-"""An independent reference of the SFT batches (torchtitan 0.3.0 ``ChatDataset``'s documented
-contract), sharing no code with torchtitan or ``datasets``:
+"""An independent reference of the SFT batches (torchtitan ``ChatDataset``'s documented
+contract, the same in 0.3.0 and spring 2026), sharing no code with torchtitan or ``datasets``:
 
 - record order: the dataset shuffled once with seed 42 (``numpy.random.default_rng(42)
   .permutation``), then dp-sharded contiguously;

@@ -271,3 +271,30 @@ def document_mask_problem(mask_mod, positions: torch.Tensor) -> str | None:
     return (f"attention mask: {wrong} of {got.numel()} (query, key) pairs differ from same-document "
             f"causal; {int((got & ~want).sum())} cross a document boundary, "
             f"{int((~got & want).sum())} same-document causal pairs are masked out")
+
+
+def native_keys_not_loaded_kinds(model) -> tuple[str, ...]:
+    """The kinds (layer index dropped) of the native tensors a model's HF load left at their
+    init, allow-listed buffers aside: the ``native_moe_parity`` observation."""
+    import re
+
+    from harness.conformance.checkpoint import is_allowed, load_allow_list
+
+    report = getattr(model, "load_report", None)
+    keys = getattr(report, "native_keys_not_loaded", set())
+    allow = load_allow_list()
+    return tuple(sorted({re.sub(r"^layers\.\d+\.", "", k) for k in keys if not is_allowed(k, allow)}))
+
+
+def judge_parity(problem: str | None, models, workarounds=(), *, subject: str):
+    """The verdict of a parity comparison between ``models`` (ParityModels) of fixture
+    ``subject``: a comparison that involves a native model is the ``native_moe_parity`` check,
+    judged against the known issues with what that model's HF load left unloaded."""
+    from harness import known_issues, titan_api
+
+    natives = [m for m in models if m.kind == "native"]
+    if not natives or len(natives) == len(models):  # two native loads agree with each other
+        return known_issues.Verdict("pass") if problem is None else known_issues.Verdict("fail", problem)
+    observed = {"native_keys_not_loaded": native_keys_not_loaded_kinds(natives[0])}
+    return known_issues.judge("native_moe_parity", problem, observed, workarounds,
+                              subject=subject, generation=titan_api.generation())

@@ -267,6 +267,7 @@ class HFLoadReport:
     produced_native_keys: set[str]  # adapter.from_hf(...) output keys
     missing_on_load: list[str]  # load_state_dict(strict=False) report
     unexpected_on_load: list[str]
+    error: str | None = None  # the load raised (``Type: message``): nothing was loaded
 
     @property
     def unread_file_keys(self) -> set[str]:
@@ -331,6 +332,28 @@ def load_hf_checkpoint_like_trainer(model: nn.Module, adapter, model_dir: str | 
     )
 
 
+def hf_load_refused_like_trainer(model: nn.Module, model_dir: str | Path) -> HFLoadReport:
+    """The trainer's ``initial_load_in_hf`` for a model spec without a state-dict adapter:
+    torchtitan's own ``CheckpointManager.dcp_load(from_hf=True)``, run on a checkpointer that
+    holds no adapter (as the trainer's does), and the error it raises recorded."""
+    from types import SimpleNamespace
+
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    checkpointer = SimpleNamespace(sd_adapter=None, states={"model": model})
+    try:
+        CheckpointManager.dcp_load(checkpointer, dict(model.state_dict()),
+                                   checkpoint_id=str(model_dir), from_hf=True, from_quantized=False)
+    except Exception as error:  # noqa: BLE001 - recorded, judged by the load test
+        message = f"{type(error).__name__}: {error}"
+    else:
+        message = None
+    keys = set(model.state_dict())
+    return HFLoadReport(file_keys=checkpoint_keys(model_dir), requested_hf_keys=set(),
+                        native_keys=keys, produced_native_keys=set(), missing_on_load=sorted(keys),
+                        unexpected_on_load=[], error=message or "no adapter, yet dcp_load passed")
+
+
 def native_model_config(model_dir: str | Path, *, custom_ops: bool = False, attention: str = "flex"):
     """torchtitan ``Qwen3Model.Config`` for the checkpoint's shape (harness.backends helper),
     with attention backend ``attention`` ("flex": per-document mask; "sdpa": causal over the
@@ -392,9 +415,9 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
         # for SDPA (spring-2026 "causal"), no mask and RoPE at row positions.
         if row_causal:
             batch = batch.masked_as("row_causal")
-            return model(batch.inputs, batch.positions, None)
+            return model(batch.inputs, positions=batch.positions, attention_masks=None)
         masks = model.get_attention_masks(positions=batch.positions)
-        return model(batch.inputs, batch.positions, masks)
+        return model(batch.inputs, positions=batch.positions, attention_masks=masks)
 
     def to_hf(module: nn.Module) -> dict[str, torch.Tensor]:
         return adapter.to_hf(dict(module.state_dict()))
@@ -425,18 +448,22 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
     ``__init__``); they are restored once the model is initialised so other models built in
     this process are unaffected. ``configure(model_config)`` may adjust the config after
     ``update_from_config`` (the trainer's override hook point).
+
+    Where the generation's backend has no HF state-dict adapter
+    (``titan_api.transformers_backend().state_dict_adapter is None``), the trainer's load is
+    refused (``load_report.error``, judged by the load test against the known issue), and the
+    weights are copied into the inner HF model from transformers' own load of the same
+    checkpoint, so that everything else about the backend's model stays compared.
     """
     prepare_in_process()
     import transformers.models.qwen3.modeling_qwen3 as q3
     import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
-    from torchtitan.experiments.transformers_modeling_backend import model_registry
-    from torchtitan.experiments.transformers_modeling_backend.configs import (
-        TransformersBackendConfig,
-    )
-    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
-        HFTransformerStateDictAdapter,
-    )
     from transformers.modeling_utils import PreTrainedModel
+
+    from harness import titan_api
+
+    api = titan_api.transformers_backend()
+    model_registry, TransformersBackendConfig = api.model_registry, api.TransformersBackendConfig
 
     arch = Qwen3Arch.from_dir(model_dir)
     saved = {
@@ -459,8 +486,12 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
     finally:
         for (owner, attr), value in saved.items():
             setattr(owner, attr, value)
-    adapter = HFTransformerStateDictAdapter(config, str(model_dir))
-    report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
+    if api.state_dict_adapter is not None:
+        report = load_hf_checkpoint_like_trainer(
+            model, api.state_dict_adapter(config, str(model_dir)), model_dir)
+    else:
+        report = hf_load_refused_like_trainer(model, model_dir)
+        _copy_weights_by_hf_names(model.model, model_dir)
     model.eval()
 
     def logits_fn(batch: Batch) -> torch.Tensor:
@@ -479,6 +510,16 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
                          to_hf_fn=to_hf, settings=model_settings, load_report=report)
     parity.model_config = config  # type: ignore[attr-defined]
     return parity
+
+
+def _copy_weights_by_hf_names(inner: nn.Module, model_dir: str | Path) -> None:
+    """Every tensor of transformers' own load of ``model_dir`` into ``inner`` (the backend's HF
+    model, the same class), strictly: a key missing on either side is an error."""
+    import transformers
+
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    result = inner.load_state_dict(loaded.state_dict(), strict=True)
+    del loaded, result
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from harness import titan_api
+
 CANONICAL_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
@@ -113,7 +115,7 @@ def native_settings(model: nn.Module, *, attn_mask: str = DOCUMENT_CAUSAL) -> di
     moe = [l.moe for l in layers if getattr(l, "moe_enabled", False)]
     out["intermediate_size"] = dense[0].w1.weight.shape[0] if dense else None
     if moe:
-        router, experts = moe[0].router, moe[0].routed_experts.inner_experts
+        router, experts = moe[0].router, titan_api.moe_grouped_experts(moe[0])
         out.update(
             num_experts=router.num_experts,
             num_experts_per_tok=router.top_k,

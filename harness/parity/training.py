@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from harness import titan_api
 from harness.parity.models import Batch, ParityModel
 
 
@@ -165,8 +166,8 @@ def train_native(model: ParityModel, trainer_config, global_batches: list[list[B
         total = torch.zeros(())
         for b in ranks:
             masks = module.get_attention_masks(positions=b.positions)
-            pred = module(b.inputs, b.positions, masks)
-            loss, _ = loss_fn(pred, b.labels, global_tokens)  # Trainer: `loss, _ = self.loss_fn(...)`
+            pred = module(b.inputs, positions=b.positions, attention_masks=masks)
+            loss = titan_api.call_loss(loss_fn, pred, b.labels, global_tokens)  # as the Trainer calls it
             loss.backward()
             total += loss.detach()
         grad_norm = dist_utils.clip_grad_norm_(list(module.parameters()), trainer_config.training.max_norm,

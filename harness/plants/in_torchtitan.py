@@ -107,7 +107,9 @@ def _all_token_norm(trainer_module: ModuleType):
     def make(original):
         def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
             world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            all_tokens = torch.full_like(global_valid_tokens, labels.numel() * world)
+            count = labels.numel() * world  # spring passes the count as a float, 0.3.0 a tensor
+            all_tokens = (torch.full_like(global_valid_tokens, count)
+                          if isinstance(global_valid_tokens, torch.Tensor) else float(count))
             return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=all_tokens)
         return forward_backward_step
     return _replace(trainer_module.Trainer, "forward_backward_step", make)
@@ -202,4 +204,127 @@ PATCH_PLANTS = (
           ("dataloader reference", "trainer feed"), patch=("torchtitan.components.tokenizer", _drop_eos)),
     Plant("sft_mask_off_by_one", "data", "the chat dataset also ignores the first assistant label",
           ("SFT reference",), patch=(DATASETS, _sft_mask_off_by_one)),
+)
+
+
+# ---------------------------------------------------------------------- MoE load balancing
+# Defects of aux-loss-free load balancing as torchtitan's history has seen them: the update
+# hook lost, its sign, the routing counts, the bias in routing, the bias in the checkpoint.
+# The update is a step pre-hook on the OptimizersContainer (the only one the harness's runs
+# register), so the update plants wrap what that container registers.
+
+MOE = "torchtitan.models.common.moe"
+OPTIMIZER = "torchtitan.components.optimizer"
+
+
+def _moe_layers_of(model_parts):
+    for part in model_parts:
+        for module in part.modules():
+            if hasattr(module, "tokens_per_expert_E"):
+                yield module
+
+
+def _wrap_container_pre_hooks(wrap):
+    """Each step pre-hook the OptimizersContainer registers becomes ``wrap(hook, container)``."""
+    def apply(optimizer_module: ModuleType):
+        def make(original):
+            def register_step_pre_hook(self, hook):
+                return original(self, wrap(hook, self))
+            return register_step_pre_hook
+        return _replace(optimizer_module.OptimizersContainer, "register_step_pre_hook", make)
+    return apply
+
+
+def _hook_dropped(optimizer_module: ModuleType):
+    class _Handle:
+        def remove(self):
+            pass
+
+    return _replace(optimizer_module.OptimizersContainer, "register_step_pre_hook",
+                    lambda original: lambda self, hook: _Handle())
+
+
+def _sign_flipped(hook, container):
+    def flipped(*args, **kwargs):
+        moes = list(_moe_layers_of(container.model_parts))
+        before = [m.expert_bias_E.detach().clone() for m in moes]
+        result = hook(*args, **kwargs)
+        with torch.no_grad():
+            for m, b in zip(moes, before):
+                m.expert_bias_E.copy_(2 * b - m.expert_bias_E)
+        return result
+    return flipped
+
+
+def _counts_kept(hook, container):
+    def kept(*args, **kwargs):
+        moes = list(_moe_layers_of(container.model_parts))
+        before = [m.tokens_per_expert_E.detach().clone() for m in moes]
+        result = hook(*args, **kwargs)
+        with torch.no_grad():
+            for m, c in zip(moes, before):
+                m.tokens_per_expert_E.copy_(c)
+        return result
+    return kept
+
+
+def _counts_not_accumulated(moe_module: ModuleType):
+    """Each MoE layer's forward leaves tokens_per_expert as it found it (hooks on the built
+    layer: its forward itself is left alone)."""
+    def make(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            kept = {}
+
+            def before(module, _args):
+                kept["counts"] = module.tokens_per_expert_E.detach().clone()
+
+            def after(module, _args, _out):
+                with torch.no_grad():
+                    module.tokens_per_expert_E.copy_(kept.pop("counts"))
+
+            self.register_forward_pre_hook(before)
+            self.register_forward_hook(after)
+        return __init__
+    return _replace(moe_module.MoE, "__init__", make)
+
+
+def _router_ignores_bias(moe_module: ModuleType):
+    def make(original):
+        def forward(self, x, expert_bias_E=None, *args, **kwargs):
+            return original(self, x, None, *args, **kwargs)
+        return forward
+    return _replace(moe_module.TokenChoiceTopKRouter, "forward", make)
+
+
+def _bias_not_persistent(moe_module: ModuleType):
+    def make(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if getattr(self, "expert_bias_E", None) is not None:
+                self._non_persistent_buffers_set.add("expert_bias_E")
+        return __init__
+    return _replace(moe_module.MoE, "__init__", make)
+
+
+_BALANCE = ("load balancing records",)
+PATCH_PLANTS += (
+    Plant("moe_balance_hook_dropped", "training state",
+          "the optimizer never registers the MoE load-balancing update: expert_bias never moves",
+          _BALANCE, patch=(OPTIMIZER, _hook_dropped)),
+    Plant("moe_bias_update_sign_flipped", "training state",
+          "the expert_bias update has the wrong sign (over-used experts get chosen more)",
+          _BALANCE, patch=(OPTIMIZER, _wrap_container_pre_hooks(_sign_flipped))),
+    Plant("moe_counts_not_reset", "training state",
+          "tokens_per_expert is never reset after an update: counts accumulate across steps",
+          _BALANCE, patch=(OPTIMIZER, _wrap_container_pre_hooks(_counts_kept))),
+    Plant("moe_counts_not_accumulated", "training state",
+          "the MoE forward never adds its routing counts to tokens_per_expert",
+          _BALANCE, patch=(MOE, _counts_not_accumulated)),
+    Plant("moe_router_ignores_bias", "training state",
+          "the router picks its top-k from the raw scores, without expert_bias",
+          _BALANCE, patch=(MOE, _router_ignores_bias)),
+    Plant("moe_expert_bias_not_checkpointed", "training state",
+          "expert_bias is a non-persistent buffer: not saved, so a resumed run restarts it at zero",
+          ("expert_bias restored",), patch=(MOE, _bias_not_persistent)),
 )

@@ -80,13 +80,27 @@ def transformers_backend() -> SimpleNamespace:
         HFTransformerModel=HFTransformerModel,
         # spring: the plain Trainer; attention through SDPA, causal (is_causal).
         attention="sdpa (HF AttentionInterface 'sdpa_torchtitan'), causal",
+        # How it masks packed rows (harness.parity.models.Batch.masked_as): spring's
+        # HFTransformerModel.forward replaces the positions with 0..L-1 and its SDPA is causal,
+        # so it is native sdpa's model, "row_causal"; attn_mask_type is declared but unused,
+        # so no setting gives a per-document mask (block_causal False).
+        masking="row_causal",
+        block_causal=False,
+        # spring's backend has no state_dict_adapter module (model_registry passes
+        # state_dict_adapter=None): known issue spring2026-hf_v5-no-hf-state-dict-adapter.
+        state_dict_adapter=None,
     )
 
 
-def moe_grouped_experts(moe_config):
-    """The ``GroupedExperts.Config`` of an MoE layer config: spring holds it directly
-    (``moe.experts``; 0.3.0 later wrapped it in a RoutedExperts region)."""
-    return moe_config.experts
+def moe_grouped_experts(moe):
+    """The ``GroupedExperts`` of an MoE layer (its ``.Config`` of an MoE layer config, the built
+    module of a built layer): spring holds it directly (``moe.experts``; 0.3.0 later wrapped it
+    in a RoutedExperts region)."""
+    return moe.experts
+
+
+# Where ``moe_grouped_experts`` sits under an MoE layer, as a module path (for messages).
+MOE_GROUPED_EXPERTS_PATH = "experts"
 
 
 # The GroupedExperts method that computes the experts' SwiGLU on already-dispatched tokens,
@@ -105,22 +119,28 @@ def grouped_experts_config(config_cls, *, dim: int, hidden_dim: int, num_experts
                       token_dispatcher=LocalTokenDispatcher.Config(num_experts=num_experts, top_k=1))
 
 
-def call_loss(loss_fn, pred, labels):
-    """The summed loss of a built torchtitan loss: spring returns the tensor alone."""
-    return loss_fn(pred, labels)
+def call_loss(loss_fn, pred, labels, *args):
+    """The loss of a built torchtitan loss (``args``: e.g. the global valid-token count it
+    normalises by): spring returns the tensor alone."""
+    return loss_fn(pred, labels, *args)
 
 
-# Tests that build torchtitan 0.3.0's module internals in-process, not yet ported to this
-# generation. Everything launched (the run template: every backend, init and check, with this
-# generation's known issues), the config functions, user configs, the shims and the harness's
-# self-tests run here; these do not (yet):
-_MODULES = ("spring main has no RoutedExperts region (moe.experts), GroupedExperts.Config needs a "
-            "token_dispatcher, and the transformers backend has no state_dict_adapter module")
-NOT_PORTED: tuple[tuple[str, str], ...] = (
-    ("tests/parity/*", "the in-process parity suite builds 0.3.0 modules: " + _MODULES),
-    ("tests/e2e/test_data_path.py::*", "the independent data reference implements 0.3.0's "
-     "packing (labels shifted within each document); spring main shifts across the packed row"),
-    ("tests/e2e/test_ignored_labels.py::*", "its SFT config and reference follow 0.3.0's "
-     "ChatDataLoader and packing"),
-    ("tests/e2e/test_training_state.py::*", "its instrumented rank hooks follow 0.3.0's trainer"),
-)
+# How the pretraining dataset packs documents into rows (harness/data/reference.py implements
+# both): spring appends every document to one token stream and cuts rows of seq_len + 1, inputs
+# row[:-1] and labels row[1:], so a document's last token (its EOS) predicts the next
+# document's first token, and the row's last token is a label only; positions restart at 0 per
+# document and at each row start.
+TEXT_PACKING = "across_row"
+
+
+def post_dataloading_parts(processed) -> tuple:
+    """``Trainer.post_dataloading_process``'s result as ``(inputs, labels, model_kwargs)``
+    (``model_kwargs``: positions, attention masks): spring returns four values, ``(inputs,
+    labels, extra_inputs, extra_kwargs)``, the model getting both dicts."""
+    inputs, labels, extra_inputs, extra_kwargs = processed
+    return inputs, labels, {**extra_inputs, **extra_kwargs}
+
+
+# Every suite runs on this generation (the parity, conformance, data-path, SFT and
+# training-state references follow it where it differs: the names above).
+NOT_PORTED: tuple[tuple[str, str], ...] = ()

@@ -70,6 +70,9 @@ def transformers_backend() -> SimpleNamespace:
         TransformersBackendConfig,
     )
     from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
+        HFTransformerStateDictAdapter,
+    )
 
     return SimpleNamespace(
         TransformersBackendConfig=TransformersBackendConfig,
@@ -77,13 +80,25 @@ def transformers_backend() -> SimpleNamespace:
         HFTransformerModel=HFTransformerModel,
         # 0.3.0: HFTransformerTrainer; attention through flex with a causal BlockMask.
         attention="flex (HF AttentionInterface 'flex_torchtitan'), causal mask",
+        # How it masks packed rows: its BlockMask is causal over the row while RoPE gets the
+        # dataloader's per-document positions ("causal"); attn_mask_type "block_causal" gives
+        # the per-document mask (the hf_block_causal workaround).
+        masking="causal",
+        block_causal=True,
+        # HF safetensors in and out (checkpoint.initial_load_in_hf / last_save_in_hf).
+        state_dict_adapter=HFTransformerStateDictAdapter,
     )
 
 
-def moe_grouped_experts(moe_config):
-    """The ``GroupedExperts.Config`` of an MoE layer config: 0.3.0 nests it in a RoutedExperts
-    region (``moe.routed_experts.inner_experts``, the EP ``local_map`` boundary)."""
-    return moe_config.routed_experts.inner_experts
+def moe_grouped_experts(moe):
+    """The ``GroupedExperts`` of an MoE layer (its ``.Config`` of an MoE layer config, the built
+    module of a built layer): 0.3.0 nests it in a RoutedExperts region
+    (``moe.routed_experts.inner_experts``, the EP ``local_map`` boundary)."""
+    return moe.routed_experts.inner_experts
+
+
+# Where ``moe_grouped_experts`` sits under an MoE layer, as a module path (for messages).
+MOE_GROUPED_EXPERTS_PATH = "routed_experts.inner_experts"
 
 
 # The GroupedExperts method that computes the experts' SwiGLU on already-dispatched tokens,
@@ -96,11 +111,26 @@ def grouped_experts_config(config_cls, *, dim: int, hidden_dim: int, num_experts
     return config_cls(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts)
 
 
-def call_loss(loss_fn, pred, labels):
-    """The summed loss of a built torchtitan loss: 0.3.0 returns ``(loss, metrics)``."""
-    loss, _metrics = loss_fn(pred, labels)
+def call_loss(loss_fn, pred, labels, *args):
+    """The loss of a built torchtitan loss (``args``: e.g. the global valid-token count it
+    normalises by): 0.3.0 returns ``(loss, metrics)``."""
+    loss, _metrics = loss_fn(pred, labels, *args)
     return loss
 
 
-# Every test of the harness was written against this generation.
+# How the pretraining dataset packs documents into rows (harness/data/reference.py implements
+# both): 0.3.0 shifts within each document (inputs doc[:-1], labels doc[1:]) and cuts rows of
+# exactly seq_len, so a document's last token never predicts the next document's first;
+# positions restart at 0 per document and at each row start.
+TEXT_PACKING = "within_document"
+
+
+def post_dataloading_parts(processed) -> tuple:
+    """``Trainer.post_dataloading_process``'s result as ``(inputs, labels, model_kwargs)``
+    (``model_kwargs``: positions, attention masks): 0.3.0 returns exactly these three."""
+    inputs, labels, extra_kwargs = processed
+    return inputs, labels, dict(extra_kwargs)
+
+
+# Every test of the harness runs on this generation.
 NOT_PORTED: tuple[tuple[str, str], ...] = ()

@@ -3,7 +3,9 @@
 Recorded losses and the parity references use torchtitan's own tokenizer call, packing,
 positions and loss normalisation, so a dataloader defect would be invisible to them. Here the
 fixture corpus is tokenised and packed with the ``tokenizers`` library from the documented
-contract (harness/data/reference.py), and compared token for token, positions included, for
+contract (harness/data/reference.py) of the installed generation's packing
+(``titan_api.TEXT_PACKING``: 0.3.0 shifts labels within each document, spring 2026 across the
+packed row), and compared token for token, positions included, for
 dp ranks 0 and 1 (dp 2, local batch 2, seq 256: the tiny runs' shape) with:
 - the dataloader the backend config builds (``titan_native.tiny().dataloader``), in process;
 - what torchtitan's real trainer (torchrun, 2 ranks) receives and feeds the model, dumped by a
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from harness.backends import BACKENDS, titan_native
-from harness import paths
+from harness import paths, titan_api
 from harness.backends.common import TINY
 from harness.plants import planted
 from harness.data import instrumented
@@ -29,10 +31,10 @@ N_BATCHES = 3  # in process: the first three local batches of each rank
 DATA_PLANTS = ("label_shift", "drop_eos", "positions_no_reset")
 
 
-def reference(rank: int, n_batches: int = 1) -> list[ref.Batch]:
+def reference(rank: int, n_batches: int = 1, packing: str = titan_api.TEXT_PACKING) -> list[ref.Batch]:
     return ref.reference_batches(paths.CORPUS, paths.TINY_DENSE, seq_len=TINY.seq_len,
                                  local_batch_size=TINY.local_batch_size, dp_rank=rank,
-                                 dp_world=DP, n_batches=n_batches)
+                                 dp_world=DP, n_batches=n_batches, packing=packing)
 
 
 def config_batches(rank: int, n_batches: int) -> list[ref.Batch]:
@@ -52,20 +54,37 @@ def mismatches(got: list[ref.Batch], want: list[ref.Batch]) -> list[str]:
             for m in ref.compare(g, w)]
 
 
-def test_reference_contract_sanity():
-    """The reference itself: documents end in EOS, labels are the next token within a document,
-    positions restart at 0 after every EOS, no BOS (the fixture tokenizer has none)."""
-    batch = reference(0)[0]
+@pytest.mark.parametrize("packing", ref.PACKINGS)
+def test_reference_contract_sanity(packing):
+    """The reference itself, for each generation's packing: documents end in EOS, positions
+    restart at 0 at every document start, no BOS (the fixture tokenizer has none); within a
+    document label t is input t+1. "within_document": the label of a document's last input is
+    its EOS (the next input starts a new document at 0); "across_row": the EOS is an input whose
+    label is the next document's first token, and label t is input t+1 across the whole row."""
+    batch = reference(0, packing=packing)[0]
     tok = ref.TokenizerRef(paths.TINY_DENSE)
     assert tok.bos_id is None and tok.eos_id == 0
-    eos = batch.labels == tok.eos_id
-    assert eos.any(), "the first batch holds no document end"
-    # after a label EOS (a document's last input) the next input starts a new document at 0
-    rows, cols = eos[:, :-1].nonzero(as_tuple=True)
-    assert (batch.positions[rows, cols + 1] == 0).all()
-    # within a document, label t is input t+1
     same_doc = batch.positions[:, 1:] != 0
     assert torch.equal(batch.labels[:, :-1][same_doc], batch.input[:, 1:][same_doc])
+    if packing == "within_document":
+        eos = batch.labels == tok.eos_id
+        assert eos.any(), "the first batch holds no document end"
+        rows, cols = eos[:, :-1].nonzero(as_tuple=True)
+        assert (batch.positions[rows, cols + 1] == 0).all()
+        assert not (batch.input == tok.eos_id).any(), "an EOS fed as an input"
+    else:
+        eos = batch.input == tok.eos_id
+        assert eos.any(), "the first batch holds no document end"
+        rows, cols = eos[:, :-1].nonzero(as_tuple=True)
+        assert (batch.positions[rows, cols + 1] == 0).all()
+        assert torch.equal(batch.labels[:, :-1], batch.input[:, 1:])
+
+
+def test_the_two_packings_differ_where_the_generations_do():
+    """The reference's two contracts are not the same contract: a wrong generation's reference
+    fails the comparison (so the generation's choice in titan_api is itself checked)."""
+    within, across = (reference(0, packing=p)[0] for p in ref.PACKINGS)
+    assert ref.compare(within, across), "the two packings gave identical batches"
 
 
 @pytest.mark.parametrize("rank", range(DP))

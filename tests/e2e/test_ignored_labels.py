@@ -1,7 +1,8 @@
 """Ignored labels through the real trainer (issue "No blind spots", item 3).
 
 Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
-never exercised. This run uses torchtitan 0.3.0's own SFT path (``ChatDataLoader``: prompt
+never exercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
+and spring 2026; spring's trainer passes the global valid-token count as a float) (``ChatDataLoader``: prompt
 labels and EOS padding are -100; harness/data/sft_config.py) on the tiny native backend from
 the pretrained fixture, 2 ranks. Its batches (in process and as the real trainer's ranks
 received them) are compared token for token, ignored labels and positions included, with an

@@ -12,8 +12,17 @@
 (c) Tied embeddings (tiny_dense is tied): in every rank the token embedding and the output
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
-Each is shown failing on a planted defect: expert_bias zeroed after the checkpoint load; a
-model built untied.
+(d) MoE load balancing step by step (harness/training_state.py ``balance_findings``, from the
+    rank-side records of harness/data/rank_hooks.py): the routing counts are the step's router
+    choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
+    exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
+    the bias of its step.
+The default tier runs (a), (b) and (d) in their cheap form on nki_moe (2 steps, checkpoint at
+step 1, resumed for step 2: two short launches) and (c) on the shared one-step run; the slow
+tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
+failing on planted defects (harness/plants/in_torchtitan.py): expert_bias zeroed after the
+checkpoint load or never checkpointed; the balancing update dropped, of the wrong sign, its
+counts never reset or never accumulated; the router ignoring the bias; a model built untied.
 """
 
 from __future__ import annotations
@@ -23,13 +32,12 @@ import contextlib
 import pytest
 import torch
 
+from harness import known_issues
 from harness import training_state as ts
 from harness.data import instrumented
 from harness.launch import RunSpec
 
-K, STEPS = 2, 4
-CHECKPOINTING = ("--checkpoint.enable", "--checkpoint.interval", str(K),
-                 "--checkpoint.no-last-save-model-only")
+K, STEPS = 2, 4  # the slow tier's form
 
 
 @pytest.fixture(scope="module")
@@ -44,31 +52,46 @@ def _ok(result):
     return result
 
 
-def resume_pair(backend_runs, names, base, plants=()):
-    """(uninterrupted run of STEPS, run resumed from its step-K checkpoint)."""
+QUICK_K, QUICK_STEPS = 1, 2  # the default tier's form
+
+
+def checkpointing(k: int) -> tuple[str, ...]:
+    return ("--checkpoint.enable", "--checkpoint.interval", str(k),
+            "--checkpoint.no-last-save-model-only")
+
+
+def first_run(backend_runs, names, base, plants=(), k=K, steps=STEPS):
     env = instrumented.env(f"harness.backends.{base}")
-    first = _ok(backend_runs.get(RunSpec(names[base], steps=STEPS, overrides=CHECKPOINTING,
-                                         extra_env=env)))
-    resume = CHECKPOINTING + (
-        "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, K).resolve()),
+    return backend_runs.get(RunSpec(names[base], steps=steps, overrides=checkpointing(k),
+                                    plants=plants, extra_env=env))
+
+
+def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_plants=()):
+    """(uninterrupted run of ``steps``, run resumed from its step-``k`` checkpoint);
+    ``first_plants`` break the first run too."""
+    env = instrumented.env(f"harness.backends.{base}")
+    first = _ok(first_run(backend_runs, names, base, first_plants, k, steps))
+    resume = checkpointing(k) + (
+        "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, k).resolve()),
         "--checkpoint.no-initial-load-model-only")
     second = _ok(backend_runs.get(RunSpec(
-        names[base], steps=STEPS, overrides=resume, plants=plants, extra_env=env)))
+        names[base], steps=steps, overrides=resume, plants=plants, extra_env=env)))
     return first, second
 
 
-def resume_findings(first, second) -> list[str]:
+def resume_findings(first, second, k=K, steps=STEPS) -> list[str]:
     found = []
     want = {s.step: s.loss for s in first.steps}
     got = {s.step: s.loss for s in second.steps}
-    if sorted(got) != list(range(K + 1, STEPS + 1)):
-        found.append(f"resumed run logged steps {sorted(got)}, not {K + 1}..{STEPS}")
+    if sorted(got) != list(range(k + 1, steps + 1)):
+        found.append(f"[{ts.RESUME}] resumed run logged steps {sorted(got)}, not {k + 1}..{steps}")
     for step, loss in got.items():
         if loss != want.get(step):
-            found.append(f"step {step}: resumed loss {loss!r} != uninterrupted {want.get(step)!r}")
-    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, STEPS)),
-                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, STEPS)))
-    found += [f"final checkpoint: {d}" for d in diffs[:20]]
+            found.append(f"[{ts.RESUME}] step {step}: resumed loss {loss!r} != uninterrupted "
+                         f"{want.get(step)!r}")
+    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)),
+                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, steps)))
+    found += [f"[{ts.RESUME}] final checkpoint: {d}" for d in diffs[:20]]
     return found
 
 
@@ -80,26 +103,39 @@ def test_resume_reproduces_uninterrupted_run(backend_runs, instrumented_names, b
     assert not found, "\n".join(found)
 
 
-def expert_bias_findings(first, second) -> list[str]:
+def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
     found = []
-    saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, K)))
-    saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, STEPS)))
+    saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, k)))
+    saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)))
     if not saved_k:
-        return ["no expert_bias in the step-K checkpoint"]
+        return [f"[{ts.CHECKPOINT}] no expert_bias in the step-{k} checkpoint"]
     for key, value in saved_k.items():
         if not value.abs().sum() > 0:
-            found.append(f"{key}: still zero after {K} steps (never updated)")
-        if torch.equal(value, saved_end[key]):
-            found.append(f"{key}: unchanged between step {K} and step {STEPS}")
+            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: still zero after {k} steps")
+        if torch.equal(value, saved_end.get(key)):
+            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: unchanged between step {k} and step {steps}")
+    # the checkpoint holds the bias the trainer had after step k's update
+    records = ts.balance_records(first.run_dir)
+    for rank, steps_seen in records.items():
+        after_k = {ts.canonical_key(n): rec["bias_after"] for s in steps_seen if s["step"] == k
+                   for n, rec in s["layers"].items()}
+        for key, value in saved_k.items():
+            layer = key.rsplit(".expert_bias", 1)[0]
+            match = [v for n, v in after_k.items() if n == layer.split("model.", 1)[-1]]
+            if not match:
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: no step-{k} record of {layer}")
+            elif not torch.equal(match[0], value.float()):
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: checkpoint {key} {value.tolist()} != the trainer's after "
+                             f"step {k} {match[0].tolist()}")
     # what the resumed trainer holds right after the load, on every rank
     for rank in range(first.nproc):
         loaded = torch.load(second.run_dir / "dump" / "harness_state" / f"rank{rank}_loaded.pt")
         loaded = {ts.canonical_key(k): v for k, v in loaded.items()}
         for key, value in saved_k.items():
             if key not in loaded:
-                found.append(f"rank {rank}: {key} not found after load ({sorted(loaded)})")
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} not found after load ({sorted(loaded)})")
             elif not torch.equal(loaded[key], value):
-                found.append(f"rank {rank}: {key} after load {loaded[key].tolist()} != saved "
+                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} after load {loaded[key].tolist()} != saved "
                              f"{value.tolist()}")
     return found
 
@@ -107,8 +143,85 @@ def expert_bias_findings(first, second) -> list[str]:
 @pytest.mark.slow
 def test_expert_bias_updated_saved_restored(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe")
-    found = expert_bias_findings(first, second)
-    assert not found, "\n".join(found)
+    problem, verdict = judge_balance(
+        expert_bias_findings(first, second) + ts.balance_findings(ts.balance_records(first.run_dir)), first)
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
+
+
+def _tagged(run_name: str, findings: list[str]) -> list[str]:
+    return [f.replace("] ", f"] {run_name}: ", 1) for f in findings]
+
+
+def quick_findings(first, second) -> list[str]:
+    """Every training-state finding of the default tier's nki_moe pair (each ``[kind] ...``)."""
+    return (_tagged("first run", ts.balance_findings(ts.balance_records(first.run_dir)))
+            + _tagged("resumed run", ts.balance_findings(ts.balance_records(second.run_dir)))
+            + expert_bias_findings(first, second, QUICK_K, QUICK_STEPS)
+            + resume_findings(first, second, QUICK_K, QUICK_STEPS))
+
+
+def judge_balance(found: list[str], run):
+    """The ``moe_load_balancing`` verdict of nki_moe ``run``'s findings (observed:
+    ``finding_kinds``), against the known issues of its generation."""
+    problem = "\n".join(found) or None
+    return problem, known_issues.judge(
+        "moe_load_balancing", problem, {"finding_kinds": ts.finding_kinds(found)}, run.workarounds,
+        backend="nki_moe", generation=run.versions.get("torchtitan-generation", ""))
+
+
+def test_moe_load_balancing_through_a_checkpoint(backend_runs, instrumented_names):
+    """The default tier's training-state check: nki_moe for 2 steps with load balancing on,
+    checkpointed at step 1 and resumed for step 2. expert_bias is updated from the routing
+    counts at every step, applied in routing, saved, restored, and the resumed run is the
+    uninterrupted one bit for bit (losses and the final checkpoint, optimizer state included)."""
+    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe",
+                                k=QUICK_K, steps=QUICK_STEPS)
+    problem, verdict = judge_balance(quick_findings(first, second), first)
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
+
+
+def test_seeded_rerun_is_bitwise_identical(backend_runs, instrumented_names):
+    """The default tier's determinism check: the first run of the pair above launched again
+    with the same seed gives the same losses and grad norms, and the same full checkpoint
+    (weights, optimizer, lr schedule, dataloader, expert_bias) bit for bit."""
+    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", k=QUICK_K, steps=QUICK_STEPS))
+    env = instrumented.env("harness.backends.nki_moe") + (("HARNESS_RERUN", "1"),)
+    rerun = _ok(backend_runs.get(RunSpec(instrumented_names["nki_moe"], steps=QUICK_STEPS,
+                                         overrides=checkpointing(QUICK_K), extra_env=env)))
+    found = [f"step {a.step}: loss {a.loss!r} vs {b.loss!r}, grad norm {a.grad_norm!r} vs {b.grad_norm!r}"
+             for a, b in zip(first.steps, rerun.steps) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
+    if len(rerun.steps) != len(first.steps):
+        found.append(f"{len(rerun.steps)} steps logged, not {len(first.steps)}")
+    found += [f"final checkpoint: {d}" for d in ts.differences(
+        ts.load_dcp(ts.checkpoint_dir(first.run_dir, QUICK_STEPS)),
+        ts.load_dcp(ts.checkpoint_dir(rerun.run_dir, QUICK_STEPS)))[:20]]
+    assert not found, "seeded rerun differs:\n" + "\n".join(found)
+
+
+BALANCE_PLANTS = ("moe_balance_hook_dropped", "moe_bias_update_sign_flipped", "moe_counts_not_reset",
+                  "moe_counts_not_accumulated", "moe_router_ignores_bias")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", BALANCE_PLANTS)
+def test_load_balancing_check_catches_planted_defect(backend_runs, instrumented_names, plant):
+    """What test_moe_load_balancing_through_a_checkpoint reads from the first run catches a
+    broken balancing update or routing (the plant breaks the uninterrupted run)."""
+    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", (plant,), QUICK_K, QUICK_STEPS))
+    assert ts.balance_findings(ts.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["moe_expert_bias_not_checkpointed", "reset_expert_bias_on_load"])
+def test_checkpoint_check_catches_expert_bias_not_restored(backend_runs, instrumented_names, plant):
+    """The default-tier pair with expert_bias lost on its way through the checkpoint (never
+    saved: both runs planted; zeroed by the load: the resumed run planted)."""
+    first_plants = (plant,) if plant == "moe_expert_bias_not_checkpointed" else ()
+    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe", (plant,),
+                                QUICK_K, QUICK_STEPS, first_plants=first_plants)
+    assert quick_findings(first, second), f"planted {plant} went unnoticed"
 
 
 @pytest.mark.slow
@@ -133,3 +246,19 @@ def test_tie_check_catches_untied_model(backend_runs):
         result = _ok(backend_runs.get(instrumented.native_feed_spec(
             name, plants=("untie_embeddings",))))
     assert ts.tie_findings(result.run_dir, step=1), "an untied model went unnoticed"
+
+
+def test_load_balancing_issue_excuses_only_its_own_signature():
+    """spring2026-qwen3-moe-no-load-balancing-hook excuses the balancing check only when the bias
+    never moved and the counts were never reset, nothing else; and nowhere on 0.3.0."""
+    def status(kinds, generation="spring2026"):
+        return known_issues.judge("moe_load_balancing", "findings", {"finding_kinds": kinds}, (),
+                                  backend="nki_moe", generation=generation).status
+
+    own = (ts.BIAS_NOT_UPDATED, ts.COUNTS_NOT_RESET)
+    assert status(own) == "known"
+    assert status((ts.BIAS_UPDATE_WRONG,)) == "fail"
+    assert status((*own, ts.RESUME)) == "fail"
+    assert status(own, "v0_3") == "fail"
+    assert known_issues.judge("moe_load_balancing", None, {}, (), backend="nki_moe",
+                              generation="spring2026").status == "fail"  # a pass: stale entry

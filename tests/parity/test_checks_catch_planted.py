@@ -356,12 +356,12 @@ def test_mask_issue_signature_does_not_excuse_other_failures():
 
     def status(deviation, attention="flex"):
         return known_issues.judge("loss_curve_vs_titan_native", "curves differ", {"deviation": deviation},
-                                  (), backend="hf_v5", attention=attention).status
+                                  (), backend="hf_v5", attention=attention, generation="v0_3").status
 
     assert status(0.053) == "known" and status(0.0534, "sdpa") == "known"
     assert status(1.13) == "fail" and status(-0.0004, "sdpa") == "fail" and status(float("nan")) == "fail"
     assert known_issues.judge("loss_curve_vs_titan_native", None, {}, ("hf_block_causal",), backend="hf_v5",
-                              attention="flex").status == "pass"
+                              attention="flex", generation="v0_3").status == "pass"
 
 
 def test_activation_comparison_fails_when_router_choices_are_missing_on_one_side(moe_models, moe_batch, activations):

@@ -8,12 +8,18 @@ configuration: causal over the row, RoPE at row positions) is compared with tran
 the reference fed the same row positions. On a mismatch the
 message names the first divergent activation, prints both models' effective settings side by
 side with the first differing one, and the package versions.
+
+Where the installed generation's adapter leaves a native model's experts unloaded (known
+issue ``spring2026-qwen3-moe-adapter-expert-keys``), a comparison involving that model is an
+xfail naming it only while exactly the routed experts were left unloaded
+(``compare.judge_parity``); everything else is held to its tolerance.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from harness import known_issues
 from harness.parity import compare
 from harness.parity.settings import settings_table
 from harness.tolerances import parity_regime_for as regime_for, parity_tolerance as tolerance
@@ -64,13 +70,19 @@ def test_dense_activations_and_logits_match(dense_models, dense_batch, activatio
 
 
 @pytest.mark.parametrize("a,b,regime", MOE_PAIRS, ids=[f"{a}-vs-{b}" for a, b, _ in MOE_PAIRS])
-def test_moe_activations_and_logits_match(moe_models, moe_batch, activations, a, b, regime):
+def test_moe_activations_and_logits_match(moe_models, moe_batch, activations, a, b, regime, workarounds):
     report = _activation_report(moe_models, a, b, regime, moe_batch, activations)
-    assert report.ok, compare.parity_message(report.format())
+    problem = None if report.ok else compare.parity_message(report.format())
+    verdict = compare.judge_parity(problem, (moe_models[a], moe_models[b]), workarounds, subject="tiny_moe")
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
+
+
+SUBJECT = {"dense": "tiny_dense", "moe": "tiny_moe"}
 
 
 @pytest.mark.parametrize("family", ["dense", "moe"])
-def test_loss_matches(family, dense_models, moe_models, dense_batch, moe_batch):
+def test_loss_matches(family, dense_models, moe_models, dense_batch, moe_batch, workarounds):
     models, batch = (dense_models, dense_batch) if family == "dense" else (moe_models, moe_batch)
     regime = regime_for(models["native"].arch)
     import torch
@@ -80,9 +92,13 @@ def test_loss_matches(family, dense_models, moe_models, dense_batch, moe_batch):
     band = tolerance("loss", regime).atol
     ref = losses["hf"]
     bad = {k: v for k, v in losses.items() if abs(v - ref) > band}
-    assert not bad, compare.parity_message(
+    problem = compare.parity_message(
         f"{family} step-1 loss per model (band {band:g} around transformers' {ref:.7f}):",
-        "\n".join(f"  {k:<24} {v:.7f}  |d|={abs(v - ref):.2e}" for k, v in losses.items()))
+        "\n".join(f"  {k:<24} {v:.7f}  |d|={abs(v - ref):.2e}" for k, v in losses.items())) if bad else None
+    verdict = compare.judge_parity(problem, [models["hf"], *(models[k] for k in bad)], workarounds,
+                                   subject=SUBJECT[family])
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
 
 
 @pytest.mark.parametrize("family", ["dense", "moe"])
@@ -110,7 +126,8 @@ def _gradients(model, batch):
 
 
 @pytest.mark.parametrize("family", ["dense", "moe"])
-def test_gradients_match_per_parameter(family, dense_models, moe_models, dense_batch, moe_batch):
+def test_gradients_match_per_parameter(family, dense_models, moe_models, dense_batch, moe_batch,
+                                       workarounds):
     """Every parameter's gradient, mapped to its HF name through the models' own state-dict
     conversion (torchtitan's adapter for native), agrees with transformers' gradient; the
     reference's gradients are checked the same way."""
@@ -123,7 +140,11 @@ def test_gradients_match_per_parameter(family, dense_models, moe_models, dense_b
         compare.compare_named("gradients", "reference", grads["reference"], "hf", grads["hf"],
                               tolerance("grads", "float32")),
     ]
-    assert all(r.ok for r in reports), compare.parity_message(*(r.format() for r in reports))
+    problem = None if all(r.ok for r in reports) else compare.parity_message(*(r.format() for r in reports))
+    bad = [models["hf"], *(models[name] for name, r in zip(("native", "reference"), reports) if not r.ok)]
+    verdict = compare.judge_parity(problem, bad, workarounds, subject=SUBJECT[family])
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
 
 
 @pytest.fixture(scope="module")

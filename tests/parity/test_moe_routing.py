@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness import known_issues
 from harness.parity import compare, routing
 from harness.tolerances import parity_tolerance as tolerance
 
@@ -56,13 +57,19 @@ BLOCKS = [
 @pytest.mark.parametrize("name,block,expert_dtype,regime", BLOCKS,
                          ids=[f"{n}-vs-reference[{r}]" for n, _, _, r in BLOCKS])
 def test_moe_block_matches_reference_on_the_same_input(moe_models, layer_inputs, name, block,
-                                                       expert_dtype, regime):
+                                                       expert_dtype, regime, workarounds):
+    """(A native model whose experts its generation's adapter left unloaded: judged by
+    ``compare.judge_parity`` against the known issue.)"""
     diffs = []
     for li in layer_inputs:
         got = block(moe_models[name], li.layer, li.x)
         want = routing.reference_block(moe_models["reference"], li.layer, li.x, expert_dtype)
         diffs.append(compare.diff_tensors(f"layer {li.layer} MoE output", got, want,
                                           tolerance("activations", regime)))
-    assert all(d.ok for d in diffs), compare.parity_message(
+    problem = None if all(d.ok for d in diffs) else compare.parity_message(
         f"MoE block, {name} vs reference (experts in {expert_dtype or 'fp32'}), same input:",
         *(d.line() for d in diffs))
+    verdict = compare.judge_parity(problem, (moe_models[name], moe_models["reference"]), workarounds,
+                                   subject="tiny_moe")
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message

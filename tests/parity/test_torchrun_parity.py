@@ -18,6 +18,13 @@ sdpa, "document" for native flex), and hf_v5 against the native variant it can m
   through ``from_pretrained``) and carries the reference trajectory's updates, tensor by
   tensor: relative error, size ratio ``||du|| / ||du_ref||`` and direction (cosine), so that a
   frozen, detached or double-counted tensor fails even where the error bound is coarse.
+
+Known issues of the installed generation are judged as the run template judges them
+(harness/checks.py): a run a known issue stops is not comparable (an xfail naming it, only
+when its ``completed`` check fails as recorded); a checkpoint a known issue leaves incomplete
+likewise (``hf_checkpoint_complete``); a trajectory is judged as ``first_step_loss`` (observed
+``deviation``: the run's step-1 loss minus the reference's, the quantity the recorded
+expectation measures).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import known_issues
+from harness import checks, known_issues, titan_api
 from harness.backends import BACKENDS
 from harness.conformance import checkpoint as C
 from harness.parity import compare
@@ -39,6 +46,8 @@ from harness.tolerances import parity_tolerance as tolerance
 DP = 2  # ranks per tiny CPU run (harness/backends SizeSpec nproc)
 # the attention backend whose mask a reference mask corresponds to (known-issue context)
 ATTENTION_OF_MASK = {"document": "flex", "row_causal": "sdpa"}
+# whether hf_block_causal exists here (spring 2026's backend has no per-document mask)
+BLOCK_CAUSAL = titan_api.transformers_backend().block_causal
 
 
 def _model_dir(backend: str):
@@ -56,6 +65,8 @@ def run(backend_runs, device_profile, steps, workarounds):
         spec = RunCase(device_profile.kind, backend, "tiny", "pretrained", attention).run_spec(
             steps, None, names)
         result = backend_runs.get(spec)
+        verdict, outcome = checks.verdict("completed", result, steps)
+        known_issues.xfail_if_known(verdict, outcome.problem)
         if not result.ok or len(result.steps) != steps:
             from harness.results import RunFailed
 
@@ -108,18 +119,23 @@ def test_native_run_follows_the_reference_trajectory(backend, attention, run, st
     model_dir = _model_dir(backend)
     mask = BACKENDS[backend].mask(attention)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
-    reports = curve_reports(f"{backend}/{attention}", result, f"reference ({mask})",
-                            reference_trajectory(model_dir, steps, mask), regime)
-    assert all(r.ok for r in reports), compare.parity_message(
+    ref = reference_trajectory(model_dir, steps, mask)
+    reports = curve_reports(f"{backend}/{attention}", result, f"reference ({mask})", ref, regime)
+    problem = None if all(r.ok for r in reports) else compare.parity_message(
         *(r.format() for r in reports), result.describe())
+    verdict = known_issues.judge("first_step_loss", problem, {"deviation": result.losses[0] - ref.losses[0]},
+                                 result.workarounds, **checks.context(result))
+    known_issues.xfail_if_known(verdict, problem)
+    assert verdict.status == "pass", verdict.message
 
 
 # hf_v5 vs native, by native attention: (workarounds added to the hf_v5 run, removed from it)
 HF_PAIRS = {
     # as configured vs native flex: the mask issue applies unless hf_block_causal is asked for
     "flex": ((), ()),
-    # like for like: hf_v5 masked per document vs native flex -- must agree
-    "flex+hf_block_causal": (("hf_block_causal",), ()),
+    # like for like: hf_v5 masked per document vs native flex -- must agree (where the
+    # generation's backend has a per-document mask: titan_api.transformers_backend().block_causal)
+    **({"flex+hf_block_causal": (("hf_block_causal",), ())} if BLOCK_CAUSAL else {}),
     # the source's two configurations: hf_v5 (causal mask, per-document positions) vs native
     # sdpa (causal, row positions); no workaround makes them one model, the issue applies
     "sdpa": ((), ("hf_block_causal",)),
@@ -140,7 +156,7 @@ def test_hf_v5_and_titan_native_runs_have_the_same_curves(pair, run, workarounds
         *(r.format() for r in reports), hf.describe(), native.describe())
     known_issues.enforce("loss_curve_vs_titan_native", problem,
                          {"deviation": hf.losses[0] - native.losses[0]},
-                         applied, backend="hf_v5", attention=attention)
+                         applied, backend="hf_v5", attention=attention, generation=titan_api.generation())
 
 
 CKPT_BACKENDS = list(BACKENDS)
@@ -155,6 +171,8 @@ def _checkpoint_dir(result):
 @pytest.mark.parametrize("backend", CKPT_BACKENDS)
 def test_saved_checkpoint_is_complete_and_reloads(backend, run, tmp_path):
     result = run(backend)
+    verdict, outcome = checks.verdict("hf_checkpoint_complete", result, len(result.steps))
+    known_issues.xfail_if_known(verdict, outcome.problem)
     model_dir = _model_dir(backend)
     directory = _checkpoint_dir(result)
     violations = C.checkpoint_violations(directory, config_dir=model_dir)
@@ -171,7 +189,7 @@ def test_saved_checkpoint_is_complete_and_reloads(backend, run, tmp_path):
 SAVED_CASES = [
     *((b, a, (), BACKENDS[b].mask(a)) for b, a in NATIVE_RUNS),
     ("hf_v5", None, (), "document"),  # as configured: the mask issue applies
-    ("hf_v5", None, ("hf_block_causal",), "document"),  # like for like
+    *((("hf_v5", None, ("hf_block_causal",), "document"),) if BLOCK_CAUSAL else ()),  # like for like
 ]
 
 
@@ -199,6 +217,8 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention,
     model_dir = _model_dir(backend)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
     result = run(backend, attention, extra)
+    verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
+    known_issues.xfail_if_known(verdict, outcome.problem)
     ref = reference_trajectory(model_dir, steps, mask)
     problem = saved_weights_problem(f"{backend} ({mask} reference)", load_hf_tensors(_checkpoint_dir(result)),
                                     load_hf_tensors(model_dir), ref, regime)
@@ -206,4 +226,4 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention,
         problem += "\n" + result.describe()
     known_issues.enforce("saved_weights_vs_reference", problem,
                          {"deviation": result.losses[0] - ref.losses[0]}, (*workarounds, *extra),
-                         backend=backend, attention=ATTENTION_OF_MASK[mask])
+                         backend=backend, attention=ATTENTION_OF_MASK[mask], generation=titan_api.generation())

@@ -1,0 +1,172 @@
+"""The kinds of check the harness makes, and the tests that make each: the one registry.
+
+Every kind has at least one test in the default tier (what a contributor runs, and CI on every
+commit: no ``slow`` mark), its cheap form; the slow tier keeps the long forms and full sizes.
+Every test module of ``tests/`` belongs to at least one kind, so a module of a new kind cannot
+be added without its kind, and a kind cannot be added without a default-tier test.
+``tests/selftest/test_check_kinds.py`` enforces both (:func:`problems`), reading the test
+modules' source (no import: the rule holds on every generation and device).
+
+A test is named ``"tests/<path>.py::<function>"``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckKind:
+    name: str
+    what: str
+    default: tuple[str, ...]  # the cheap forms: default tier
+    slow: tuple[str, ...] = ()  # the long forms and full sizes
+
+
+E2E, PARITY, SELF, KERNELS = "tests/e2e/", "tests/parity/", "tests/selftest/", "tests/kernels/"
+TS = E2E + "test_training_state.py::"
+
+KINDS: tuple[CheckKind, ...] = (
+    CheckKind("run", "a launched run completes, finite, its first-step loss as registered",
+              (E2E + "test_runs.py::test_run",),
+              (E2E + "test_backend_registry.py::test_a_registered_backend_launches_and_is_checked",
+               E2E + "test_full_size_random_init_cpu.py::test_random_init_first_step_loss",
+               E2E + "test_full_size_random_init_cpu.py::test_streamed_init_and_forward_equal_whole_model")),
+    CheckKind("training_state", "state beyond the weights through a checkpoint: resume is the "
+              "uninterrupted run bit for bit; tied embeddings stay one tensor",
+              (TS + "test_moe_load_balancing_through_a_checkpoint",
+               TS + "test_tied_embeddings_stay_one_tensor"),
+              (TS + "test_resume_reproduces_uninterrupted_run",
+               TS + "test_checks_catch_expert_bias_lost_on_resume",
+               TS + "test_tie_check_catches_untied_model")),
+    CheckKind("load_balancing", "MoE expert_bias updated from the routing counts, applied in "
+              "routing, saved and restored",
+              (TS + "test_moe_load_balancing_through_a_checkpoint",),
+              (TS + "test_expert_bias_updated_saved_restored",
+               TS + "test_load_balancing_check_catches_planted_defect",
+               TS + "test_checkpoint_check_catches_expert_bias_not_restored")),
+    CheckKind("checkpoints", "HF checkpoints named, saved and reloaded as transformers expects",
+              (PARITY + "test_checkpoint_conformance.py::test_trainer_save_path_writes_a_conformant_checkpoint",
+               PARITY + "test_torchrun_parity.py::test_saved_checkpoint_is_complete_and_reloads")),
+    CheckKind("determinism", "a seeded rerun is the same run, bit for bit",
+              (TS + "test_seeded_rerun_is_bitwise_identical",),
+              (SELF + "test_determinism.py::test_seeded_rerun_gives_bit_identical_losses",)),
+    CheckKind("data_path", "the trainer's batches against an independent tokenise-and-pack reference",
+              (E2E + "test_data_path.py::test_config_dataloader_matches_reference",
+               E2E + "test_data_path.py::test_trainer_feeds_reference_batches"),
+              (E2E + "test_data_path.py::test_trainer_feeds_reference_batches_flex",
+               E2E + "test_data_path.py::test_trainer_check_catches_planted_defect")),
+    CheckKind("sft_labels", "SFT batches with ignored labels, and the loss normalised over valid ones",
+              (E2E + "test_ignored_labels.py::test_sft_batches_hold_prompt_and_padding_labels",
+               E2E + "test_ignored_labels.py::test_step1_loss_normalised_over_valid_tokens"),
+              (E2E + "test_ignored_labels.py::test_check_fails_on_planted_all_token_normalisation",)),
+    CheckKind("parity", "same weights give the same logits, gradients, updates and curves",
+              (PARITY + "test_forward_parity.py::test_dense_activations_and_logits_match",
+               PARITY + "test_moe_routing.py::test_router_matches_reference_on_the_same_input",
+               PARITY + "test_hf_backend_parity.py::test_backend_logits_match_reference",
+               PARITY + "test_training_parity.py::test_three_steps_losses_grad_norms_and_lrs_match",
+               PARITY + "test_torchrun_parity.py::test_native_run_follows_the_reference_trajectory")),
+    CheckKind("config_conformance", "native configs against the HF config.json they load",
+              (PARITY + "test_config_conformance.py::test_native_config_conforms_to_config_json",
+               E2E + "test_backend_configs.py::test_native_model_has_the_hf_models_parameter_count",
+               E2E + "test_user_config.py::test_a_wrong_rope_theta_fails_the_lint_naming_field_values_and_file"),
+              (E2E + "test_user_config.py::test_the_cli_runs_a_user_config_with_the_registrys_verdict",
+               E2E + "test_user_config.py::test_pytest_runs_a_user_config_through_the_run_template",
+               E2E + "test_user_config.py::test_compare_native_flex_and_the_transformers_backend_with_its_workaround")),
+    CheckKind("kernels", "every kernel against a float64-capable reference, forward and backward",
+              (KERNELS + "test_conformance.py::test_conformance",
+               KERNELS + "test_custom_ops.py::test_opcheck",
+               KERNELS + "test_references.py::test_reference_gradcheck_float64",
+               KERNELS + "test_twins.py::test_every_kernel_of_every_op_has_its_twin_with_the_same_signature",
+               KERNELS + "test_compare.py::test_rule1_accepts_bf16_rounding_and_catches_one_wrong_element",
+               KERNELS + "test_model_swap.py::test_swapped_model_matches_torchtitan_exactly",
+               KERNELS + "test_known_issues_kernel.py::test_router_cell_with_only_the_recorded_dtype_failure_is_known",
+               KERNELS + "test_tooling.py::test_list_names_every_op_and_says_why_skipped",
+               KERNELS + "test_neuron.py::test_nki_kernels_are_registered_for_the_neuron_device")),
+    CheckKind("known_issues", "the checks fail on broken results; a known issue excuses only its "
+              "own signature",
+              (SELF + "test_checks_catch_defects.py::test_known_issue_is_accepted_only_with_its_recorded_signature",
+               SELF + "test_checks_catch_defects.py::test_catches_a_first_step_loss_just_outside_tolerance"),
+              (SELF + "test_sensitivity.py::test_first_step_expectation_catches",)),
+    CheckKind("plants", "defects planted in the system under test are caught",
+              (SELF + "test_plants.py::test_every_plant_is_shown_caught_by_a_test",
+               PARITY + "test_checks_catch_planted.py::test_conformance_catches_a_dropped_tensor")),
+    CheckKind("failure_handling", "crashes, hangs and NaN fail clearly; nothing launched outlives "
+              "the session",
+              (SELF + "test_checks_catch_defects.py::test_catches_a_crash_and_a_timeout",
+               SELF + "test_leftover_sweep.py::test_finds_what_this_session_launched_and_nothing_else",
+               SELF + "test_metrics_sink.py::test_nonfinite_loss_is_written_then_stops_the_run"),
+              (SELF + "test_failure_handling.py::test_hung_rank_is_killed_at_the_timeout",
+               SELF + "test_failure_handling.py::test_hung_rank_leaves_no_process_behind",
+               SELF + "test_failure_handling.py::test_hung_rank_failure_shows_every_rank_log",
+               SELF + "test_failure_handling.py::test_crashed_rank_traceback_is_shown",
+               SELF + "test_failure_handling.py::test_nan_loss_stops_the_run_at_the_first_bad_step",
+               SELF + "test_failure_handling.py::test_two_runs_in_parallel_do_not_collide")),
+    CheckKind("inputs", "broken inputs refused before any rank starts; fixtures regenerate bit "
+              "for bit",
+              (SELF + "test_preflight.py::test_launch_refuses_before_starting_ranks",
+               E2E + "test_fixtures.py::test_corpus_and_tokenizer_regenerate_bit_identically"),
+              (E2E + "test_fixtures.py::test_pretrained_checkpoints_regenerate_bit_identically",)),
+    CheckKind("harness_setup", "the registry, shims, workflows and tiers the harness runs on",
+              (E2E + "test_backend_registry.py::test_a_registered_backend_is_instantiated_on_every_device",
+               SELF + "test_upstream_shims.py::test_generation_names",
+               E2E + "test_workflows.py::test_workflows_pass_linter",
+               SELF + "test_parallel_tier.py::test_a_test_sharing_the_run_cache_is_in_the_launch_group",
+               SELF + "test_parallel_tier.py::test_workers_for_a_selection",
+               SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test")),
+)
+
+
+def kind(name: str) -> CheckKind:
+    for entry in KINDS:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no check kind {name!r}; known: {[k.name for k in KINDS]} (harness/check_kinds.py)")
+
+
+def _tests_of(path: Path) -> dict[str, bool]:
+    """function name -> whether it is marked slow (itself or its module's ``pytestmark``)."""
+    tree = ast.parse(path.read_text())
+    module_slow = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark"
+                                                         for t in n.targets)
+                      and "slow" in ast.unparse(n.value) for n in tree.body)
+    return {n.name: module_slow or any("mark.slow" in ast.unparse(d) for d in n.decorator_list)
+            for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+def problems(kinds: tuple[CheckKind, ...] = KINDS, root: Path | None = None) -> list[str]:
+    """Everything that breaks the rule: a kind without a default-tier test; a named test that
+    does not exist or sits in the wrong tier; a test module no kind names."""
+    root = root or Path(__file__).resolve().parent.parent
+    found: list[str] = []
+    cache: dict[Path, dict[str, bool]] = {}
+    claimed: set[str] = set()
+    names = [k.name for k in kinds]
+    if len(set(names)) != len(names):
+        found.append(f"a check kind is listed twice: {names}")
+    for entry in kinds:
+        if not entry.default:
+            found.append(f"check kind {entry.name!r} has no default-tier test (add its cheap form, "
+                         "not marked slow, to harness/check_kinds.py)")
+        for tier, tests, want_slow in (("default", entry.default, False), ("slow", entry.slow, True)):
+            for node in tests:
+                file, _, function = node.partition("::")
+                path = root / file
+                claimed.add(file)
+                if not path.is_file():
+                    found.append(f"{entry.name}: {node}: no such test module")
+                    continue
+                tests_here = cache.setdefault(path, _tests_of(path))
+                if function not in tests_here:
+                    found.append(f"{entry.name}: {node}: no such test function")
+                elif tests_here[function] != want_slow:
+                    found.append(f"{entry.name}: {node} is listed in the {tier} tier but is "
+                                 f"{'marked slow' if tests_here[function] else 'not marked slow'}")
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        file = path.relative_to(root).as_posix()
+        if file not in claimed and _tests_of(path):
+            found.append(f"{file}: its tests belong to no check kind (name its kind, or a new one "
+                         "with a default-tier test, in harness/check_kinds.py)")
+    return found
