@@ -145,5 +145,7 @@ def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str]) 
             lines.append(f"- `{v.run.name}` {check}: {mark}{detail}")
             if outcome.how:
                 lines.append(f"  - how: {outcome.how}")
+            for line in (outcome.observed.get("diagnosis") or {}).get("lines", ()):
+                lines.append(f"  - {line}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return out
