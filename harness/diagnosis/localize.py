@@ -78,14 +78,30 @@ def _router(output) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.gather(1, order), weights.gather(1, order)
 
 
-def capture(module: nn.Module, names, run) -> dict[str, list[torch.Tensor]]:
+# The trace's module names are torchtitan 0.3.0's; where another generation names the same
+# module differently (spring-2026 main: MoE.experts for 0.3.0's MoE.routed_experts, same
+# signature), the model's own name is used and reported.
+ALIASES = {".moe.routed_experts": ".moe.experts"}
+
+
+def model_name(name: str, modules: dict) -> str | None:
+    if name in modules:
+        return name
+    for theirs, ours in ALIASES.items():
+        if name.endswith(theirs) and name[: -len(theirs)] + ours in modules:
+            return name[: -len(theirs)] + ours
+    return None
+
+
+def capture(module: nn.Module, names, run) -> tuple[dict[str, list[torch.Tensor]], dict[str, str]]:
     """``run()`` with a forward hook on each of ``module``'s submodules named in ``names``:
-    {name: its output tensors}."""
+    ({trace name: its output tensors}, {trace name: the model's name for that module})."""
     by_name = dict(module.named_modules())
     outputs: dict[str, list[torch.Tensor]] = {}
+    own = {n: model_name(n, by_name) for n in names}
     handles = []
     for name in names:
-        if name not in by_name:
+        if own[name] is None:
             continue
 
         def hook(_m, _inp, out, name=name):
@@ -93,14 +109,14 @@ def capture(module: nn.Module, names, run) -> dict[str, list[torch.Tensor]]:
                 outputs[name] = [_local(t) for t in _tensors(out)]
             else:
                 outputs[name] = list(_router([_local(t) for t in _tensors(out)]))
-        handles.append(by_name[name].register_forward_hook(hook))
+        handles.append(by_name[own[name]].register_forward_hook(hook))
     try:
         with torch.no_grad():
             run()
     finally:
         for handle in handles:
             handle.remove()
-    return outputs
+    return outputs, {k: v for k, v in own.items() if v}
 
 
 def _compare(name: str, got: list[torch.Tensor], want, regime: str) -> TensorDiff:
@@ -131,7 +147,7 @@ def first_divergence(module: nn.Module, run, weights: reference_trace.WeightSour
     steps = reference_trace.trace(weights, arch, inputs, positions, expert_dtype=expert_dtype,
                                   mask=mask)
     names = [n for n, _ in reference_trace.trace_names(arch)]
-    got = capture(module, names, run)
+    got, own = capture(module, names, run)
     table, before, before_rel, compared = [], 0.0, 0.0, 0
     for name, want in steps:
         if name not in got:
@@ -140,7 +156,7 @@ def first_divergence(module: nn.Module, run, weights: reference_trace.WeightSour
         compared += 1
         table.append(diff.line())
         if not diff.ok:
-            return Divergence(name, diff.max_abs, diff.rel, diff.bound, before, before_rel,
+            return Divergence(own[name], diff.max_abs, diff.rel, diff.bound, before, before_rel,
                               diff.note, compared, _how(regime), table)
         before, before_rel = max(before, diff.max_abs), max(before_rel, diff.rel)
     return Divergence(None, 0.0, 0.0, 0.0, before, before_rel, "", compared, _how(regime), table)

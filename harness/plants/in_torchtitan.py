@@ -250,7 +250,8 @@ def _swap_two_experts_in_one_layer(model) -> None:
     moe = getattr(_planted_layer(model), "moe", None)
     if moe is None:
         raise ValueError(f"plant swap_experts_layer{PLANTED_LAYER}: layer {PLANTED_LAYER} is not MoE")
-    routed = moe.routed_experts
+    # 0.3.0: MoE.routed_experts; spring-2026 main: MoE.experts (the same signature).
+    routed = getattr(moe, "routed_experts", None) or moe.experts
     forward = routed.forward
 
     def swapped(x, scores, ids, counts):

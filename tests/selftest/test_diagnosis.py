@@ -25,13 +25,14 @@ from harness.diagnosis.__main__ import localize_request
 from harness.titan_api import generation
 from harness.tolerances import diagnosis_tolerance
 
-pytestmark = pytest.mark.skipif(
-    generation() == "spring2026",
-    reason="the diagnosis rebuilds the model in-process with harness/parity/models.py, "
-           "written against 0.3.0's module internals (spring2026.NOT_PORTED: tests/parity/*)")
-
 DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
 MOE = ("nki_moe", "sdpa", paths.TINY_MOE, "bf16_experts")
+# The in-process MoE build goes through harness/parity/models.py, whose settings read 0.3.0's
+# MoE.routed_experts (the parity suite is spring2026.NOT_PORTED): the MoE cases wait for it.
+MOE_NOT_PORTED = pytest.mark.skipif(
+    generation() == "spring2026",
+    reason="harness/parity/settings.native_settings reads MoE.routed_experts (0.3.0); spring-2026 "
+           "main names it MoE.experts (the parity suite is not ported: titan_api.NOT_PORTED)")
 
 
 def diagnose_in_process(build, plants=(), tmp_path=None):
@@ -44,22 +45,26 @@ def diagnose_in_process(build, plants=(), tmp_path=None):
     return result["divergence"]
 
 
-@pytest.mark.parametrize("build", [DENSE, MOE], ids=["titan_native", "nki_moe"])
+@pytest.mark.parametrize("build", [DENSE, pytest.param(MOE, marks=MOE_NOT_PORTED)],
+                         ids=["titan_native", "nki_moe"])
 def test_a_clean_model_has_no_divergent_module(build, tmp_path):
     found = diagnose_in_process(build, tmp_path=tmp_path)
     assert found["module"] is None, "\n".join(found["table"])
     assert found["compared"] > 10  # every module of the tiny model, not an empty walk
 
 
-PLANTED = [
+PLANTED = [  # plant, the model it is planted in, the module the diagnosis must name
     ("qk_norm_swap_layer1", DENSE, "layers.1.attention.q_norm"),
     ("rope_theta_x10", DENSE, "layers.0.attention.rope"),
-    ("swap_experts_layer1", MOE, "layers.1.moe.routed_experts"),
+    pytest.param("swap_experts_layer1", MOE, "layers.1.moe.routed_experts",
+                 marks=MOE_NOT_PORTED),
     ("final_norm_eps", DENSE, "norm"),
 ]
 
 
-@pytest.mark.parametrize("plant,build,module", PLANTED, ids=[p for p, _, _ in PLANTED])
+@pytest.mark.parametrize("plant,build,module", PLANTED,
+                         ids=["qk_norm_swap_layer1", "rope_theta_x10", "swap_experts_layer1",
+                              "final_norm_eps"])
 def test_the_diagnosis_names_the_planted_module(plant, build, module, tmp_path):
     found = diagnose_in_process(build, (plant,), tmp_path)
     table = "\n".join(found["table"])
