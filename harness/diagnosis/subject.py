@@ -69,7 +69,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     if weights_dir is None and dumped is None:
         stack.close()
         raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")
-    source = weights_dir if weights_dir is not None else dumped
+    source = weights_dir if weights_dir is not None else rank_dump.hf_weights_from_dump(dumped, model_dir)
     try:
         parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
     except Exception:
@@ -82,5 +82,6 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     seen = batch.masked_as("row_causal") if attention == "sdpa" else batch
     subject = Subject(model, lambda: parity.logits(device_batch), WeightSource(source),
                       Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, "document",
-                      regime, str(source), batch_from)
+                      regime, str(source) if weights_dir is not None
+                      else f"the ranks' step-0 weights ({dumped})", batch_from)
     return subject, stack

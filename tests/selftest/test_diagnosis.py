@@ -10,7 +10,8 @@ Specification:
 - hints by signature: a pretrained run at the random-init loss did not load its weights (the
   directory it read is named); a deviation that fits a known issue recorded elsewhere "looks
   like" it; no signature that fits, no hint;
-- a launched run with a plant writes a summary.md whose failing check names the module (slow).
+- a launched run with a plant writes a summary.md whose failing check names the module; a
+  random-init run is diagnosed from the step-0 weights and first batch its ranks dumped (slow).
 """
 
 from __future__ import annotations
@@ -105,3 +106,18 @@ def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "first_step_loss: FAIL" in summary
     assert "first divergent module: layers.1.attention.q_norm" in summary, summary
+
+
+@pytest.mark.slow
+def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_path):
+    from harness.devices import detect
+    from harness.diagnosis import diagnose
+    from harness.launch import RunSpec, launch
+
+    spec = RunSpec(backend="titan_native", size="tiny", init="random", steps=1,
+                   plants=("qk_norm_swap_layer1",))
+    run = launch(spec, detect("cpu"), tmp_path / "runs" / "random")
+    found = diagnose.diagnose(run)
+    assert found.module == "layers.1.attention.q_norm", found.lines()
+    assert "step-0 weights" in found.divergence["weights_from"]
+    assert found.divergence["batch_from"] == "rank 0's dump"

@@ -19,3 +19,10 @@ for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNES
 
             print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
             raise SystemExit(2) from error
+
+# Every launched rank leaves what the diagnosis of a failing first step needs (a random-init
+# run's step-0 weights, rank 0's first batch: harness/diagnosis/rank_dump.py). It observes only.
+if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
+    from harness.diagnosis.rank_dump import install_in_rank
+
+    install_in_rank()
