@@ -121,3 +121,27 @@ def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_pa
     assert found.module == "layers.1.attention.q_norm", found.lines()
     assert "step-0 weights" in found.divergence["weights_from"]
     assert found.divergence["batch_from"] == "rank 0's dump"
+
+
+def _pretrained_result(loss, tmp_path):
+    from harness.results import RunResult, StepRecord
+
+    step = StepRecord(step=1, loss=loss, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
+                      peak_memory_gib=1.0)
+    return RunResult(name="titan_native-tiny-pretrained", backend="titan_native", size="tiny",
+                     init="pretrained", device="cpu", nproc=2, command=[], returncode=0,
+                     timed_out=False, duration_s=1.0, run_dir=tmp_path, steps=[step],
+                     attention="sdpa", versions={"torchtitan-generation": generation()})
+
+
+def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
+    from harness.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.hf_config import Qwen3Arch
+
+    arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
+    analytic = analytic_random_init_loss(arch.vocab_size, arch.hidden_size,
+                                         configured_lm_head_std("titan_native", arch.hidden_size))
+    unloaded = hints.hints_for(_pretrained_result(analytic + 0.02, tmp_path), analytic + 0.02, 6.4)
+    assert any("check --assets-dir" in h and str(paths.TINY_DENSE) in h for h in unloaded), unloaded
+    # a failure near the expectation fits no signature: nothing is said
+    assert hints.hints_for(_pretrained_result(1.2752, tmp_path), 1.2752, 7.7e-4) == []
