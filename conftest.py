@@ -14,6 +14,9 @@ from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_
 from harness.launch import leftover_processes
 from harness.run_cache import RunCache, repeated_launches
 
+# --baseline and --run-report (tonight against a previous report): harness/diagnosis.
+pytest_plugins = ("harness.diagnosis.pytest_plugin",)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness")
@@ -142,6 +145,9 @@ def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
     caches: dict[str, RunCache] = {}
     rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
     root = _shared_temp_root(tmp_path_factory)
+    from harness.diagnosis.pytest_plugin import RUN_CACHES
+
+    pytestconfig.stash[RUN_CACHES] = caches  # the session's report (--run-report)
 
     def get(kind: str) -> RunCache:
         if kind not in caches:

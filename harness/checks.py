@@ -49,8 +49,9 @@ def finite(run: RunResult, steps: int) -> Outcome:
         return Outcome("no step was logged")
     bad = [f"step {s.step}: loss {s.loss}, grad norm {s.grad_norm}" for s in run.steps
            if not (math.isfinite(s.loss) and math.isfinite(s.grad_norm))]
-    return Outcome("; ".join(bad) or None, {"first_nonfinite_step": run.first_nonfinite_step},
-                   "every loss and grad norm finite")
+    return _diagnosed(run, Outcome("; ".join(bad) or None,
+                                   {"first_nonfinite_step": run.first_nonfinite_step},
+                                   "every loss and grad norm finite"))
 
 
 def first_step_loss(run: RunResult, steps: int) -> Outcome:
@@ -63,12 +64,27 @@ def first_step_loss(run: RunResult, steps: int) -> Outcome:
         return Outcome(f"{error}. Observed step-1 loss {observed:.6f}: record it in "
                        f"fixtures/expectations.toml with its source and tolerance")
     observed = run.steps[0].loss
-    return Outcome(
+    return _diagnosed(run, Outcome(
         expectation.check(observed),
         {"deviation": expectation.deviation(observed), "expected": expectation.value,
          "observed": observed},
         f"banded: |step-1 - expected| <= {expectation.tolerance_name} {expectation.tolerance:g} "
-        f"({expectation.source})")
+        f"({expectation.source})"))
+
+
+def _diagnosed(run: RunResult, outcome: Outcome) -> Outcome:
+    """A failing first step, said where (harness/diagnosis): the first module of the run's
+    model that parts from the float64 reference on its first batch and starting weights, and
+    the hints whose signature fits. They join the problem and ``observed["diagnosis"]``."""
+    if outcome.problem is None:
+        return outcome
+    from harness.diagnosis.diagnose import diagnose
+
+    found = diagnose(run, outcome.observed.get("observed"), outcome.observed.get("deviation"))
+    if found is None:
+        return outcome
+    return Outcome("\n".join([outcome.problem, *found.lines()]),
+                   {**outcome.observed, "diagnosis": found.to_json()}, outcome.how)
 
 
 def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:

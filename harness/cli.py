@@ -18,7 +18,8 @@ from harness import checks, known_issues
 from harness.backends import BACKENDS, INITS, SIZES
 from harness.devices import KINDS, detect
 from harness.launch import RunSpec, launch, package_versions
-from harness.report import RunVerdict, format_table, table_rows, write_report
+from harness.diagnosis import baseline as baseline_module
+from harness.report import RunVerdict, format_table, results_document, table_rows, write_report
 from harness.subjects import Subject, SubjectError, infer, lint
 
 
@@ -35,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="full profile: dir holding Qwen3-4B-Instruct-2507/ (HF assets)")
     run.add_argument("--output-dir", default="reports/latest", help="report folder")
     run.add_argument("--workaround", **known_issues.WORKAROUND_OPTION)
+    run.add_argument("--baseline", metavar="PATH", default=None,
+                     help="a previous report folder (or its results.json): compare every run "
+                          "with the same run there (losses exactly, time and memory as ratios)")
     _subject_options(run)
     run.add_argument("--compare", nargs=2, metavar="M:C",
                      help="run two config functions on the same data and seed, side by side")
@@ -123,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         if not report.ok:
             print(f"{subject.name}: lint failed; nothing launched")
             return 1
+    baseline = baseline_module.load(args.baseline) if args.baseline else None
     profile = detect(args.device)
     out = Path(args.output_dir).resolve()
     versions = package_versions()
@@ -147,18 +152,44 @@ def run(args: argparse.Namespace) -> int:
         if not result.ok:
             print(result.log_tails(15), flush=True)
     header = {"device": profile.describe(), "profile": args.profile, "steps": str(args.steps),
+              "commit": code_commit(),
               **{f"version {k}": v for k, v in versions.items()},
               "workarounds": ", ".join(args.workaround) or "none"}
-    write_report(verdicts, out, header)
+    compared = (baseline_module.compare(results_document(verdicts, header), baseline,
+                                        str(Path(args.baseline).resolve()))
+                if baseline is not None else None)
+    write_report(verdicts, out, header, compared, baseline)
     print()
-    print(format_table(table_rows(verdicts)))
+    print(format_table(table_rows(verdicts, compared)))
     status = 0 if all(v.ok for v in verdicts) else 1
+    if compared is not None:
+        print("\nvs baseline:\n" + "\n".join(compared.lines()))
+        status = status or (0 if compared.ok else 1)
     if args.compare:
         text, _ = compare_table(verdicts[-2].run, verdicts[-1].run)
         print("\n" + text)
         (out / "compare.txt").write_text(text + "\n")
     print(f"\nreport: {out / 'summary.md'}")
     return status
+
+
+def code_commit() -> str:
+    """The harness's git commit (with "+dirty" for uncommitted changes), or "unknown"."""
+    import subprocess
+
+    from harness import paths
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                              timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "lint":
             return lint_command(args)
-    except SubjectError as error:
+    except (SubjectError, baseline_module.BaselineError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 2

@@ -51,9 +51,10 @@ def _verdict_text(v: RunVerdict) -> str:
     return f"xfail (known issue: {', '.join(known)})" if known else "ok"
 
 
-def table_rows(verdicts: list[RunVerdict]) -> list[tuple[str, ...]]:
+def table_rows(verdicts: list[RunVerdict], baseline=None) -> list[tuple[str, ...]]:
+    """``baseline``: a harness.diagnosis.baseline.BaselineReport (adds "vs baseline")."""
     header = ("run", "step-1 loss", "expected", "diff", "final loss", "tokens/s", "step s",
-              "peak GiB", "verdict")
+              "peak GiB", "verdict") + (("vs baseline",) if baseline is not None else ())
     rows = [header]
     for v in verdicts:
         steps = v.run.steps
@@ -69,7 +70,8 @@ def table_rows(verdicts: list[RunVerdict]) -> list[tuple[str, ...]]:
             _fmt(sum(s.step_time_s for s in later) / len(later), 3) if later else "n/a",
             _fmt(max((s.peak_memory_gib for s in steps), default=None), 2),
             _verdict_text(v),
-        ))
+        ) + ((baseline.runs[v.run.name].cell() if v.run.name in baseline.runs else "n/a",)
+             if baseline is not None else ()))
     return rows
 
 
@@ -84,16 +86,26 @@ def _markdown_table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def plot_losses(verdicts: list[RunVerdict], path: Path) -> None:
+def plot_losses(verdicts: list[RunVerdict], path: Path, baseline: dict | None = None) -> None:
+    """Every run's loss curve; with ``baseline`` (its results.json), the baseline's curve of
+    the same run beside it, dashed, in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    from harness.diagnosis.baseline import run_key
+
+    before = {run_key(r["name"]): r for r in (baseline or {}).get("runs", [])}
     for v in verdicts:
         if v.run.steps:
-            ax.plot([s.step for s in v.run.steps], v.run.losses, marker="o", label=v.run.name)
+            line, = ax.plot([s.step for s in v.run.steps], v.run.losses, marker="o",
+                            label=v.run.name)
+            old = before.get(run_key(v.run.name), {}).get("steps")
+            if old:
+                ax.plot([s["step"] for s in old], [s["loss"] for s in old], linestyle="--",
+                        color=line.get_color(), alpha=0.7, label=f"{v.run.name} (baseline)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (global average)")
     ax.set_title("Loss curves per backend run")
@@ -104,9 +116,22 @@ def plot_losses(verdicts: list[RunVerdict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_junit(verdicts: list[RunVerdict], path: Path) -> None:
+def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None) -> None:
     suite = ET.Element("testsuite", name="harness-run")
     failures = 0
+    tests = 0
+    if baseline is not None:
+        for v in verdicts:
+            c = baseline.runs.get(v.run.name)
+            if c is None:
+                continue
+            tests += 1
+            case = ET.SubElement(suite, "testcase", classname=v.run.name, name="vs_baseline", time="0")
+            if c.flags:
+                failures += 1
+                text = "\n".join(f.text() for f in c.flags) + (
+                    f"\nfirst divergent module: {c.module}" if c.module else "")
+                ET.SubElement(case, "failure", message=c.cell()).text = text
     for v in verdicts:
         for check, (verdict, _) in v.checks.items():
             case = ET.SubElement(suite, "testcase", classname=v.run.name, name=check,
@@ -116,17 +141,35 @@ def write_junit(verdicts: list[RunVerdict], path: Path) -> None:
                 ET.SubElement(case, "failure", message=verdict.message.splitlines()[0]).text = verdict.message
             elif verdict.status == "known":
                 ET.SubElement(case, "skipped", type="pytest.xfail", message=verdict.message)
-    suite.set("tests", str(sum(len(v.checks) for v in verdicts)))
+    suite.set("tests", str(tests + sum(len(v.checks) for v in verdicts)))
     suite.set("failures", str(failures))
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str]) -> Path:
+def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str],
+                 compared=None, baseline: dict | None = None) -> Path:
+    """The report folder. ``compared``: the comparison with a previous report
+    (harness.diagnosis.baseline.compare of ``results_document`` and ``baseline``, that
+    report's results.json): a "vs baseline" column, section, junit case and dashed curves."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = table_rows(verdicts)
-    plot_losses(verdicts, out / "loss_curves.png")
-    write_junit(verdicts, out / "junit.xml")
-    (out / "results.json").write_text(json.dumps({
+    document = results_document(verdicts, header)
+    if compared is not None:
+        document["baseline"] = compared.to_json()
+    rows = table_rows(verdicts, compared)
+    plot_losses(verdicts, out / "loss_curves.png", baseline)
+    write_junit(verdicts, out / "junit.xml", compared)
+    (out / "results.json").write_text(json.dumps(document, indent=2, default=str))
+    _write_summary(verdicts, out, header, rows, compared)
+    return out
+
+
+def results_document(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
+    """What results.json holds (plain JSON values)."""
+    return json.loads(json.dumps(_results(verdicts, header), default=str))
+
+
+def _results(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
+    return {
         "header": header,
         "runs": [{**v.run.to_json(), "expected_first_loss": v.expected_first_loss, "ok": v.ok,
                   "checks": {name: {"status": verdict.status, "message": verdict.message,
@@ -134,10 +177,16 @@ def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str]) 
                                     "observed": outcome.observed, "how": outcome.how}
                              for name, (verdict, outcome) in v.checks.items()}}
                  for v in verdicts],
-    }, indent=2, default=str))
+    }
+
+
+def _write_summary(verdicts, out: Path, header, rows, compared) -> None:
     lines = ["# Harness run", ""]
     lines += [f"- **{k}**: {val}" for k, val in header.items()]
-    lines += ["", _markdown_table(rows), "", "![loss curves](loss_curves.png)", "", "## Checks", ""]
+    lines += ["", _markdown_table(rows), "", "![loss curves](loss_curves.png)", ""]
+    if compared is not None:
+        lines += ["## vs baseline", "", *compared.lines(), ""]
+    lines += ["## Checks", ""]
     for v in verdicts:
         for check, (verdict, outcome) in v.checks.items():
             mark = {"pass": "pass", "fail": "FAIL", "known": "xfail"}[verdict.status]
@@ -145,5 +194,6 @@ def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str]) 
             lines.append(f"- `{v.run.name}` {check}: {mark}{detail}")
             if outcome.how:
                 lines.append(f"  - how: {outcome.how}")
+            for line in (outcome.observed.get("diagnosis") or {}).get("lines", ()):
+                lines.append(f"  - {line}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    return out

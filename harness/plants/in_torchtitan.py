@@ -328,3 +328,80 @@ PATCH_PLANTS += (
           "expert_bias is a non-persistent buffer: not saved, so a resumed run restarts it at zero",
           ("expert_bias restored",), patch=(MOE, _bias_not_persistent)),
 )
+
+# ---------------------------------------------------------------------- one module, for the diagnosis
+# Each acts in exactly one place of the built model (torchtitan's Decoder), so the diagnosis
+# (harness/diagnosis) must name that module and no earlier one.
+
+DECODER = "torchtitan.models.common.decoder"
+PLANTED_LAYER = 1  # the layer the one-layer plants break (not the first: "not an earlier one")
+FINAL_NORM_EPS = 1e-2  # Qwen3's 1e-6, planted in the final norm only
+
+
+def _after_decoder_init(break_model):
+    def apply(decoder_module: ModuleType):
+        def make(original_init):
+            def __init__(self, *args, **kwargs):
+                original_init(self, *args, **kwargs)
+                break_model(self)
+            return __init__
+        return _replace(decoder_module.Decoder, "__init__", make)
+    return apply
+
+
+def _planted_layer(model):
+    return model.layers[str(min(PLANTED_LAYER, len(model.layers) - 1))]
+
+
+def _swap_qk_norm_in_one_layer(model) -> None:
+    """In that layer's attention, q is normalised with k_norm and k with q_norm."""
+    attention = _planted_layer(model).attention
+    forward = attention.forward
+
+    def swapped(*args, **kwargs):
+        attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
+
+    attention.forward = swapped
+
+
+def _swap_two_experts_in_one_layer(model) -> None:
+    """In that layer's MoE, the tokens routed to expert 0 are computed by expert 1 and the
+    other way round (router and routing weights unchanged)."""
+    moe = getattr(_planted_layer(model), "moe", None)
+    if moe is None:
+        raise ValueError(f"plant swap_experts_layer{PLANTED_LAYER}: layer {PLANTED_LAYER} is not MoE")
+    # 0.3.0: MoE.routed_experts; spring-2026 main: MoE.experts (the same signature).
+    routed = getattr(moe, "routed_experts", None) or moe.experts
+    forward = routed.forward
+
+    def swapped(x, scores, ids, counts):
+        swap = torch.where(ids == 0, 1, torch.where(ids == 1, 0, ids))
+        order = torch.arange(counts.numel(), device=counts.device)
+        order[0], order[1] = 1, 0
+        return forward(x, scores, swap, counts[order])
+
+    routed.forward = swapped
+
+
+def _final_norm_eps(model) -> None:
+    model.norm.eps = FINAL_NORM_EPS
+
+
+DIAGNOSIS_PLANTS = (
+    Plant(f"qk_norm_swap_layer{PLANTED_LAYER}", "model",
+          f"layer {PLANTED_LAYER}'s attention normalises q with k_norm and k with q_norm",
+          ("first_step_loss", f"diagnosis: layers.{PLANTED_LAYER}.attention.q_norm"),
+          patch=(DECODER, _after_decoder_init(_swap_qk_norm_in_one_layer))),
+    Plant(f"swap_experts_layer{PLANTED_LAYER}", "model",
+          f"layer {PLANTED_LAYER}'s MoE computes expert 0's tokens with expert 1 and back",
+          ("first_step_loss", f"diagnosis: layers.{PLANTED_LAYER}.moe.routed_experts"),
+          patch=(DECODER, _after_decoder_init(_swap_two_experts_in_one_layer))),
+    Plant("final_norm_eps", "model", f"the final RMSNorm's eps is {FINAL_NORM_EPS:g}",
+          ("first_step_loss", "diagnosis: norm"),
+          patch=(DECODER, _after_decoder_init(_final_norm_eps))),
+)
+PATCH_PLANTS = PATCH_PLANTS + DIAGNOSIS_PLANTS

@@ -1,0 +1,15 @@
+"""Why a run failed, said where: the first divergent module, hints by signature, and the
+comparison with a previous night's report.
+
+Data flows one way: results -> checks -> diagnosis -> report. ``checks`` asks
+``diagnose(run)`` when a run's ``first_step_loss`` or ``finite`` check fails; the report prints
+what comes back.
+
+- ``trace``: the float64 reference, module by module, one layer of weights in memory;
+- ``localize``: the run's model against it, the first module beyond the diagnosis tolerance;
+- ``subject``: the run's own model, starting weights and first batch;
+- ``hints``: the source's step-7 advice, by signature (the analytic random-init loss, the
+  known issues recorded elsewhere);
+- ``baseline``: tonight's report against a previous one;
+- ``rank_dump``: what the ranks leave for the diagnosis.
+"""

@@ -1,0 +1,137 @@
+"""``diagnose(run)``: what the checks ask when a run's first step fails.
+
+The first divergent module is found in a child process (``python -m harness.diagnosis
+localize``), on the run's device: the run's plants and the model build never touch the
+harness process, and a full-size model's memory is the child's own. Hints need no model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import paths
+
+TIMEOUT_S = 900
+
+
+@dataclass
+class Diagnosis:
+    divergence: dict | None = None  # localize.Divergence.to_json()
+    not_diagnosed: str | None = None  # why no divergence was looked for, or why it failed
+    hints: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.divergence is not None:
+            where = self.divergence["line"]
+            out.append(f"first divergent module: {where}" if self.divergence["module"]
+                       else f"diagnosis: {where}")
+        elif self.not_diagnosed:
+            out.append(f"diagnosis not run: {self.not_diagnosed}")
+        out += [f"hint: {h}" for h in self.hints]
+        return out
+
+    @property
+    def module(self) -> str | None:
+        return (self.divergence or {}).get("module")
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "divergence": self.divergence,
+                "not_diagnosed": self.not_diagnosed, "hints": self.hints,
+                "wall_s": round(self.wall_s, 1), "lines": self.lines()}
+
+
+def plants_of(run) -> tuple[str, ...]:
+    """The plants a self-test put into the run's ranks (they are part of its name)."""
+    return tuple(re.findall(r"\+plant:([A-Za-z0-9_]+)", run.name))
+
+
+def request(run) -> dict:
+    """Everything the child needs, from the run's result alone."""
+    from harness.backends import backend
+
+    size = backend(run.backend).size(run.size)
+    model_dir = size.resolve(size.model_dir, run.assets_dir)
+    weights = size.resolve(size.weights_dir, run.assets_dir) if run.init == "pretrained" else None
+    return {"backend": run.backend, "attention": run.attention, "model_dir": str(model_dir),
+            "weights_dir": None if weights is None else str(weights),
+            "run_dir": str(run.run_dir), "nproc": run.nproc, "device": run.device,
+            "plants": list(plants_of(run)), "regime": size.precision
+            if size.precision in ("float32", "bf16_experts") else "float32"}
+
+
+def launched(run) -> bool:
+    return (Path(run.run_dir) / "dump").is_dir()
+
+
+def localize_in_child(req: dict, log: Path) -> tuple[dict | None, str | None]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("HARNESS_PLANTS", None)  # the child applies the run's plants itself, in-process
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.diagnosis", "localize",
+                                   json.dumps(req)], stdout=out, stderr=subprocess.STDOUT,
+                                  cwd=paths.REPO_ROOT, env=env, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None, f"no answer within {TIMEOUT_S} s (log {log})"
+    text = log.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join(text.splitlines()[-3:])
+        return None, f"the diagnosis failed (exit {proc.returncode}, log {log}): {tail}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    return result.get("divergence"), result.get("not_diagnosed")
+
+
+_DONE: dict[str, Diagnosis] = {}  # run dir -> its diagnosis (two failing checks, one child)
+
+
+def diagnose(run, observed: float | None = None, deviation: float | None = None) -> Diagnosis | None:
+    """None for a result that is not a launched run's (no dump folder: nothing to rebuild)."""
+    if not launched(run):
+        return None
+    key = str(Path(run.run_dir).resolve())
+    if key in _DONE and (observed is None or _DONE[key].hints or run.init != "pretrained"):
+        return _DONE[key]
+    _DONE[key] = _diagnose(run, observed, deviation)
+    return _DONE[key]
+
+
+def _diagnose(run, observed, deviation) -> Diagnosis:
+    from harness.diagnosis import hints
+
+    start = time.monotonic()
+    diagnosis = Diagnosis()
+    from harness.diagnosis import rank_dump
+    from harness.diagnosis.subject import NATIVE_BUILDS
+
+    try:
+        req = request(run)
+    except Exception as error:  # a subject the registry does not describe
+        diagnosis.not_diagnosed = f"{type(error).__name__}: {error}"
+    else:
+        if run.backend not in NATIVE_BUILDS:
+            diagnosis.not_diagnosed = (f"backend {run.backend!r}: the diagnosis rebuilds only "
+                                       f"{sorted(NATIVE_BUILDS)}")
+        elif req["weights_dir"] is None and rank_dump.initial_weights_dir(run.run_dir) is None:
+            diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "
+                                       f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
+    if diagnosis.not_diagnosed is None:
+        diagnosis.divergence, diagnosis.not_diagnosed = localize_in_child(
+            req, Path(run.run_dir) / "diagnosis.log")
+    if observed is not None:
+        try:
+            diagnosis.hints = hints.hints_for(run, observed, deviation)
+        except Exception as error:
+            diagnosis.hints = [f"(hints unavailable: {type(error).__name__}: {error})"]
+    diagnosis.wall_s = time.monotonic() - start
+    return diagnosis

@@ -1,0 +1,87 @@
+"""What the diagnosis runs: the run's own model, starting weights and first batch.
+
+- the model: the backend's model built as the trainer builds it (harness/parity/models.py:
+  ``build_native``, with custom operators for ``nki_moe``), with the run's plants applied
+  while it is built and run, on the run's device;
+- the weights: the HF weights a pretrained run loads, or the step-0 weights the ranks of a
+  random-init run dumped (harness/diagnosis/rank_dump.py);
+- the batch: rank 0's first batch as the ranks dumped it, else as torchtitan's own dataloader
+  makes it from the run's tokenizer (the same code, the same seed-free order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.diagnosis import rank_dump
+from harness.diagnosis.trace import WeightSource
+
+# The backends whose model the diagnosis can rebuild in-process, and how.
+NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops": True}}
+
+
+class NotDiagnosable(Exception):
+    """The diagnosis cannot run for this run (the reason is reported instead)."""
+
+
+@dataclass
+class Subject:
+    module: torch.nn.Module
+    run: object  # callable: one forward on the batch
+    weights: WeightSource
+    arch: object
+    inputs: torch.Tensor
+    positions: torch.Tensor
+    mask: str  # the reference's mask: "document" or "causal"
+    regime: str
+    weights_from: str
+    batch_from: str
+
+
+def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
+    from harness.parity.models import Batch, load_batches
+
+    dumped = rank_dump.first_batch(run_dir)
+    if dumped is not None:
+        return Batch(dumped["input"], dumped["positions"], dumped["labels"]), "rank 0's dump"
+    batch = load_batches(tokenizer_dir, steps=1, dp=nproc)[0][0]
+    return batch, f"torchtitan's dataloader on {tokenizer_dir} (rank 0 of {nproc})"
+
+
+def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | None,
+          run_dir: Path, nproc: int, device: str = "cpu", plants: tuple[str, ...] = (),
+          regime: str = "float32") -> tuple[Subject, contextlib.ExitStack]:
+    """The run's model with the run's plants in force (the returned stack undoes them)."""
+    if backend not in NATIVE_BUILDS:
+        raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
+                             f"{sorted(NATIVE_BUILDS)} in-process")
+    from harness.hf_config import Qwen3Arch
+    from harness.parity.models import build_native
+    from harness.plants import planted
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(planted(*plants))
+    dumped = rank_dump.initial_weights_dir(run_dir)
+    if weights_dir is None and dumped is None:
+        stack.close()
+        raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")
+    source = weights_dir if weights_dir is not None else rank_dump.hf_weights_from_dump(dumped, model_dir)
+    try:
+        parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
+    except Exception:
+        stack.close()
+        raise
+    model = parity.module.to(device)
+    batch, batch_from = _first_batch(run_dir, model_dir, nproc)
+    device_batch = type(batch)(batch.inputs.to(device), batch.positions.to(device),
+                               batch.labels.to(device))
+    seen = batch.masked_as("row_causal") if attention == "sdpa" else batch
+    subject = Subject(model, lambda: parity.logits(device_batch), WeightSource(source),
+                      Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, "document",
+                      regime, str(source) if weights_dir is not None
+                      else f"the ranks' step-0 weights ({dumped})", batch_from)
+    return subject, stack

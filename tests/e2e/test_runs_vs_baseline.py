@@ -1,0 +1,22 @@
+"""Tonight against last night, per run of the run template (``pytest --baseline PATH``).
+
+Specification: with ``--baseline`` (a previous report folder or its results.json), every
+launched run equals the same run of the baseline: step-1 loss and the loss and grad-norm
+curves exactly, compile time, step time and peak memory within their ratio thresholds
+(harness/diagnosis/baseline.py, harness/tolerances.py). A numeric change with the same commit
+and package versions is named as such. Without ``--baseline`` these tests are deselected.
+"""
+
+from harness import checks
+from harness.diagnosis import baseline
+from harness.diagnosis.pytest_plugin import header
+from harness.report import RunVerdict, results_document
+
+
+def test_vs_baseline(launched_run, steps, baseline_document):
+    tonight = results_document([RunVerdict(launched_run, checks.verdicts(launched_run, steps))],
+                               header())
+    compared = baseline.compare(tonight, {**baseline_document, "runs": [
+        r for r in baseline_document["runs"]
+        if baseline.run_key(r["name"]) == baseline.run_key(launched_run.name)]})
+    assert compared.ok, "\n".join(compared.lines())

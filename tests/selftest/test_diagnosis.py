@@ -1,0 +1,147 @@
+"""The diagnosis of a failing first step (harness/diagnosis).
+
+Specification:
+- the run's model (built as the trainer builds it, with the run's plants) is compared module by
+  module with the float64 reference trace on the run's first batch and starting weights; the
+  first module beyond the diagnosis tolerance is named, and no earlier one;
+- shown on defects the diagnosis was not written for, each acting in one place: a q/k-norm
+  swap in layer 1 only, a RoPE theta change, two experts swapped in one MoE layer, the final
+  RMSNorm's eps; a clean model has no divergent module;
+- hints by signature: a pretrained run at the random-init loss did not load its weights (the
+  directory it read is named); a deviation that fits a known issue recorded elsewhere "looks
+  like" it; no signature that fits, no hint;
+- a launched run with a plant writes a summary.md whose failing check names the module; a
+  random-init run is diagnosed from the step-0 weights and first batch its ranks dumped (slow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness import paths
+from harness.diagnosis import hints
+from harness.diagnosis.__main__ import localize_request
+from harness.titan_api import generation
+from harness.tolerances import diagnosis_tolerance
+
+DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
+MOE = ("nki_moe", "sdpa", paths.TINY_MOE, "bf16_experts")
+# The in-process MoE build goes through harness/parity/models.py, whose settings read 0.3.0's
+# MoE.routed_experts (the parity suite is spring2026.NOT_PORTED): the MoE cases wait for it.
+MOE_NOT_PORTED = pytest.mark.skipif(
+    generation() == "spring2026",
+    reason="harness/parity/settings.native_settings reads MoE.routed_experts (0.3.0); spring-2026 "
+           "main names it MoE.experts (the parity suite is not ported: titan_api.NOT_PORTED)")
+
+
+def diagnose_in_process(build, plants=(), tmp_path=None):
+    backend, attention, model_dir, regime = build
+    result = localize_request({
+        "backend": backend, "attention": attention, "model_dir": str(model_dir),
+        "weights_dir": str(model_dir), "run_dir": str(tmp_path), "nproc": 2, "device": "cpu",
+        "plants": list(plants), "regime": regime})
+    assert result["not_diagnosed"] is None, result
+    return result["divergence"]
+
+
+@pytest.mark.parametrize("build", [DENSE, pytest.param(MOE, marks=MOE_NOT_PORTED)],
+                         ids=["titan_native", "nki_moe"])
+def test_a_clean_model_has_no_divergent_module(build, tmp_path):
+    found = diagnose_in_process(build, tmp_path=tmp_path)
+    assert found["module"] is None, "\n".join(found["table"])
+    assert found["compared"] > 10  # every module of the tiny model, not an empty walk
+
+
+PLANTED = [  # plant, the model it is planted in, the module the diagnosis must name
+    ("qk_norm_swap_layer1", DENSE, "layers.1.attention.q_norm"),
+    ("rope_theta_x10", DENSE, "layers.0.attention.rope"),
+    pytest.param("swap_experts_layer1", MOE, "layers.1.moe.routed_experts",
+                 marks=MOE_NOT_PORTED),
+    ("final_norm_eps", DENSE, "norm"),
+]
+
+
+@pytest.mark.parametrize("plant,build,module", PLANTED,
+                         ids=["qk_norm_swap_layer1", "rope_theta_x10", "swap_experts_layer1",
+                              "final_norm_eps"])
+def test_the_diagnosis_names_the_planted_module(plant, build, module, tmp_path):
+    found = diagnose_in_process(build, (plant,), tmp_path)
+    table = "\n".join(found["table"])
+    assert found["module"] == module, f"{found['line']}\n{table}"
+    tolerance = diagnosis_tolerance("activations", build[3]).rtol
+    assert found["before_max_rel"] < tolerance, table  # everything before it agreed
+
+
+def test_random_init_loss_of_a_pretrained_run_says_the_weights_did_not_load():
+    vocab, hidden, std = 2048, 128, 0.02
+    analytic = math.log(vocab) + std**2 * hidden / 2
+    hint = hints.random_init_hint(analytic + 0.03, vocab, hidden, std, "/assets/Qwen3")
+    assert hint and "the weights did not load: check --assets-dir" in hint
+    assert "/assets/Qwen3" in hint and f"{analytic:.4f}" in hint
+    assert hints.random_init_hint(analytic - 1.0, vocab, hidden, std, "/assets/Qwen3") is None
+
+
+def test_a_known_issue_recorded_elsewhere_is_named_only_when_its_signature_fits():
+    # tiny random-init transformers backend, recorded +3.6 nats; asked from native Qwen3
+    here = {"backend": "titan_native", "size": "tiny", "init": "random", "device": "cpu",
+            "attention": "sdpa", "generation": "v0_3"}
+    fits = hints.known_issue_hints(3.6, here)
+    assert any(h.startswith("looks like hf_v5-tied-embedding-init-scale") for h in fits), fits
+    assert hints.known_issue_hints(0.0123, here) == []
+
+
+@pytest.mark.slow
+def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
+    from harness import checks
+    from harness.devices import detect
+    from harness.launch import RunSpec, launch
+    from harness.report import RunVerdict, write_report
+
+    spec = RunSpec(backend="titan_native", size="tiny", init="pretrained", steps=2,
+                   plants=("qk_norm_swap_layer1",))
+    run = launch(spec, detect("cpu"), tmp_path / "runs" / "planted")
+    write_report([RunVerdict(run, checks.verdicts(run, 2))], tmp_path, {"device": "cpu"})
+    summary = (tmp_path / "summary.md").read_text()
+    assert "first_step_loss: FAIL" in summary
+    assert "first divergent module: layers.1.attention.q_norm" in summary, summary
+
+
+@pytest.mark.slow
+def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_path):
+    from harness.devices import detect
+    from harness.diagnosis import diagnose
+    from harness.launch import RunSpec, launch
+
+    spec = RunSpec(backend="titan_native", size="tiny", init="random", steps=1,
+                   plants=("qk_norm_swap_layer1",))
+    run = launch(spec, detect("cpu"), tmp_path / "runs" / "random")
+    found = diagnose.diagnose(run)
+    assert found.module == "layers.1.attention.q_norm", found.lines()
+    assert "step-0 weights" in found.divergence["weights_from"]
+    assert found.divergence["batch_from"] == "rank 0's dump"
+
+
+def _pretrained_result(loss, tmp_path):
+    from harness.results import RunResult, StepRecord
+
+    step = StepRecord(step=1, loss=loss, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
+                      peak_memory_gib=1.0)
+    return RunResult(name="titan_native-tiny-pretrained", backend="titan_native", size="tiny",
+                     init="pretrained", device="cpu", nproc=2, command=[], returncode=0,
+                     timed_out=False, duration_s=1.0, run_dir=tmp_path, steps=[step],
+                     attention="sdpa", versions={"torchtitan-generation": generation()})
+
+
+def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
+    from harness.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.hf_config import Qwen3Arch
+
+    arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
+    analytic = analytic_random_init_loss(arch.vocab_size, arch.hidden_size,
+                                         configured_lm_head_std("titan_native", arch.hidden_size))
+    unloaded = hints.hints_for(_pretrained_result(analytic + 0.02, tmp_path), analytic + 0.02, 6.4)
+    assert any("check --assets-dir" in h and str(paths.TINY_DENSE) in h for h in unloaded), unloaded
+    # a failure near the expectation fits no signature: nothing is said
+    assert hints.hints_for(_pretrained_result(1.2752, tmp_path), 1.2752, 7.7e-4) == []
