@@ -114,7 +114,7 @@ def _analytic(model: str, spec: dict, model_dir=None) -> tuple[float, str]:
 def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
     """torchtitan's logged step-1 ``global_avg_loss`` recomputed independently: the HF model
     (transformers, float32, host CPU) with the run's initial weights on every rank's dumped
-    step-1 batch (harness/data/rank_hooks.py), with the run's masking of packed rows
+    step-1 batch (harness/backends/first_batch.py), with the run's masking of packed rows
     (``row_causal``: causal over the row at row positions; ``causal``: causal over the row at
     per-document positions; ``document``: per document), each rank's summed token CE over the
     global count of valid labels. Holds on any data, so on C4 as on the fixture corpus."""

@@ -51,13 +51,13 @@ def assets_config(assets: str) -> dict | None:
 
 
 def dump_first_batch() -> None:
-    """Full-size runs dump each rank's step-1 batch (harness/data/rank_hooks.py): the
+    """Full-size runs dump each rank's step-1 batch (harness/backends/first_batch.py): the
     independent HF forward on it is their expectation on any data (harness/expectations.py)."""
     import torchtitan.trainer
 
-    from harness.data import rank_hooks
+    from harness.backends import first_batch
 
-    rank_hooks.install_trainer_hooks(torchtitan.trainer)
+    first_batch.install(torchtitan.trainer)
 
 
 def shared_fields(shape: RunShape, hf_assets_path: str) -> dict:
