@@ -104,10 +104,12 @@ def device_status(kind: str) -> tuple[bool, str]:
 
 # Per-run timeouts. CPU: tiny runs take seconds; the full-size twin is as small. Neuron:
 # TorchNeuron eager compiles every new op and shape the first time it runs (a cold compile
-# cache), so even a tiny run's first step can take many minutes; a full-size run compiles on
-# its first step, then runs 10 steps of the real model.
+# cache), so even a tiny run's first step can take many minutes (15 min each, against the
+# CPU's 600 s); a full-size run compiles on its first step, then runs 10 steps of the real
+# model and saves. All of them at their limits fit the nightly's test step (620 min for 6 tiny
+# and 5 full-size runs: tests/e2e/test_workflows.py).
 CPU_TIMEOUTS_S = {"tiny": 600, "full": 600}
-NEURON_TIMEOUTS_S = {"tiny": 30 * 60, "full": 100 * 60}
+NEURON_TIMEOUTS_S = {"tiny": 15 * 60, "full": 100 * 60}
 TIMEOUTS_S = {"cpu": CPU_TIMEOUTS_S, "cuda": CPU_TIMEOUTS_S, "neuron": NEURON_TIMEOUTS_S}
 # Core visibility: torch-neuronx assigns NeuronCores to torchrun's ranks only when these are
 # unset (the runtime reserves every core for the first process otherwise); a runner that

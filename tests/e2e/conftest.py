@@ -16,7 +16,7 @@ from harness.run_matrix import SubjectCase, cases
 
 REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                         "model.safetensors.index.json")
-# huggingface_hub >= 1.0: the CLI is `hf` (`huggingface-cli` was removed).
+# huggingface_hub >= 1.0: the CLI is `hf` (its old name was removed).
 DOWNLOAD = f"hf download Qwen/{DENSE_ASSETS} --local-dir <assets-dir>/{DENSE_ASSETS}"
 # A full-size run's checkpoint (8 GB for Qwen3-4B) is deleted once its checks have read it,
 # unless this is set.
