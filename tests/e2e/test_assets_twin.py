@@ -206,3 +206,23 @@ def test_neuron_image_refuses_pypi_torchtitan():
     assert "not installed" in module.torchtitan_problem(None)
     assert "not a TorchTitan Neuron build" in module.torchtitan_problem("0.3.0")
     assert module.torchtitan_problem("0.2.2+neuron.1") is None
+
+
+@pytest.mark.slow
+def test_a_moe_saved_against_the_4b_index_fails_at_the_save(twin, tmp_path, backend_runs):
+    """The first-night failure the MoE's own assets prevent: its HF save against a foreign
+    index (the 4B's, as it once was given) stops the run with a KeyError on an MoE key."""
+    from harness.launch import RunSpec
+    from harness.run_matrix import FULL_OVERRIDES, TWIN_OVERRIDES
+
+    foreign = derived_assets(paths.TINY_MOE, twin / DENSE_ASSETS, tmp_path / MOE_ASSETS)
+    (foreign / INDEX).write_bytes((twin / DENSE_ASSETS / INDEX).read_bytes())
+    run = backend_runs.get(RunSpec("nki_moe", size="full", init="random", steps=2, nproc=2,
+                                   save_hf=True, hf_assets_path=str(foreign),
+                                   overrides=(*FULL_OVERRIDES, *TWIN_OVERRIDES)))
+    assert not run.ok, run.describe()
+    assert not run.hf_checkpoint_dirs, run.hf_checkpoint_dirs
+    logs = "".join(p.read_text(errors="replace") for files in run.rank_logs.values()
+                   for p in files if p.exists())
+    # The save fails on every rank (CheckpointException) with the MoE key the map lacks.
+    assert re.search(r"KeyError: 'model\.layers\.\d+\.mlp\.(gate|experts)", logs), run.first_error()
