@@ -133,6 +133,29 @@ def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
                    f"transformers from_pretrained({checkpoint.name}) with {model_dir}/config.json")
 
 
+def published_loss(run: RunResult, steps: int) -> Outcome:
+    """The step-1 loss against the source's published number (fixtures/expectations.toml
+    ``[[published]]``), on the runs that read the source's data; its own first_step_loss
+    expectation (an independent HF forward on the run's batch) holds it on any data."""
+    if not run.steps:
+        return Outcome("no step was logged")
+    expectation = ExpectationRegistry().published(run)
+    if expectation is None:
+        return Outcome(f"{run.name}: no published number for {run.backend}/{run.model}/{run.init} "
+                       f"on {run.device} with the data it read (published values hold only on "
+                       f"the source's data, C4)")
+    observed = run.steps[0].loss
+    return Outcome(expectation.check(observed),
+                   {"deviation": expectation.deviation(observed), "expected": expectation.value,
+                    "observed": observed},
+                   f"banded: |step-1 - published| <= {expectation.tolerance_name} "
+                   f"{expectation.tolerance:g} ({expectation.source})")
+
+
+# Checks of the runs that reproduce the source's published runs (its data, its device).
+PUBLISHED_CHECKS: dict[str, Callable[[RunResult, int], Outcome]] = {"published_loss": published_loss}
+
+
 # The checks of every run, in order. A check name is also the known-issue registry's ``check``.
 RUN_CHECKS: dict[str, Callable[[RunResult, int], Outcome]] = {
     "completed": completed,
@@ -149,7 +172,7 @@ def context(run: RunResult) -> dict[str, str]:
 
 
 def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdict, Outcome]:
-    outcome = RUN_CHECKS[check](run, steps)
+    outcome = {**RUN_CHECKS, **PUBLISHED_CHECKS}[check](run, steps)
     if check != "completed":
         # A run that a known issue stops before it completes cannot be checked further; that
         # is the same known issue, not a new failure (and not a pass).

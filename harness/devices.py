@@ -20,7 +20,9 @@ KINDS = ("neuron", "cuda", "cpu")
 NEURON_LNC_DEFAULT = "2"
 
 # The model sizes each device tier runs (the run template instantiates every backend at each).
-TIER_SIZES = {"cpu": ("tiny",), "cuda": ("tiny",), "neuron": ("tiny", "full")}
+# CPU runs the full size's code path from the assets twin (harness/assets_twin.py): a tiny
+# model laid out as the real download, through the same asset flags, save maps and checks.
+TIER_SIZES = {"cpu": ("tiny", "full"), "cuda": ("tiny",), "neuron": ("tiny", "full")}
 # Attention variants a device cannot run: flex attention is always wrapped in torch.compile
 # (Inductor), and the Neuron backend compiles through its own "neuron" backend, eager otherwise.
 UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
@@ -47,6 +49,12 @@ class DeviceProfile:
     device_count: int
     rank_env: dict[str, str] = field(default_factory=dict)
     shims: tuple[str, ...] = ()
+    # Inherited variables the ranks must not see (``rank_environment`` drops them).
+    rank_env_unset: tuple[str, ...] = ()
+    # Settings every result of this device records beside the package versions.
+    recorded: dict[str, str] = field(default_factory=dict)
+    # Per-run timeouts by size, in seconds (a cold compile on neuron; harness/run_matrix.py).
+    timeouts_s: dict[str, float] = field(default_factory=lambda: dict(CPU_TIMEOUTS_S))
 
     def describe(self) -> str:
         return (
@@ -97,6 +105,43 @@ def device_status(kind: str) -> tuple[bool, str]:
     raise ValueError(f"unknown device kind {kind!r}; choose one of {(*KINDS, 'nki-sim', 'nki-emu')}")
 
 
+# Per-run timeouts. CPU: tiny runs take seconds; the full-size twin is as small. Neuron:
+# TorchNeuron eager compiles every new op and shape the first time it runs (a cold compile
+# cache), so even a tiny run's first step can take many minutes (15 min each, against the
+# CPU's 600 s); a full-size run compiles on its first step, then runs 10 steps of the real
+# model and saves. All of them at their limits fit the nightly's test step (620 min for 6 tiny
+# and 5 full-size runs: tests/e2e/test_workflows.py).
+CPU_TIMEOUTS_S = {"tiny": 600, "full": 600}
+NEURON_TIMEOUTS_S = {"tiny": 15 * 60, "full": 100 * 60}
+TIMEOUTS_S = {"cpu": CPU_TIMEOUTS_S, "cuda": CPU_TIMEOUTS_S, "neuron": NEURON_TIMEOUTS_S}
+# Core visibility: torch-neuronx assigns NeuronCores to torchrun's ranks only when these are
+# unset (the runtime reserves every core for the first process otherwise); a runner that
+# exports them would give every rank the same cores.
+NEURON_CORE_VISIBILITY = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES")
+# neuronx-cc auto-casts fp32 matmuls to bf16 by default; TorchNeuron eager passes
+# --auto-cast=none, then appends NEURON_CC_FLAGS, so an image that sets that variable changes
+# the numerics. The expectations (fp32 recorded losses, bf16 params at full size) assume none;
+# the ranks get it last, so it wins over anything inherited.
+NEURON_AUTO_CAST = "none"
+
+
+def neuron_rank_env(environ: dict[str, str]) -> tuple[dict[str, str], tuple[str, ...], dict[str, str]]:
+    """(rank environment, inherited variables to drop, settings to record) of neuron ranks,
+    from the launcher's environment: a pure function, checked on CPU."""
+    inherited = environ.get("NEURON_CC_FLAGS", "").strip()
+    flags = f"{inherited} --auto-cast={NEURON_AUTO_CAST}".strip()
+    env = {
+        "NEURON_LOGICAL_NC_CONFIG": environ.get("NEURON_LOGICAL_NC_CONFIG", NEURON_LNC_DEFAULT),
+        "TORCH_NEURONX_NEFF_CACHE_DIR": environ.get(
+            "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")),
+        "NEURON_CC_FLAGS": flags,
+    }
+    recorded = {"neuron-auto-cast": NEURON_AUTO_CAST, "neuron-cc-flags": flags,
+                "neuron-inherited-core-visibility": ",".join(
+                    f"{k}={environ[k]}" for k in NEURON_CORE_VISIBILITY if k in environ) or "none"}
+    return env, NEURON_CORE_VISIBILITY, recorded
+
+
 # Shims torchtitan 0.3.0 needs on CPU; see harness/upstream/.
 CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op")
 
@@ -107,19 +152,7 @@ def profile_for(kind: str) -> DeviceProfile:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")
     if kind == "neuron":
         count = torch.neuron.device_count()  # type: ignore[attr-defined]
-        return DeviceProfile(
-            kind="neuron",
-            process_group_backend="neuron",
-            ranks_per_node=count,
-            device_count=count,
-            rank_env={
-                "NEURON_LOGICAL_NC_CONFIG": os.environ.get("NEURON_LOGICAL_NC_CONFIG",
-                                                           NEURON_LNC_DEFAULT),
-                "TORCH_NEURONX_NEFF_CACHE_DIR": os.environ.get(
-                    "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")
-                ),
-            },
-        )
+        return neuron_profile(count, dict(os.environ))
     if kind == "cuda":
         count = torch.cuda.device_count()
         return DeviceProfile(
@@ -135,6 +168,14 @@ def profile_for(kind: str) -> DeviceProfile:
         rank_env={"OMP_NUM_THREADS": "1"},
         shims=CPU_SHIMS,
     )
+
+
+def neuron_profile(count: int, environ: dict[str, str]) -> DeviceProfile:
+    """The neuron profile for ``count`` logical NeuronCores, from the launcher's environment."""
+    env, unset, recorded = neuron_rank_env(environ)
+    return DeviceProfile(kind="neuron", process_group_backend="neuron", ranks_per_node=count,
+                         device_count=count, rank_env=env, rank_env_unset=unset,
+                         recorded=recorded, timeouts_s=dict(NEURON_TIMEOUTS_S))
 
 
 def detect(requested: str | None = None) -> DeviceProfile:

@@ -65,13 +65,23 @@ def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: fl
     return math.log(vocab_size) + variance / 2
 
 
-def _model_config(model: str) -> dict:
+def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
     from harness.hf_config import read_config_json
 
+    if model_dir is not None:  # a full-size run: the config.json of its own assets
+        return read_config_json(model_dir)
     for root in (paths.FIXTURES, paths.FIXTURES / "reference_configs"):
         if (root / model / "config.json").is_file():
             return read_config_json(root / model)
     raise FileNotFoundError(f"no config.json for model {model!r} under {paths.FIXTURES}")
+
+
+def _api_generation(generation: str | None) -> str:
+    """Expectations are the API's: a fork (TorchTitan Neuron) shares its base's init rules and
+    dataloader, so its expected numbers (harness/titan_api API_OF)."""
+    from harness import titan_api
+
+    return titan_api.api_generation_of(generation or titan_api.generation())
 
 
 def _std_rule(rule, hidden: int) -> float:
@@ -82,10 +92,7 @@ def configured_lm_head_std(backend: str, hidden: int, generation: str | None = N
                            path: Path = EXPECTATIONS_FILE) -> float:
     """The lm_head init std ``backend`` is configured with at width ``hidden``: its random-init
     entries' rule (the same init code at every width), never a std measured on a model."""
-    if generation is None:
-        from harness.titan_api import generation as installed
-
-        generation = installed()
+    generation = _api_generation(generation)
     entries = [e for e in tomllib.loads(Path(path).read_text())["expectation"]
                if e["backend"] == backend and "analytic_random_init" in e]
     own = [e for e in entries if e.get("generation") == generation]
@@ -97,11 +104,62 @@ def configured_lm_head_std(backend: str, hidden: int, generation: str | None = N
     return _std_rule(rules.pop(), hidden)
 
 
-def _analytic(model: str, spec: dict) -> tuple[float, str]:
-    hf = _model_config(model)
+def _analytic(model: str, spec: dict, model_dir=None) -> tuple[float, str]:
+    hf = _model_config(model, model_dir)
     std = _std_rule(spec["lm_head_std"], hf["hidden_size"])
     value = analytic_random_init_loss(hf["vocab_size"], hf["hidden_size"], float(std))
     return value, f"ln V + std^2*hidden/2 (V={hf['vocab_size']}, hidden={hf['hidden_size']}, std={std:.4g})"
+
+
+def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
+    """torchtitan's logged step-1 ``global_avg_loss`` recomputed independently: the HF model
+    (transformers, float32, host CPU) with the run's initial weights on every rank's dumped
+    step-1 batch (harness/backends/first_batch.py), with the run's masking of packed rows
+    (``row_causal``: causal over the row at row positions; ``causal``: causal over the row at
+    per-document positions; ``document``: per document), each rank's summed token CE over the
+    global count of valid labels. Holds on any data, so on C4 as on the fixture corpus."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    if mask not in ("row_causal", "causal", "document"):
+        raise ValueError(f"unknown masking {mask!r}")
+    model = AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=torch.float32).eval()
+    ignore = -100
+    valid = sum(int((b["model_labels"] != ignore).sum()) for b in batches)
+    total = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            tokens, labels = batch["model_input"], batch["model_labels"]
+            if mask == "row_causal" or batch.get("positions") is None:
+                positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+            else:
+                positions = batch["positions"]
+            attention = None if mask == "document" else torch.ones_like(tokens)
+            logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention,
+                           use_cache=False).logits
+            total += float(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                           reduction="sum", ignore_index=ignore)) / valid
+    return total
+
+
+def _hf_forward(run) -> tuple[float, str]:
+    from harness.data.loss_reference import load_batches
+    from harness.launch import pretrained_weights_dir, RunSpec
+
+    if run is None:
+        raise MissingExpectation("an hf_forward expectation is computed from a launched run")
+    weights = pretrained_weights_dir(RunSpec(backend=run.backend, size=run.size, init=run.init,
+                                             attention=run.attention,
+                                             hf_assets_path=run.assets_dir))
+    try:
+        batches = load_batches(run.run_dir)
+    except FileNotFoundError as error:
+        raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
+                                 f"step-1 batch: harness/backends/common.py dump_first_batch)") from None
+    value = independent_first_step_loss(weights, batches, run.mask)
+    return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
+                   f"batch ({len(batches)} rank(s), {run.mask} masking)")
 
 
 class ExpectationRegistry:
@@ -118,14 +176,12 @@ class ExpectationRegistry:
                  e.get("generation", "any")) for e in self.entries]
 
     def get(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
-            dp: int = 2, generation: str | None = None) -> Expectation:
+            dp: int = 2, generation: str | None = None, run=None,
+            model_dir: str | Path | None = None) -> Expectation:
         """The expected first-step loss of a run; ``dp`` is its data-parallel degree (a recorded
         loss depends on the global batch), ``generation`` its torchtitan API generation
         (default: the installed one)."""
-        if generation is None:
-            from harness.titan_api import generation as installed
-
-            generation = installed()
+        generation = _api_generation(generation)
 
         def score(entry):  # exact matches first
             return ((entry["device"] != device) + (entry.get("mask", "any") != mask)
@@ -150,7 +206,9 @@ class ExpectationRegistry:
         elif "recorded" in entry:
             value, source = _recorded_loss(model, entry["recorded"], dp, generation)
         elif "analytic_random_init" in entry:
-            value, source = _analytic(model, entry["analytic_random_init"])
+            value, source = _analytic(model, entry["analytic_random_init"], model_dir)
+        elif entry.get("hf_forward"):
+            value, source = _hf_forward(run)
         else:
             raise ValueError(f"expectation {key} in {self.path} gives no value source")
         band = loss_band(entry["tolerance"])
@@ -162,4 +220,44 @@ class ExpectationRegistry:
             raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
                                      f"knows, so it has no expectation")
         return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
-                        run.versions.get("torchtitan-generation"))
+                        run.versions.get("torchtitan-generation"), run=run,
+                        model_dir=_run_model_dir(run))
+
+    def published(self, run) -> Expectation | None:
+        """The source's published first-step loss for ``run``, where it has one: same backend,
+        model, init, device, and the source's data (``[[published]]`` entries)."""
+        data = run_data(run)
+        for entry in self.published_entries:
+            if ((entry["backend"], entry["model"], entry["init"], entry["device"])
+                    == (run.backend, run.model, run.init, run.device)):
+                if entry["data"] != data:
+                    return None
+                band = loss_band(entry["tolerance"])
+                return Expectation((run.backend, run.model, run.init, run.device, entry["data"]),
+                                   float(entry["value"]), band.value, band.name,
+                                   f"published value in {self.path.name} (on {entry['data']})")
+        return None
+
+    @property
+    def published_entries(self) -> list[dict]:
+        return tomllib.loads(self.path.read_text()).get("published", [])
+
+
+def run_data(run) -> str:
+    """What a launched run read: "c4" when its command switched the dataloader to C4 (the
+    launcher's ``data_flags``), else the fixture corpus."""
+    command = list(run.command)
+    for i, arg in enumerate(command[:-1]):
+        if arg == "--dataloader.dataset":
+            return command[i + 1]
+    return "fixture"
+
+
+def _run_model_dir(run) -> Path | None:
+    """A full-size run's model config dir (its assets); None: the fixtures' by model key."""
+    if run.size != "full" or not run.assets_dir:
+        return None
+    from harness.backends import backend
+
+    spec = backend(run.backend).size(run.size)
+    return spec.resolve(spec.model_dir, run.assets_dir)

@@ -23,6 +23,7 @@ import psutil
 from harness import known_issues
 from harness.backends import BackendSpec, backend
 from harness import paths, plants
+from harness.assets_twin import FULL_ASSETS_ENV
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
@@ -37,6 +38,7 @@ PLANTS_ENV = plants.ENV_VAR
 # processes this harness process launched can be found (``leftover_processes``), and no other.
 SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
 SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+DATA_SOURCES = ("fixture", "c4")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ class RunSpec:
     save_hf: bool = False
     timeout_s: float = 600.0
     hf_assets_path: str | None = None  # full-size runs: the HF assets dir
+    # What the dataloader reads: "fixture" (the harness's corpus) or "c4" (the source's data:
+    # allenai/c4 "en", streamed from the Hub as spring-2026's qwen3_32b() loads it, or a local
+    # copy of it at ``data_path``).
+    data: str = "fixture"
+    data_path: str | None = None
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -76,6 +83,8 @@ class RunSpec:
         # Only the workarounds that change this backend: one key per distinct run.
         object.__setattr__(self, "workarounds", tuple(
             w for w in self.workarounds if known_issues.workaround(w).applies_to(self.backend)))
+        if self.data not in DATA_SOURCES:
+            raise ValueError(f"data must be one of {DATA_SOURCES}, not {self.data!r}")
         if self.subject is not None:  # the subject's own config decides init, size, attention
             return
         if self.attention is None:  # one key per distinct run: the default, spelled out
@@ -176,6 +185,7 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
     if spec.hf_assets_path and not spec.subject:
         for flag in spec.spec.asset_flags:
             command += [flag, spec.hf_assets_path]
+    command += data_flags(spec.data, spec.data_path)
     if spec.init == "pretrained" or spec.save_hf:
         command += ["--checkpoint.enable"]
     if spec.init == "pretrained" and not spec.subject:  # a subject's config loads its own
@@ -194,9 +204,31 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
     return command + list(spec.overrides)
 
 
+def data_flags(data: str, data_path: str | None) -> list[str]:
+    """The dataloader overrides of a run's data (the configs read the fixture corpus)."""
+    if data == "fixture":
+        return []
+    flags = ["--dataloader.dataset", "c4"]
+    if data_path:
+        if not (Path(data_path) / "en").is_dir():
+            raise FileNotFoundError(
+                f"{data_path} is not a local copy of allenai/c4: it has no en/ folder. Fetch it "
+                f"with `hf download allenai/c4 --repo-type dataset --include 'en/*' --local-dir "
+                f"{data_path}`, or leave --c4-path unset to stream C4 from the Hub")
+        flags += ["--dataloader.dataset_path", str(data_path)]
+    return flags
+
+
+def remove_checkpoints(run_dir: Path) -> None:
+    """Delete a run's checkpoints (``dump/checkpoint``) once its checks have read them."""
+    shutil.rmtree(Path(run_dir) / "dump" / "checkpoint", ignore_errors=True)
+
+
 def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
     env.update(profile.rank_env)
+    if spec.size == "full" and spec.hf_assets_path and not spec.subject:
+        env[FULL_ASSETS_ENV] = str(spec.hf_assets_path)
     env["PYTHONUNBUFFERED"] = "1"
     env[SESSION_ENV] = SESSION_ID
     python_path = [*spec.pythonpath, str(paths.REPO_ROOT)]
@@ -341,5 +373,5 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
         steps=read_step_records(_lowest_rank_sink(run_dir) or sink),
         rank_logs=find_rank_logs(run_dir),
-        versions=package_versions(),
+        versions={**package_versions(), **profile.recorded},
     )

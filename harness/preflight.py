@@ -22,7 +22,7 @@ def _fix_for(path: Path) -> str:
 
     if paths.FIXTURES in path.resolve().parents:
         return REGENERATE
-    return "re-download the model's HF assets (e.g. `huggingface-cli download <repo> --local-dir <dir>`)"
+    return "re-download the model's HF assets (e.g. `hf download <repo> --local-dir <dir>`)"
 
 
 def check_safetensors(path: Path) -> None:

@@ -13,17 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.backends import BACKENDS
-from harness.devices import KINDS, TIER_SIZES, UNSUPPORTED_ATTENTION
+from harness.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION
 from harness import known_issues
 from harness.launch import RunSpec
 from harness.titan_api import generation
 from harness.subjects import Subject, infer
 
-# Full-size runs on trn2: compile on the first step plus 10 steps of the real model. Every
-# neuron run at its timeout must fit the nightly test step's limit
+# Per-run timeouts by device and size (harness/devices.py TIMEOUTS_S: a cold compile on
+# neuron). Every neuron run at its timeout must fit the nightly test step's limit
 # (.github/workflows/nightly-trn2.yml; tests/e2e/test_workflows.py checks the sum).
-FULL_TIMEOUT_S = 100 * 60
-TINY_TIMEOUT_S = 600
+FULL_TIMEOUT_S = TIMEOUTS_S["neuron"]["full"]
+TINY_TIMEOUT_S = TIMEOUTS_S["cpu"]["tiny"]
+# The full size on a device without the real model runs from the assets twin
+# (harness/assets_twin.py), kept cheap: 2 ranks, short rows, one init per backend (pretrained
+# where the size has weights). Random init of the tied dense models is left to the real width
+# (tests/e2e/test_full_size_random_init_cpu.py): at the twin's width the tied-embedding init
+# rules dominate it (hf_v5-tied-embedding-init-scale), as at tiny size.
+TWIN_DEVICES = ("cpu",)
+TWIN_OVERRIDES = ("--training.seq_len", "256")
+# Full-size runs on trn2 read the source's data: C4 as spring-2026's qwen3_32b() loads it.
+SOURCE_DATA = "c4"
+# torchtitan lowers the collective timeout to training.train_timeout_seconds (100 s) after
+# step 1; a full-size HF save (gather + consolidation of 8 GB on every rank) needs longer.
+FULL_SAVE_TIMEOUT_S = 1800
+FULL_OVERRIDES = ("--comm.train_timeout_seconds", str(FULL_SAVE_TIMEOUT_S))
 
 
 def can_save_hf(backend: str) -> bool:
@@ -49,13 +62,36 @@ class RunCase:
         attention = "" if self.attention == default else f"-{self.attention}"
         return f"{self.device}-{self.backend}-{self.size}{attention}-{self.init}"
 
-    def run_spec(self, steps: int, assets_dir: str | None = None, workarounds=()) -> RunSpec:
+    @property
+    def twin(self) -> bool:
+        """A full-size code path run from the assets twin (harness/assets_twin.py)."""
+        return self.size == "full" and self.device in TWIN_DEVICES
+
+    @property
+    def data(self) -> str:
+        return SOURCE_DATA if self.size == "full" and not self.twin else "fixture"
+
+    def run_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
+                 workdir: str | None = None, data_path: str | None = None) -> RunSpec:
+        """``assets_root``: the --assets-dir of a full-size run (the twin's root on CPU);
+        ``workdir``: where an assets folder derived for the run is built."""
+        from harness.assets_twin import full_size_assets_dir
+
         full = self.size == "full"
+        assets = None
+        if full:
+            size = BACKENDS[self.backend].size(self.size)
+            if assets_root is None:
+                raise ValueError(f"{self.id}: a full-size run needs the assets root (--assets-dir)")
+            assets = str(full_size_assets_dir(size.assets, assets_root, size.derive_assets_from,
+                                              workdir or assets_root))
+        overrides = (*FULL_OVERRIDES, *TWIN_OVERRIDES) if self.twin else FULL_OVERRIDES if full else ()
         return RunSpec(backend=self.backend, size=self.size, init=self.init, steps=steps,
                        attention=self.attention, save_hf=can_save_hf(self.backend),
-                       workarounds=tuple(workarounds),
-                       hf_assets_path=assets_dir if full else None,
-                       timeout_s=FULL_TIMEOUT_S if full else TINY_TIMEOUT_S)
+                       workarounds=tuple(workarounds), hf_assets_path=assets,
+                       nproc=2 if self.twin else None, overrides=overrides,
+                       data=self.data, data_path=data_path if self.data == SOURCE_DATA else None,
+                       timeout_s=TIMEOUTS_S[self.device][self.size])
 
 
 @dataclass(frozen=True)
@@ -72,7 +108,7 @@ class SubjectCase:
 
     def run_spec(self, steps: int, assets_dir: str | None = None, workarounds=()) -> RunSpec:
         facts = infer(self.subject)
-        timeout = FULL_TIMEOUT_S if facts.size == "full" else TINY_TIMEOUT_S
+        timeout = TIMEOUTS_S[self.device][facts.size]
         return RunSpec.for_subject(facts, steps=steps, save_hf=True, timeout_s=timeout,
                                    workarounds=tuple(workarounds), pythonpath=self.pythonpath)
 
@@ -87,7 +123,10 @@ def cases(devices=KINDS) -> list[RunCase]:
                 for attention in spec.attention:
                     if attention in UNSUPPORTED_ATTENTION.get(device, ()):
                         continue
-                    for init in spec.size(size).inits:
+                    inits = spec.size(size).inits
+                    if size == "full" and device in TWIN_DEVICES:
+                        inits = inits[-1:]  # pretrained where it has weights, else random
+                    for init in inits:
                         default = attention == spec.default_attention
                         if default or (size == "tiny" and init == "pretrained"):
                             slow = not default and not _distinguishable(spec, size, attention)

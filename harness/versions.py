@@ -11,7 +11,7 @@ VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "tor
 
 def package_versions() -> dict[str, str]:
     """The versions every result records, with the torchtitan API generation."""
-    from harness.titan_api import generation
+    from harness.titan_api import TORCHTITAN_VERSION, api_generation, fork_note, generation
 
     versions = {"python": sys.version.split()[0]}
     for name in VERSIONED_PACKAGES:
@@ -20,4 +20,8 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     versions["torchtitan-generation"] = generation()
+    versions["torchtitan-api"] = api_generation()
+    note = fork_note(TORCHTITAN_VERSION)
+    if note:
+        versions["torchtitan-unknown-fork"] = note
     return versions

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import paths
+from harness.assets_twin import DENSE_ASSETS, MOE_ASSETS
 
-# The HF assets dir of a full-size run (--assets-dir/<ASSETS_MODEL>); "{assets}" in a
-# SizeSpec path stands for it.
-ASSETS_MODEL = "Qwen3-4B-Instruct-2507"
+# The HF assets dir of a full-size run (--assets-dir/<SizeSpec.assets>, harness/assets_twin.py);
+# "{assets}" in a SizeSpec path stands for it.
+ASSETS_MODEL = DENSE_ASSETS
 ASSETS = "{assets}"
 SIZES = ("tiny", "full")
 INITS = ("random", "pretrained")
@@ -35,6 +36,11 @@ class SizeSpec:
     weights_dir: str | None  # pretrained weights; None: this size only starts from random init
     precision: str  # parity precision regime: "float32" or "bf16_experts"
     nproc: int | None = None  # ranks per run; None: every rank of the device's node
+    # Full size: the assets folder under --assets-dir (its config.json, tokenizer, weights and
+    # index are the run's), and the config dir it is derived from when absent (a model with no
+    # download of its own: harness/assets_twin.py full_size_assets_dir).
+    assets: str | None = None
+    derive_assets_from: str | None = None
 
     @property
     def inits(self) -> tuple[str, ...]:
@@ -92,11 +98,11 @@ class BackendSpec:
 _TINY = {"nproc": 2}
 DENSE_TINY = SizeSpec("tiny_dense", str(paths.TINY_DENSE), str(paths.TINY_DENSE), "float32", **_TINY)
 MOE_TINY = SizeSpec("tiny_moe", str(paths.TINY_MOE), str(paths.TINY_MOE), "bf16_experts", **_TINY)
-QWEN3_4B = SizeSpec(ASSETS_MODEL, ASSETS, ASSETS, "bfloat16")
-# Random init only; the tokenizer is Qwen3's, from the assets dir.
-MOE_4L = SizeSpec("qwen3_30b_a3b_4l_64e_top4",
-                  str(paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"),
-                  None, "bfloat16")
+QWEN3_4B = SizeSpec(ASSETS_MODEL, ASSETS, ASSETS, "bfloat16", assets=DENSE_ASSETS)
+# Random init only, from its own assets dir: its config.json and Qwen3's tokenizer, no index
+# (the 4B's index would be its HF save map, and the MoE's keys are not in it).
+MOE_4L = SizeSpec("qwen3_30b_a3b_4l_64e_top4", ASSETS, None, "bfloat16", assets=MOE_ASSETS,
+                  derive_assets_from=str(paths.FIXTURES / "reference_configs" / MOE_ASSETS))
 
 # Native Qwen3's attention variants: "sdpa" (torch SDPA, causal over the row, row positions),
 # as the source's configurations; "flex" (flex attention, per-document mask and positions).

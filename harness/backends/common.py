@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
@@ -10,6 +12,7 @@ from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 
 from harness import paths
+from harness.assets_twin import FULL_ASSETS_ENV
 from harness.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 from harness.metrics_sink import JsonlMetricsProcessor
 
@@ -32,6 +35,29 @@ FULL = RunShape(seq_len=2048, local_batch_size=1, steps=10, lr=8e-4, warmup_step
                 param_dtype="bfloat16")
 
 SEED = 42
+
+def full_assets(default: str) -> str:
+    """The run's assets dir, exported by the launcher (a config function runs before torchtitan
+    applies the command line, and the model's shape is the assets': Qwen3-4B on trn2, the tiny
+    twin on CPU, harness/assets_twin.py)."""
+    return os.environ.get(FULL_ASSETS_ENV) or default
+
+
+def assets_config(assets: str) -> dict | None:
+    """The assets dir's config.json, or None where there is none (meta-device config tests)."""
+    from harness.hf_config import read_config_json
+
+    return read_config_json(assets) if (Path(assets) / "config.json").is_file() else None
+
+
+def dump_first_batch() -> None:
+    """Full-size runs dump each rank's step-1 batch (harness/backends/first_batch.py): the
+    independent HF forward on it is their expectation on any data (harness/expectations.py)."""
+    import torchtitan.trainer
+
+    from harness.backends import first_batch
+
+    first_batch.install(torchtitan.trainer)
 
 
 def shared_fields(shape: RunShape, hf_assets_path: str) -> dict:

@@ -12,7 +12,7 @@ each generation routes HF attention differently (``titan_api.transformers_backen
 
 from harness import titan_api
 from harness import paths
-from harness.backends.common import FULL, TINY, shared_fields
+from harness.backends.common import FULL, TINY, dump_first_batch, full_assets, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
 
 _backend = titan_api.transformers_backend()
@@ -32,4 +32,5 @@ def tiny() -> TransformersBackendConfig:
 
 
 def full() -> TransformersBackendConfig:
-    return _config(FULL_ASSETS, FULL)
+    dump_first_batch()
+    return _config(full_assets(FULL_ASSETS), FULL)

@@ -16,12 +16,15 @@ row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the pe
 from torchtitan.trainer import Trainer
 
 from harness import paths
-from harness.backends.common import FULL, TINY, shared_fields
+from harness.backends.common import (FULL, TINY, assets_config, dump_first_batch, full_assets,
+                                     shared_fields)
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
-from harness.backends.titan_native import FULL_ASSETS
 from harness.ops import use_custom_ops
 
 FULL_SHAPE = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
+# The default assets dir; the launcher sets the run's own (harness/assets_twin.py: the MoE's
+# config.json and Qwen3's tokenizer, no index).
+FULL_ASSETS = "./assets/hf/qwen3_30b_a3b_4l_64e_top4"
 
 
 def _config(model_dir, flavor: str, shape, hf_assets_path: str,
@@ -36,8 +39,12 @@ def _tiny(attn_backend: str) -> Trainer.Config:
 
 
 def _full(attn_backend: str) -> Trainer.Config:
-    # Random init only; the tokenizer is Qwen3's, from the Qwen3-4B-Instruct-2507 assets dir.
-    return _config(FULL_SHAPE, "30b_a3b_4l_64e_top4", FULL, FULL_ASSETS, attn_backend)
+    # Random init only, from its own assets dir, whose config.json is the model's shape (the
+    # reference cut on trn2, the tiny MoE in the CPU twin).
+    dump_first_batch()
+    assets = full_assets(FULL_ASSETS)
+    shape = assets if assets_config(assets) is not None else FULL_SHAPE
+    return _config(shape, "30b_a3b_4l_64e_top4", FULL, assets, attn_backend)
 
 
 def tiny() -> Trainer.Config:

@@ -12,11 +12,14 @@ from torchtitan.trainer import Trainer
 
 from harness import titan_api
 from harness import paths
-from harness.backends.common import FULL, TINY, shared_fields
+from harness.backends.common import (FULL, TINY, assets_config, dump_first_batch, full_assets,
+                                     shared_fields)
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 
-# Set by the launcher for full-size runs (--hf_assets_path overrides it too).
+# The default assets dir; the launcher sets the run's (common.FULL_ASSETS_ENV, --hf_assets_path).
 FULL_ASSETS = "./assets/hf/Qwen3-4B-Instruct-2507"
+# Qwen3-4B's shape: assets of this shape get torchtitan's own "4B" flavor, as users run it.
+QWEN3_4B_SHAPE = {"vocab_size": 151936, "hidden_size": 2560, "num_hidden_layers": 36}
 
 
 def _tiny(attn_backend: str) -> Trainer.Config:
@@ -27,10 +30,21 @@ def _tiny(attn_backend: str) -> Trainer.Config:
     )
 
 
+def full_model_spec(assets: str, attn_backend: str):
+    """torchtitan's "4B" flavor (the source's configuration) for Qwen3-4B's assets; for the
+    CPU twin's (another shape) the same builders at the twin's shape."""
+    hf = assets_config(assets)
+    if hf is None or all(hf[k] == v for k, v in QWEN3_4B_SHAPE.items()):
+        return titan_api.qwen3_model_registry("4B", attn_backend)
+    return model_spec_from_hf(assets, flavor="4B_twin", attn_backend=attn_backend)
+
+
 def _full(attn_backend: str) -> Trainer.Config:
+    dump_first_batch()
+    assets = full_assets(FULL_ASSETS)
     return Trainer.Config(
-        model_spec=titan_api.qwen3_model_registry("4B", attn_backend),
-        **shared_fields(FULL, hf_assets_path=FULL_ASSETS),
+        model_spec=full_model_spec(assets, attn_backend),
+        **shared_fields(FULL, hf_assets_path=assets),
     )
 
 

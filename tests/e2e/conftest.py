@@ -1,17 +1,28 @@
 """The run template's instantiation: one parameter per RunCase (device x backend x size x
-attention x init), marked with its device tier; the runs themselves are shared per session."""
+attention x init), marked with its device tier; the runs themselves are shared per session.
 
+Full-size runs read their assets under ``--assets-dir`` (harness/assets_twin.py); on CPU that
+root is the assets twin, laid out from the committed tiny fixtures once per session."""
+
+import os
 from pathlib import Path
 
 import pytest
 
-from harness.backends import ASSETS_MODEL
+from harness.assets_twin import DENSE_ASSETS, build_twin
 from harness.devices import TIER_MARKERS
+from harness.launch import remove_checkpoints
 from harness.run_matrix import SubjectCase, cases
 
-REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
-DOWNLOAD = (f"huggingface-cli download Qwen/{ASSETS_MODEL} "
-            f"--local-dir <assets-dir>/{ASSETS_MODEL}")
+REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
+                        "model.safetensors.index.json")
+# huggingface_hub >= 1.0: the CLI is `hf` (its old name was removed).
+DOWNLOAD = f"hf download Qwen/{DENSE_ASSETS} --local-dir <assets-dir>/{DENSE_ASSETS}"
+# A full-size run's checkpoint (8 GB for Qwen3-4B) is deleted once its checks have read it,
+# unless this is set.
+KEEP_CHECKPOINTS_ENV = "HARNESS_KEEP_CHECKPOINTS"
+# A local copy of allenai/c4 (its en/ folder) for the full-size runs; default: the Hub.
+C4_PATH_ENV = "HARNESS_C4_PATH"
 
 
 def _param(case):
@@ -41,24 +52,74 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         params = [_param(c) for c in cases()]
         params += [pytest.param(c, id=c.id) for c in _subject_cases(metafunc.config)]
         metafunc.parametrize("run_case", params, scope="session")
+    if "published_case" in metafunc.fixturenames:
+        params = [_param(c) for c in cases() if _published(c)]
+        metafunc.parametrize("published_case", params, scope="session")
+
+
+def _published(case) -> bool:
+    """Whether the source published a number for this run, on the data the run reads."""
+    from harness.backends import BACKENDS
+    from harness.expectations import ExpectationRegistry
+
+    model = BACKENDS[case.backend].size(case.size).model
+    return any((e["backend"], e["model"], e["init"], e["device"], e["data"])
+               == (case.backend, model, case.init, case.device, case.data)
+               for e in ExpectationRegistry().published_entries)
 
 
 def full_size_assets(pytestconfig) -> Path:
-    """The HF assets dir of the full-size runs; a skip naming the download when absent."""
+    """The --assets-dir of the real full-size runs; a skip naming the download when absent."""
     root = pytestconfig.getoption("--assets-dir")
     if root is None:
         pytest.skip(f"--assets-dir not given; fetch the assets with: {DOWNLOAD}")
-    path = Path(root) / ASSETS_MODEL
+    path = Path(root) / DENSE_ASSETS
     missing = [f for f in REQUIRED_ASSET_FILES if not (path / f).is_file()]
     if not any(path.glob("*.safetensors")):
         missing.append("*.safetensors")
     if missing:
         pytest.skip(f"{path} lacks {missing}; fetch the assets with: {DOWNLOAD}")
-    return path
+    return Path(root)
 
 
 @pytest.fixture(scope="session")
-def launched_run(run_case, device_runs, steps, workarounds, pytestconfig):
-    """The run of ``run_case``, launched once per session on its device."""
-    assets = str(full_size_assets(pytestconfig)) if getattr(run_case, "size", "") == "full" else None
-    return device_runs(run_case.device).get(run_case.run_spec(steps, assets, workarounds))
+def assets_twin(tmp_path_factory) -> Path:
+    """The full-size assets tree of the tiny fixtures (harness/assets_twin.py)."""
+    return build_twin(tmp_path_factory.mktemp("assets_twin"))
+
+
+@pytest.fixture(scope="session")
+def derived_assets_root(tmp_path_factory) -> Path:
+    """Where assets folders the harness derives (the MoE's own) are built, once per session."""
+    return tmp_path_factory.mktemp("derived_assets")
+
+
+def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
+    assets = workdir = None
+    if getattr(case, "size", "") == "full":
+        twin = getattr(case, "twin", False)
+        assets = request.getfixturevalue("assets_twin") if twin else full_size_assets(pytestconfig)
+        workdir = request.getfixturevalue("derived_assets_root")
+    if isinstance(case, SubjectCase):
+        return device_runs(case.device).get(case.run_spec(steps, assets, workarounds))
+    spec = case.run_spec(steps, assets, workarounds, workdir=workdir,
+                         data_path=os.environ.get(C4_PATH_ENV))
+    return device_runs(case.device).get(spec)
+
+
+@pytest.fixture(scope="session")
+def launched_run(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
+    """The run of ``run_case``, launched once per session on its device. A full-size run's
+    checkpoint is removed once its checks are done (``HARNESS_KEEP_CHECKPOINTS=1`` keeps it)."""
+    run = _launch(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory)
+    yield run
+    if getattr(run_case, "size", "") == "full" and not os.environ.get(KEEP_CHECKPOINTS_ENV):
+        remove_checkpoints(run.run_dir)
+
+
+@pytest.fixture(scope="session")
+def published_run(published_case, device_runs, steps, workarounds, pytestconfig, request,
+                  tmp_path_factory):
+    """The same run as ``launched_run`` of the case (one launch per session serves both)."""
+    return _launch(published_case, device_runs, steps, workarounds, pytestconfig, request,
+                   tmp_path_factory)

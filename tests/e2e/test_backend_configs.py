@@ -38,7 +38,8 @@ def _hf_parameter_count(config_dir) -> int:
 
 def _model_dir(backend: str, size: str):
     size_spec = BACKENDS[backend].size(size)
-    return size_spec.resolve(size_spec.model_dir, REFERENCE_ASSETS)
+    assets = paths.FIXTURES / "reference_configs" / size_spec.assets if size_spec.assets else REFERENCE_ASSETS
+    return size_spec.resolve(size_spec.model_dir, assets)
 
 
 @pytest.mark.parametrize("backend,size,attention", CONFIGS)

@@ -167,6 +167,7 @@ def test_nightly_time_budget_fits_the_job():
     """Every step has a limit, they add up to less than the job's, and the test step's limit
     holds every full-size neuron run at its per-run timeout."""
     from harness.backends import BACKENDS
+    from harness.devices import TIMEOUTS_S
     from harness.run_matrix import FULL_TIMEOUT_S, cases
 
     job = _job(NIGHTLY)
@@ -183,7 +184,7 @@ def test_nightly_time_budget_fits_the_job():
     full_runs = sum(case.size == "full" for case in neuron_runs)
     assert full_runs == sum(len(spec.size("full").inits) for spec in BACKENDS.values()
                             if "full" in spec.sizes)
-    needed_min = sum(case.run_spec(10).timeout_s for case in neuron_runs) / 60
+    needed_min = sum(TIMEOUTS_S[case.device][case.size] for case in neuron_runs) / 60
     assert needed_min < test_step["timeout-minutes"], (
         f"{len(neuron_runs)} neuron runs ({full_runs} full-size at {FULL_TIMEOUT_S / 60:.0f} min) "
         f"need up to {needed_min:.0f} min: more than the test step's "

@@ -110,7 +110,7 @@ on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
 def test_generation_names():
     assert titan_api.generation_of("0.3.0") == "v0_3"
     assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
-    assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026"
+    assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026-neuron"  # its own (shares the API)
     for unsupported in ("0.2.2", "0.3.1", "0.2.1+neuron.1"):
         with pytest.raises(titan_api.UnsupportedTorchtitanError, match="Supported: v0_3"):
             titan_api.generation_of(unsupported)
