@@ -165,12 +165,6 @@ RUN_CHECKS: dict[str, Callable[[RunResult, int], Outcome]] = {
 }
 
 
-def context(run: RunResult) -> dict[str, str]:
-    """Where a run happened, in the known-issues registry's terms."""
-    return {"backend": run.backend, "size": run.size, "init": run.init, "device": run.device,
-            "attention": run.attention, "generation": run.versions.get("torchtitan-generation", "")}
-
-
 def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdict, Outcome]:
     outcome = {**RUN_CHECKS, **PUBLISHED_CHECKS}[check](run, steps)
     if check != "completed":
@@ -182,7 +176,7 @@ def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdic
                 "known", f"not checkable: the run stopped early ({completed_verdict.message})",
                 completed_verdict.issues), outcome
     return known_issues.judge(check, outcome.problem, outcome.observed, run.workarounds,
-                              **context(run)), outcome
+                              **run.where()), outcome
 
 
 def verdicts(run: RunResult, steps: int, checks=None) -> dict[str, tuple[known_issues.Verdict, Outcome]]:

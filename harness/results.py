@@ -87,6 +87,11 @@ class RunResult:
         root = self.run_dir / "dump" / "checkpoint"
         return sorted({p.parent for p in root.glob("step-*/*.safetensors")}) if root.exists() else []
 
+    def where(self) -> dict[str, str]:
+        """Where the run happened, in the known-issues registry's terms."""
+        return {"backend": self.backend, "size": self.size, "init": self.init, "device": self.device,
+                "attention": self.attention, "generation": self.versions.get("torchtitan-generation", "")}
+
     def first_error(self) -> str | None:
         """The first exception line any rank logged ("SomeError: message"), if any."""
         import re

@@ -65,7 +65,6 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
     if run.init != "pretrained":
         return []
     from harness.backends import backend
-    from harness.checks import context
     from harness.expectations import configured_lm_head_std
     from harness.hf_config import Qwen3Arch
 
@@ -85,5 +84,5 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
         if hint:
             hints.append(hint)
     if deviation is not None:
-        hints += known_issue_hints(deviation, context(run))
+        hints += known_issue_hints(deviation, run.where())
     return hints

@@ -124,7 +124,7 @@ def test_native_run_follows_the_reference_trajectory(backend, attention, run, st
     problem = None if all(r.ok for r in reports) else compare.parity_message(
         *(r.format() for r in reports), result.describe())
     verdict = known_issues.judge("first_step_loss", problem, {"deviation": result.losses[0] - ref.losses[0]},
-                                 result.workarounds, **checks.context(result))
+                                 result.workarounds, **result.where())
     known_issues.xfail_if_known(verdict, problem)
     assert verdict.status == "pass", verdict.message
 
