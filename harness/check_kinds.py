@@ -30,7 +30,8 @@ TS = E2E + "test_training_state.py::"
 
 KINDS: tuple[CheckKind, ...] = (
     CheckKind("run", "a launched run completes, finite, its first-step loss as registered",
-              (E2E + "test_runs.py::test_run",),
+              (E2E + "test_runs.py::test_run",
+               E2E + "test_assets_twin.py::test_twin_is_laid_out_as_the_hf_download"),
               (E2E + "test_backend_registry.py::test_a_registered_backend_launches_and_is_checked",
                E2E + "test_full_size_random_init_cpu.py::test_random_init_first_step_loss",
                E2E + "test_full_size_random_init_cpu.py::test_streamed_init_and_forward_equal_whole_model")),
@@ -50,8 +51,11 @@ KINDS: tuple[CheckKind, ...] = (
     CheckKind("checkpoints", "HF checkpoints named, saved and reloaded as transformers expects",
               (PARITY + "test_checkpoint_conformance.py::test_trainer_save_path_writes_a_conformant_checkpoint",
                PARITY + "test_torchrun_parity.py::test_saved_checkpoint_is_complete_and_reloads")),
-    CheckKind("determinism", "a seeded rerun is the same run, bit for bit",
-              (TS + "test_seeded_rerun_is_bitwise_identical",),
+    CheckKind("determinism", "a seeded rerun is the same run, bit for bit; a check that reads "
+              "memory upstream leaves uninitialised reads poison, not leftovers",
+              (TS + "test_seeded_rerun_is_bitwise_identical",
+               SELF + "test_uninitialised_memory.py::test_uninitialised_memory_is_poisoned_whatever_was_freed_before",
+               PARITY + "test_hf_backend_parity.py::test_backend_rope_frequencies_are_initialised"),
               (SELF + "test_determinism.py::test_seeded_rerun_gives_bit_identical_losses",)),
     CheckKind("data_path", "the trainer's batches against an independent tokenise-and-pack reference",
               (E2E + "test_data_path.py::test_config_dataloader_matches_reference",
@@ -84,7 +88,11 @@ KINDS: tuple[CheckKind, ...] = (
                KERNELS + "test_model_swap.py::test_swapped_model_matches_torchtitan_exactly",
                KERNELS + "test_known_issues_kernel.py::test_router_cell_with_only_the_recorded_dtype_failure_is_known",
                KERNELS + "test_tooling.py::test_list_names_every_op_and_says_why_skipped",
-               KERNELS + "test_neuron.py::test_nki_kernels_are_registered_for_the_neuron_device")),
+               KERNELS + "test_neuron.py::test_nki_kernels_are_registered_for_the_neuron_device",
+               KERNELS + "test_nki_emu.py::test_seam_installs_the_emulator_as_nki_and_restores_what_was_there",
+               KERNELS + "test_nki_emu_validation.py::test_nki_library_kernel_on_the_emulator_matches_its_own_reference",
+               KERNELS + "test_moe_blockwise.py::test_layout_puts_every_row_in_a_block_of_its_expert",
+               KERNELS + "test_moe_blockwise_cost.py::test_the_kernel_at_the_source_shape_keeps_every_bound")),
     CheckKind("known_issues", "the checks fail on broken results; a known issue excuses only its "
               "own signature",
               (SELF + "test_checks_catch_defects.py::test_known_issue_is_accepted_only_with_its_recorded_signature",
@@ -113,9 +121,21 @@ KINDS: tuple[CheckKind, ...] = (
               (E2E + "test_backend_registry.py::test_a_registered_backend_is_instantiated_on_every_device",
                SELF + "test_upstream_shims.py::test_generation_names",
                E2E + "test_workflows.py::test_workflows_pass_linter",
-               SELF + "test_parallel_tier.py::test_a_test_sharing_the_run_cache_is_in_the_launch_group",
+               SELF + "test_parallel_tier.py::test_a_run_launched_twice_is_found",
                SELF + "test_parallel_tier.py::test_workers_for_a_selection",
-               SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test")),
+               SELF + "test_import_graph.py::test_harness_has_no_import_cycle",
+               E2E + "test_assets_twin.py::test_fork_is_its_own_generation",
+               SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test"),
+              (SELF + "test_parallel_tier.py::test_a_run_read_on_two_workers_launches_once",)),
+    CheckKind("diagnosis", "a failing run says where: its first divergent module, the hints whose "
+              "signature fits, and what changed against a baseline report",
+              (SELF + "test_diagnosis.py::test_the_diagnosis_names_the_planted_module",
+               SELF + "test_diagnosis.py::test_a_clean_model_has_no_divergent_module",
+               SELF + "test_baseline.py::test_a_planted_run_is_matched_to_the_clean_run_and_its_module_named",
+               E2E + "test_runs_vs_baseline.py::test_vs_baseline"),
+              (SELF + "test_diagnosis.py::test_a_launched_run_with_a_plant_names_its_module_in_summary_md",
+               E2E + "test_baseline_cli.py::test_two_clean_reports_flag_nothing",
+               E2E + "test_baseline_cli.py::test_a_planted_defect_is_flagged_with_run_step_and_module")),
 )
 
 
