@@ -83,7 +83,12 @@ def lint_command(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _specs(args: argparse.Namespace, subjects: list[Subject], folders) -> list[RunSpec]:
+def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: str) -> list[RunSpec]:
+    """The runs to launch: a user's config functions, or the registered backends built exactly
+    as the run template builds them (``RunCase.run_spec``: a full size's own assets folder
+    under ``--assets-dir``, its data, save map and timeouts)."""
+    from harness.run_matrix import RunCase
+
     common = dict(steps=args.steps, save_hf=True, workarounds=tuple(args.workaround))
     if subjects:
         return [RunSpec.for_subject(infer(s), pythonpath=folders, **common) for s in subjects]
@@ -94,8 +99,9 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders) -> list[R
             if init not in offered:
                 print(f"[{backend}] {args.profile} starts only from {offered}: skipping init {init}")
                 continue
-            specs.append(RunSpec(backend=backend, size=args.profile, init=init,
-                                 hf_assets_path=args.assets_dir, **common))
+            case = RunCase(device, backend, args.profile, init, BACKENDS[backend].default_attention)
+            specs.append(case.run_spec(args.steps, assets_root=args.assets_dir,
+                                       workarounds=tuple(args.workaround)))
     return specs
 
 
@@ -133,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     versions = package_versions()
     print(f"device: {profile.describe()}\nversions: {versions}\nreport: {out}", flush=True)
     verdicts = []
-    for spec in _specs(args, subjects, folders):
+    for spec in _specs(args, subjects, folders, profile.kind):
         start = time.monotonic()
         print(f"[{spec.name}] launching {spec.steps} steps ...", flush=True)
 

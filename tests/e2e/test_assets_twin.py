@@ -226,3 +226,21 @@ def test_a_moe_saved_against_the_4b_index_fails_at_the_save(twin, tmp_path, back
                    for p in files if p.exists())
     # The save fails on every rank (CheckpointException) with the MoE key the map lacks.
     assert re.search(r"KeyError: 'model\.layers\.\d+\.mlp\.(gate|experts)", logs), run.first_error()
+
+
+def test_the_cli_builds_full_size_runs_as_the_run_template_does(twin):
+    """`python3 -m harness run --profile full --assets-dir DIR` gives each backend its own
+    assets folder under DIR (the MoE never the 4B folder), exactly the run template's spec."""
+    import argparse
+
+    from harness.cli import _specs
+    from harness.run_matrix import RunCase
+
+    args = argparse.Namespace(steps=2, workaround=[], backends=["titan_native", "nki_moe"],
+                              inits=["random"], profile="full", assets_dir=str(twin))
+    specs = {spec.backend: spec for spec in _specs(args, [], (), "cpu")}
+    assert Path(specs["titan_native"].hf_assets_path) == twin / DENSE_ASSETS
+    assert Path(specs["nki_moe"].hf_assets_path).name == MOE_ASSETS
+    for backend, spec in specs.items():
+        case = RunCase("cpu", backend, "full", "random", spec.attention)
+        assert spec == case.run_spec(2, assets_root=str(twin))
