@@ -72,14 +72,19 @@ def test_missing_expectation_names_the_key():
 
 
 def test_a_run_without_expectation_fails_with_the_observed_value_and_how_to_record_it():
-    run = replace(_run([3.25]), device="cuda", size="full", model="Qwen3-4B-Instruct-2507")
+    run = replace(_run([3.25]), device="cuda", model="tiny_moe")  # native dense code, MoE weights
     problem = _problem("first_step_loss", run, 1)
     assert "no expectation" in problem and "3.250000" in problem and "record it" in problem
 
 
 def test_device_specific_expectation_is_not_used_elsewhere():
-    with pytest.raises(MissingExpectation):
-        ExpectationRegistry().get("titan_native", "Qwen3-4B-Instruct-2507", "random", "cpu")
+    """The source's published 12.43 was measured on neuron: a CPU run of the same model, init
+    and data has no published number (and is held to its own expectations only)."""
+    neuron = replace(_run([12.43]), device="neuron", size="full", init="random",
+                     model="Qwen3-4B-Instruct-2507",
+                     command=["torchrun", "--dataloader.dataset", "c4"])
+    assert ExpectationRegistry().published(neuron).value == 12.43
+    assert ExpectationRegistry().published(replace(neuron, device="cpu")) is None
 
 
 # --- known issues are matched by signature ---------------------------------------------------
