@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,22 @@ def _api_generation(generation: str | None) -> str:
     return titan_api.api_generation_of(generation or titan_api.generation())
 
 
+def truncated_normal_std(std: float, cutoff: float) -> float:
+    """The std of N(0, std^2) cut at +-cutoff*std (``nn.init.trunc_normal_(std=s, a=-c*s,
+    b=c*s)``): the std it is given is the untruncated normal's; at c = 3 the variance drawn is
+    0.9733 of it (1 - 2c*phi(c) / (2*Phi(c) - 1))."""
+    phi = math.exp(-cutoff * cutoff / 2) / math.sqrt(2 * math.pi)
+    mass = math.erf(cutoff / math.sqrt(2))
+    return std * math.sqrt(1 - 2 * cutoff * phi / mass)
+
+
 def _std_rule(rule, hidden: int) -> float:
+    """The std the lm_head is drawn with: ``0.02`` (a plain normal), ``hidden^-0.5``, or
+    ``trunc3(hidden^-0.5)`` (that std, cut at +-3 std, as torchtitan's output inits do)."""
+    rule = str(rule)
+    truncated = re.fullmatch(r"trunc(\d+(?:\.\d+)?)\((.+)\)", rule)
+    if truncated:
+        return truncated_normal_std(_std_rule(truncated.group(2), hidden), float(truncated.group(1)))
     return hidden ** -0.5 if rule == "hidden^-0.5" else float(rule)
 
 

@@ -154,3 +154,21 @@ def test_checkpoint_reload_catches_a_checkpoint_of_another_architecture():
 
     problem = checks._reload_problems(paths.TINY_DENSE, paths.TINY_MOE).problem
     assert problem and "missing keys" in problem and "unexpected keys" in problem
+
+
+# --- the analytic random-init expectation uses the std the init really draws ----------------
+
+def test_a_truncated_init_rule_is_the_std_torch_draws():
+    """``trunc3(hidden^-0.5)`` is ``nn.init.trunc_normal_(std=s, a=-3s, b=3s)``'s std (0.9866 s),
+    not s: spring-2026's and the transformers backend's output init."""
+    import torch
+
+    from harness.expectations import _std_rule
+
+    hidden = 2048
+    s = hidden ** -0.5
+    drawn = torch.nn.init.trunc_normal_(torch.empty(4_000_000, dtype=torch.float64),
+                                        std=s, a=-3 * s, b=3 * s,
+                                        generator=torch.Generator().manual_seed(0)).std().item()
+    assert abs(_std_rule("trunc3(hidden^-0.5)", hidden) / drawn - 1) < 1e-3
+    assert abs(_std_rule("hidden^-0.5", hidden) / drawn - 1) > 1e-2  # the untruncated rule is off
