@@ -218,15 +218,22 @@ def make_tokenizer(corpus_dir: Path, out_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Every dimension real Qwen3 keeps distinct is distinct here too, so a defect that confuses
 # two of them cannot hide: head_dim 48 != hidden/heads 32 (Qwen3-4B: 128 vs 80), kv heads !=
-# heads, intermediate != hidden, moe_intermediate != head_dim.
+# heads, intermediate != hidden, moe_intermediate != head_dim; the MoE's own (below).
 COMMON_CONFIG = dict(vocab_size=VOCAB_SIZE, hidden_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=48,
                      intermediate_size=384, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                      max_position_embeddings=1024, bos_token_id=0, eos_token_id=0)
 MODELS = {
     "tiny_dense": ("Qwen3ForCausalLM", dict(tie_word_embeddings=True)),
+    # As wide as real MoE (Qwen3-30B-A3B: 128 experts, top-8; the source's cut: 64, top-4):
+    # 32 experts, top-4, and every MoE dimension apart from the others: experts 32 vs
+    # hidden/heads 16 vs head_dim 48 vs moe_intermediate 64 vs hidden 128, top_k 4 vs heads 8
+    # vs kv heads 2. Eight heads (not four) keep top_k off the head count; the dense
+    # intermediate (unused by an all-sparse model, but in config.json) moves off the query
+    # width heads*head_dim = 384.
     "tiny_moe": ("Qwen3MoeForCausalLM", dict(
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+        num_attention_heads=8, intermediate_size=320,
+        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=64, norm_topk_prob=True,
         decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
         output_router_logits=False)),
 }
@@ -258,7 +265,7 @@ def build_model(name: str):
 
     cls_name, extra = MODELS[name]
     cls = getattr(transformers, cls_name)
-    config = cls.config_class(**COMMON_CONFIG, **extra, dtype="float32")
+    config = cls.config_class(**{**COMMON_CONFIG, **extra}, dtype="float32")
     # The MoE uses transformers' default experts kernel (grouped_mm), which runs on CPU in fp32.
     return cls(config).to(torch.float32)
 
@@ -385,7 +392,7 @@ def fixture_card(name: str, model, losses: list[float]) -> dict:
     import torch
     import transformers
 
-    summary_keys = [k for k in (*COMMON_CONFIG, *MODELS[name][1]) if k != "rope_theta"]
+    summary_keys = [k for k in dict.fromkeys((*COMMON_CONFIG, *MODELS[name][1])) if k != "rope_theta"]
     summary_keys.append("rope_parameters")  # where transformers 5 keeps rope_theta
     card = {
         "model_class": MODELS[name][0],

@@ -16,7 +16,10 @@ math is written out from the Qwen3 model definition.
 - dense MLP: ``down(silu(gate(x)) * up(x))``.
 - MoE: fp32 router logits, fp32 softmax over experts, top-k, renormalised to sum 1 when
   ``norm_topk_prob``, weighted sum of the chosen experts' SwiGLU outputs. ``expert_dtype``
-  bfloat16 emulates torchtitan's expert precision (operands cast to bf16, bf16 results).
+  bfloat16 emulates torchtitan's expert precision (operands cast to bf16, bf16 results) and
+  its router's fp32 rounding (the top-k renormalised in ``topk(sorted=False)`` order, where
+  transformers sums them by descending probability); without it the reference rounds as
+  transformers does.
 
 Every intermediate can be recorded (``record=``) under the canonical activation names of
 :mod:`harness.parity.models`, for the layer-by-layer comparison.
@@ -114,11 +117,17 @@ def swiglu(x, gate_w, up_w, down_w, dtype: torch.dtype | None = None):
     return (h @ down_w.to(dtype).T).to(x.dtype)
 
 
-def route(x_TD: torch.Tensor, gate_w: torch.Tensor, arch: Qwen3Arch):
-    """(weights [T, K], expert ids [T, K], probs [T, E]) exactly as Qwen3-MoE defines routing."""
+def route(x_TD: torch.Tensor, gate_w: torch.Tensor, arch: Qwen3Arch, *, by_value: bool = True):
+    """(weights [T, K], expert ids [T, K], probs [T, E]) exactly as Qwen3-MoE defines routing.
+
+    ``by_value``: the k chosen experts in descending probability, as transformers orders them
+    (``torch.topk`` sorted), so the renormalising fp32 sum adds them in that order. False keeps
+    ``torch.topk(sorted=False)``'s order, in which torchtitan's router sums them. The set, and
+    so the math, is the same; with k > 2 the fp32 sum's rounding depends on the order (1 ulp of
+    a routing weight, which bf16 experts downstream enlarge to bf16 rounding flips)."""
     logits = F.linear(x_TD.float(), gate_w.float())
     probs = torch.softmax(logits, dim=-1)
-    top_w, top_i = torch.topk(probs, arch.num_experts_per_tok, dim=-1)
+    top_w, top_i = torch.topk(probs, arch.num_experts_per_tok, dim=-1, sorted=by_value)
     if arch.norm_topk_prob:
         top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     return top_w, top_i, probs
@@ -127,7 +136,8 @@ def route(x_TD: torch.Tensor, gate_w: torch.Tensor, arch: Qwen3Arch):
 def moe(x, w: dict, arch: Qwen3Arch, prefix: str, expert_dtype, record, name):
     B, L, Dm = x.shape
     x_TD = x.reshape(-1, Dm)
-    top_w, top_i, _ = route(x_TD, w[f"{prefix}.gate.weight"], arch)
+    # torchtitan's numerics (bf16 experts) include its top-k order for the renormalising sum.
+    top_w, top_i, _ = route(x_TD, w[f"{prefix}.gate.weight"], arch, by_value=expert_dtype is None)
     out = torch.zeros_like(x_TD, dtype=torch.float32)
     for e in range(arch.num_experts):
         token, slot = torch.where(top_i == e)

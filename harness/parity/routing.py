@@ -58,10 +58,11 @@ def hf_route(model: ParityModel, layer: int, x_TD: torch.Tensor):
     return weights, ids
 
 
-def reference_route(model: ParityModel, layer: int, x_TD: torch.Tensor):
+def reference_route(model: ParityModel, layer: int, x_TD: torch.Tensor, *, by_value: bool = True):
     w = model.module.weights()  # type: ignore[union-attr]
     with torch.no_grad():
-        weights, ids, _ = reference.route(x_TD, w[f"model.layers.{layer}.mlp.gate.weight"], model.arch)
+        weights, ids, _ = reference.route(x_TD, w[f"model.layers.{layer}.mlp.gate.weight"], model.arch,
+                                          by_value=by_value)
     return weights, ids
 
 

@@ -10,7 +10,8 @@ scheduler container, loss and gradient clipping built from the backend's own
 Reference side (:func:`train_reference`): the HF model (or :mod:`harness.parity.reference`)
 with ``torch.optim.AdamW``, ``torch.optim.lr_scheduler.LambdaLR`` over
 :func:`reference_lr_factor` and ``torch.nn.utils.clip_grad_norm_``, on the same global
-batches with a plain mean cross-entropy. Its hyperparameters are :data:`EXPECTED`, the
+batches with a plain mean cross-entropy; an MoE also with torchtitan's expert-bias load
+balancing (:class:`ExpertBiasBalancing`), part of the recipe the backends train with. Its hyperparameters are :data:`EXPECTED`, the
 harness's own statement of the run (``harness/backends/common.py``'s TINY shape plus
 torchtitan 0.3.0's documented ``default_adamw`` / ``LRSchedulersContainer`` /
 ``TrainingConfig`` defaults), not values read back from the code under test, so a changed
@@ -41,6 +42,10 @@ class Hyperparameters:
     decay_ratio: float | None = None  # torchtitan LRSchedulersContainer.Config default
     decay_type: str = "linear"  # torchtitan default
     min_lr_factor: float = 0.0  # torchtitan default
+    # MoE only: torchtitan's aux-loss-free load balancing (MoE.Config.load_balance_coeff
+    # default, both generations): a per-expert bias on the top-k choice, stepped before each
+    # optimizer step by coeff * sign(mean load - load), centred.
+    load_balance_coeff: float = 1e-3
 
 
 EXPECTED = Hyperparameters()
@@ -183,10 +188,53 @@ def train_native(model: ParityModel, trainer_config, global_batches: list[list[B
     return rec
 
 
+class ExpertBiasBalancing:
+    """torchtitan's load balancing on transformers' Qwen3-MoE routers: the k experts are
+    chosen by ``probs + bias`` while the weights stay ``probs`` (renormalised), tokens per
+    expert are counted over the step's forward passes, and before each optimizer step
+    ``bias += coeff * sign(mean - count)`` minus its mean. Qwen3-MoE itself has no such
+    bias (transformers routes by ``probs``): this is the training recipe the backends run.
+    Without it an expert that no token chooses stays frozen (weight decay only) while
+    torchtitan's bias revives it."""
+
+    def __init__(self, module: torch.nn.Module, coeff: float):
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+        self.coeff = coeff
+        self.routers = [m for m in module.modules() if isinstance(m, Qwen3MoeTopKRouter)]
+        for router in self.routers:
+            router.expert_bias = torch.zeros(router.num_experts)
+            router.tokens = torch.zeros(router.num_experts)
+            router.forward = self._biased_forward(router)
+
+    @staticmethod
+    def _biased_forward(router):
+        def forward(hidden_states):
+            x = hidden_states.reshape(-1, router.hidden_dim)
+            logits = F.linear(x, router.weight)
+            probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+            _, ids = torch.topk(probs + router.expert_bias, router.top_k, dim=-1)
+            weights = probs.gather(-1, ids)
+            if router.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            router.tokens += torch.bincount(ids.reshape(-1), minlength=router.num_experts).float()
+            return logits, weights.to(logits.dtype), ids
+        return forward
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for router in self.routers:
+                delta = self.coeff * torch.sign(router.tokens.mean() - router.tokens)
+                router.expert_bias += delta - delta.mean()
+                router.tokens.zero_()
+
+
 def train_reference(model: ParityModel, global_batches: list[list[Batch]], total_steps: int,
                     hp: Hyperparameters = EXPECTED) -> TrainRecord:
-    """Step an HF (or reference) ParityModel with plain torch AdamW and the expected schedule."""
+    """Step an HF (or reference) ParityModel with plain torch AdamW and the expected schedule
+    (an HF Qwen3-MoE also with torchtitan's expert-bias load balancing)."""
     module = model.module
+    balancing = ExpertBiasBalancing(module, hp.load_balance_coeff)
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp.lr, betas=hp.betas, eps=hp.eps,
@@ -201,6 +249,7 @@ def train_reference(model: ParityModel, global_batches: list[list[Batch]], total
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_norm)
         rec.lrs.append(float(sched.get_last_lr()[0]))
+        balancing.step()  # torchtitan: an optimizer step pre-hook
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
