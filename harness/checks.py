@@ -117,9 +117,11 @@ def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
         for path in Path(checkpoint).glob("*.safetensors*"):
             (Path(folder) / path.name).symlink_to(path.resolve())
         try:
+            # Mis-shaped keys are reported beside the missing and unexpected ones (listed
+            # below as problems), not raised before them.
             _, info = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=torch.bfloat16, output_loading_info=True)
-        except Exception as error:  # a wrong shape raises
+                folder, dtype=torch.bfloat16, output_loading_info=True, ignore_mismatched_sizes=True)
+        except Exception as error:  # a file transformers cannot read at all
             return Outcome(f"transformers could not load {checkpoint}: {error}")
     missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
     kinds = tuple(sorted({re.sub(r"^model\.layers\.\d+\.", "", key) for key in missing}))
