@@ -14,10 +14,15 @@ from harness import known_issues
 import torch
 
 from harness.launch import BOOT_DIR
+from harness.paths import REPO_ROOT
+
+# The child imports this tree's harness, as a launched rank does (harness/launch.py
+# rank_environment), never whatever copy is pip-installed.
+CHILD_PYTHONPATH = os.pathsep.join((str(BOOT_DIR), str(REPO_ROOT)))
 
 
 def _python(code: str, shims: str = "") -> str:
-    env = dict(os.environ, HARNESS_SHIMS=shims, PYTHONPATH=str(BOOT_DIR))
+    env = dict(os.environ, HARNESS_SHIMS=shims, PYTHONPATH=CHILD_PYTHONPATH)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -91,7 +96,7 @@ def test_gloo_reduce_op_shim_uses_sum():
 
 
 def test_unknown_shim_is_a_clear_error():
-    env = dict(os.environ, HARNESS_SHIMS="no_such_shim", PYTHONPATH=str(BOOT_DIR))
+    env = dict(os.environ, HARNESS_SHIMS="no_such_shim", PYTHONPATH=CHILD_PYTHONPATH)
     done = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "unknown upstream shim(s) ['no_such_shim']" in done.stderr
 
