@@ -51,13 +51,16 @@ def assets_config(assets: str) -> dict | None:
 
 
 def dump_first_batch() -> None:
-    """Full-size runs dump each rank's step-1 batch (harness/backends/first_batch.py): the
-    independent HF forward on it is their expectation on any data (harness/expectations.py)."""
+    """Every rank leaves what it has about step 0 (harness/rank_step0.py: its step-1 batch, the
+    independent HF forward on which is a full-size run's expectation on any data, harness/
+    expectations.py; its shard fingerprints; a random-init run's step-0 weights). Called by
+    every registered config function, so the ranks of a device without shims (trn2) get it
+    too; the boot ``sitecustomize`` installs the same hook (idempotent) where it runs."""
     import torchtitan.trainer
 
-    from harness.backends import first_batch
+    from harness import rank_step0
 
-    first_batch.install(torchtitan.trainer)
+    rank_step0.install(torchtitan.trainer)
 
 
 def shared_fields(shape: RunShape, hf_assets_path: str) -> dict:

@@ -20,12 +20,12 @@ for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNES
             print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
             raise SystemExit(2) from error
 
-# Every launched rank leaves what the diagnosis of a failing first step needs (a random-init
-# run's step-0 weights, rank 0's first batch: harness/diagnosis/rank_dump.py). It observes only.
-# (A harness found on the path without it, e.g. another checkout's install, dumps nothing.)
+# Every launched rank leaves what it has about step 0 (every rank's step-1 batch, a random-init
+# run's step-0 weights, every rank's shard fingerprints: harness/rank_step0.py). It observes only.
+# (A harness found on the path without it, e.g. another checkout's install, leaves nothing.)
 if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
     try:
-        from harness.diagnosis.rank_dump import install_in_rank
+        from harness.rank_step0 import install_in_rank
     except ImportError:
         install_in_rank = None
     if install_in_rank is not None:
