@@ -35,6 +35,14 @@ KINDS: tuple[CheckKind, ...] = (
               (E2E + "test_backend_registry.py::test_a_registered_backend_launches_and_is_checked",
                E2E + "test_full_size_random_init_cpu.py::test_random_init_first_step_loss",
                E2E + "test_full_size_random_init_cpu.py::test_streamed_init_and_forward_equal_whole_model")),
+    CheckKind("initialisation", "every rank starts step 1 from its own shard of every sharded, "
+              "non-constant parameter (a random init draws them apart, a loader gives each rank "
+              "its slice)",
+              (E2E + "test_runs.py::test_run",
+               SELF + "test_shard_fingerprints.py::test_the_known_issue_excuses_only_its_signature",
+               SELF + "test_shard_fingerprints.py::test_identical_shards_are_named_and_constant_or_replicated_ones_are_not_counted"),
+              (E2E + "test_shards_distinct.py::test_the_workaround_draws_distinct_shards_equal_to_a_one_rank_init",
+               E2E + "test_shards_distinct.py::test_one_replicated_shard_is_caught_and_not_excused")),
     CheckKind("training_state", "state beyond the weights through a checkpoint: resume is the "
               "uninterrupted run bit for bit; tied embeddings stay one tensor",
               (TS + "test_moe_load_balancing_through_a_checkpoint",

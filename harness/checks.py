@@ -135,6 +135,33 @@ def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
                    f"transformers from_pretrained({checkpoint.name}) with {model_dir}/config.json")
 
 
+def shards_distinct(run: RunResult, steps: int) -> Outcome:
+    """No two data-parallel ranks start step 1 from identical shards of a parameter: each
+    rank's fingerprint of its local shards (harness/rank_step0.py) against the others', for
+    every sharded parameter whose values are not all equal (norm weights of ones and zero
+    biases are constant by design). A random init must draw each shard apart; a pretrained
+    run's loader must give each rank its own slice of the checkpoint. A single-rank run, or
+    one whose parameters are all replicated, has nothing to compare and passes."""
+    from harness import rank_step0
+
+    by_rank = rank_step0.read_fingerprints(run.run_dir)
+    if by_rank is None:
+        return Outcome(f"no shard fingerprints under {run.run_dir / 'dump' / rank_step0.SHARDS} "
+                       "(the ranks write them at step 1: harness/rank_step0.py)")
+    checked, identical = rank_step0.identical_shards(by_rank)
+    fraction = len(identical) / len(checked) if checked else 0.0
+    observed = {"identical_fraction": fraction, "identical": identical, "checked": len(checked),
+                "ranks": len(by_rank)}
+    how = (f"sha1 of each rank's local shards at step 1 (harness/rank_step0.py), {len(by_rank)} "
+           f"rank(s), {len(checked)} sharded non-constant parameter(s)")
+    if not identical:
+        return Outcome(None, observed, how)
+    return Outcome(f"{len(identical)} of {len(checked)} sharded parameters "
+                   f"(fraction {fraction:.3f}) start step 1 with byte-identical shards on "
+                   f"different ranks: {identical[:12]}{' ...' if len(identical) > 12 else ''}",
+                   observed, how)
+
+
 def published_loss(run: RunResult, steps: int) -> Outcome:
     """The step-1 loss against the source's published number (fixtures/expectations.toml
     ``[[published]]``), on the runs that read the source's data; its own first_step_loss
@@ -164,6 +191,7 @@ RUN_CHECKS: dict[str, Callable[[RunResult, int], Outcome]] = {
     "finite": finite,
     "first_step_loss": first_step_loss,
     "hf_checkpoint_complete": hf_checkpoint_complete,
+    "shards_distinct": shards_distinct,
 }
 
 

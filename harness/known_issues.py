@@ -593,6 +593,44 @@ SPRING_OUTPUT_INIT_DRAW_SPREAD = KnownIssue(
     signature=Signature(quantity="deviation", low=-0.35, high=-0.1),
 )
 
+DTENSOR_FULL_INIT = Workaround(
+    name="dtensor_full_init",
+    what="each FSDP-sharded parameter's init drawn as the whole tensor, every rank keeping its "
+         "Shard(0) slice (harness/upstream/dtensor_full_init.py; pure FSDP only, anything "
+         "else refused by name)",
+    rank_shim="dtensor_full_init",
+    backends=("titan_native", "nki_moe"),  # torchtitan's Module._init_param; hf_v5 inits through transformers
+)
+
+TORCH_DTENSOR_CPU_RANDOM_INIT = KnownIssue(
+    name="torch-dtensor-random-init-identical-shards-on-cpu",
+    upstream="torch 2.14.0 torch/distributed/tensor/_random.py is_rng_supported_mesh (the RNG "
+             "tracker only for device modules with set_rng_state; torch.cpu has none), with "
+             "torchtitan's init on FSDP DTensors seeded alike on every rank (protocols/module.py "
+             "Module._init_param via trainer.py init_weights; the transformers backend's "
+             "_init_weights_patched, nn.init.trunc_normal_ on each DTensor)",
+    summary="on a CPU device mesh a random op on a sharded DTensor runs on each local shard, and "
+            "every rank's generator is in the same state, so every randomly initialised "
+            "FSDP parameter is N copies of one shard: a 2-rank random-init model has duplicated "
+            "experts (expert i == expert i + E/2), tied router rows, the embedding of token t "
+            "equal to that of t + V/2. Only the fused QKV init (a whole replicated draw) escapes. "
+            "The first-step loss (about ln V) does not show it.",
+    evidence="2-rank CPU random-init runs (python -m harness run --inits random --steps 2), "
+             "shard fingerprints (sha1 of each rank's local shard at step 1), sharded "
+             "non-constant parameters identical on both ranks: torchtitan 0.3.0 titan_native 9 "
+             "of 11 (0.818: all but the fused wqkv, drawn whole), nki_moe 12 of 14 (0.857: "
+             "experts, router gates, wo, w1-w3, embedding, head); spring2026 (separate wq/wk/wv) "
+             "titan_native 15 of 15, nki_moe 18 of 18; hf_v5 15 of 15 on both. The dumped step-0 "
+             "weights show it whole: tok_embeddings rows 0..1023 == rows 1024..2047, expert i == "
+             "expert i+16, router rows i == i+16. The rank logs warn 'DTensor random operators "
+             "may not have complete support on cpu device mesh'. Whether torch-neuronx's device "
+             "module has set_rng_state (so the tracker runs on trn2) is not in the Neuron 2.33 "
+             "docs: neuron stays checked strictly.",
+    where=(Where(check="shards_distinct", init=("random",), device=("cpu",)),),
+    signature=Signature(quantity="identical_fraction", low=0.6, high=1.0),
+    workaround=DTENSOR_FULL_INIT,
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     HF_V5_ROPE_INV_FREQ,
     HF_V5_TIED_EMBEDDING_INIT,
@@ -611,6 +649,7 @@ ISSUES: tuple[KnownIssue, ...] = (
     SPRING_HF_ROW_POSITIONS,
     SPRING_QWEN3_NO_LOAD_BALANCING,
     SPRING_OUTPUT_INIT_DRAW_SPREAD,
+    TORCH_DTENSOR_CPU_RANDOM_INIT,
 )
 
 WORKAROUNDS: dict[str, Workaround] = {

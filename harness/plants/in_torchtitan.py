@@ -130,6 +130,40 @@ def _reset_expert_bias_on_load(checkpoint_module: ModuleType):
     return _replace(checkpoint_module.CheckpointManager, "load", make)
 
 
+def _replicate_one_shard(trainer_module: ModuleType):
+    """Right after the checkpoint load at the start of ``train`` (whether it loaded anything or
+    not: step 1 starts right after it), every rank's shard of layer 0's query projection is
+    replaced by rank 0's: one parameter whose shards are identical, as a loader that hands
+    every rank the same slice would leave it."""
+    import re
+
+    def replicate(model_parts) -> None:
+        with torch.no_grad():
+            for part in model_parts:
+                for name, param in part.named_parameters():
+                    if re.search(r"layers\.0\..*(wq|wqkv|q_proj)\.weight$", name) and hasattr(param, "to_local"):
+                        group = param.device_mesh.get_group()
+                        torch.distributed.broadcast(param.to_local(), group=group,
+                                                    src=torch.distributed.get_global_rank(group, 0))
+                        print(f"plant replicate_one_shard: every rank holds rank 0's shard of {name}",
+                              flush=True)
+                        return
+
+    def make(original_init):
+        def __init__(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            load = self.checkpointer.load
+
+            def load_then_replicate(*a, **k):
+                loaded = load(*a, **k)
+                replicate(self.model_parts)
+                return loaded
+
+            self.checkpointer.load = load_then_replicate
+        return __init__
+    return _replace(trainer_module.Trainer, "__init__", make)
+
+
 # ---------------------------------------------------------------------- data path
 
 def _each_sample(transform):
@@ -196,6 +230,9 @@ PATCH_PLANTS = (
           ("loss normalised over valid tokens",), patch=(TRAINER, _all_token_norm)),
     Plant("reset_expert_bias_on_load", "training state", "MoE expert_bias is zeroed after a checkpoint load",
           ("expert_bias restored",), patch=("torchtitan.components.checkpoint", _reset_expert_bias_on_load)),
+    Plant("replicate_one_shard", "model", "every rank starts step 1 from rank 0's shard of layer 0's "
+          "query projection (a loader handing every rank the same slice)",
+          ("shards_distinct",), patch=(TRAINER, _replicate_one_shard)),
     Plant("label_shift", "data", "each label is the token after the right one (off-by-one shift)",
           ("dataloader reference", "trainer feed"), patch=(DATASETS, _each_sample(_label_shift))),
     Plant("positions_no_reset", "data", "positions count over the row, not reset at document boundaries",

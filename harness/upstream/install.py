@@ -109,6 +109,12 @@ def _install_hf_shape_from_config() -> None:
     _install_patches(hf_shape_from_config)
 
 
+def _install_dtensor_full_init() -> None:
+    from harness.upstream import dtensor_full_init
+
+    _install_patches(dtensor_full_init)
+
+
 def _install_hf_tied_fsdp() -> None:
     from harness.upstream import hf_tied_fsdp
 
@@ -128,6 +134,7 @@ SHIMS: dict[str, Callable[[], None]] = {
     "jsonl_metrics_sink": _install_jsonl_metrics_sink,
     # Opt-in workarounds for named upstream defects (never installed by default):
     "hf_rope_init": _install_hf_rope_init,
+    "dtensor_full_init": _install_dtensor_full_init,
 }
 
 

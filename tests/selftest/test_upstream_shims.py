@@ -281,3 +281,41 @@ def test_hf_shape_from_config_still_needed():
 @on_spring2026
 def test_hf_shape_from_config_builds_the_checkpoint_shape():
     assert _python(HF_SHAPE, shims="hf_config_kw_only,hf_shape_from_config") == "True"
+
+
+def test_dtensor_full_init_still_needed():
+    from harness.upstream import dtensor_full_init
+
+    assert known_issues.issue("torch-dtensor-random-init-identical-shards-on-cpu").workaround.rank_shim \
+        == "dtensor_full_init"
+    assert dtensor_full_init.needed_on("cpu"), (
+        "torch's DTensor RNG tracker now supports CPU meshes: delete harness/upstream/"
+        "dtensor_full_init.py and the known issue, and record the random-init expectations anew")
+
+
+WHOLE_INIT = """
+import os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29400 + os.getpid() % 500), RANK="0", WORLD_SIZE="1")
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from harness.upstream.dtensor_full_init import init_whole_then_shard
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1,))
+param = distribute_tensor(torch.zeros(6, 3), mesh, [Shard(0)])
+torch.manual_seed(3); init_whole_then_shard("w", param, torch.nn.init.normal_)
+torch.manual_seed(3); plain = torch.nn.init.normal_(torch.zeros(6, 3))
+kept = distribute_tensor(torch.full((4,), 7.0), mesh, [Shard(0)])
+init_whole_then_shard("tied", kept, lambda t: None)
+try:
+    init_whole_then_shard("tp", distribute_tensor(torch.zeros(4), mesh, [Replicate()]), torch.nn.init.normal_)
+    refused = "not refused"
+except NotImplementedError as error:
+    refused = "refused" if "'tp'" in str(error) and "pure FSDP" in str(error) else str(error)
+print(torch.equal(param.to_local(), plain), bool((kept.to_local() == 7).all()), refused)
+dist.destroy_process_group()
+"""
+
+
+def test_dtensor_full_init_draws_the_whole_tensor_keeps_skipped_values_and_refuses_other_placements():
+    assert _python(WHOLE_INIT) == "True True refused"
