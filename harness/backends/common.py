@@ -51,8 +51,9 @@ def assets_config(assets: str) -> dict | None:
 
 
 def dump_first_batch() -> None:
-    """Full-size runs dump each rank's step-1 batch (harness/backends/first_batch.py): the
-    independent HF forward on it is their expectation on any data (harness/expectations.py)."""
+    """Every run dumps each rank's step-1 batch (harness/backends/first_batch.py): the
+    independent HF forward on it is the expectation of full-size runs on any data and of
+    random-init runs from their dumped step-0 weights (harness/expectations.py)."""
     import torchtitan.trainer
 
     from harness.backends import first_batch

@@ -1,6 +1,8 @@
-"""Full-size runs dump each rank's step-1 batch, as the trainer feeds it to the model: the
-independent HF forward on it is their step-1 expectation on any data (harness/expectations.py
-``independent_first_step_loss``). Observes only.
+"""Every run dumps each rank's step-1 batch, as the trainer feeds it to the model: the
+independent HF forward on it is the step-1 expectation of full-size runs on any data, and of
+random-init runs from their dumped step-0 weights (harness/expectations.py
+``independent_first_step_loss``). Observes only. A run whose data-path hooks
+(harness/data/rank_hooks.py) already dump these files (with more fields) leaves them to them.
 
 Written to ``<dump>/harness_batches/rank{R}_step1.pt`` (the layout harness/data/loss_reference.py
 ``load_batches`` reads): ``input``, ``positions`` (the dataloader's per-document positions, or
@@ -45,7 +47,7 @@ def install(trainer_module) -> None:
 
         def dumping_post(input_dict, labels, *rest, **kw):
             out = post(input_dict, labels, *rest, **kw)
-            if self.step == 1:
+            if self.step == 1 and not getattr(type(self), "_harness_data_hooks", False):
                 folder = Path(self.config.dump_folder) / "harness_batches"
                 folder.mkdir(parents=True, exist_ok=True)
                 positions = input_dict.get("positions")

@@ -28,6 +28,7 @@ def _config(model_dir: str, shape) -> TransformersBackendConfig:
 
 
 def tiny() -> TransformersBackendConfig:
+    dump_first_batch()
     return _config(str(paths.TINY_DENSE), TINY)
 
 

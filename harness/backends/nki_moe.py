@@ -35,6 +35,7 @@ def _config(model_dir, flavor: str, shape, hf_assets_path: str,
 
 
 def _tiny(attn_backend: str) -> Trainer.Config:
+    dump_first_batch()
     return _config(paths.TINY_MOE, "tiny_moe", TINY, str(paths.TINY_MOE), attn_backend)
 
 

@@ -23,6 +23,7 @@ QWEN3_4B_SHAPE = {"vocab_size": 151936, "hidden_size": 2560, "num_hidden_layers"
 
 
 def _tiny(attn_backend: str) -> Trainer.Config:
+    dump_first_batch()
     return Trainer.Config(
         model_spec=model_spec_from_hf(paths.TINY_DENSE, flavor="tiny_dense",
                                       attn_backend=attn_backend),

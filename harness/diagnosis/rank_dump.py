@@ -59,14 +59,18 @@ def hf_weights_from_dump(folder: Path, model_dir: Path) -> Path:
 
     from harness.conformance.native_to_hf import hf_state_from_native
 
+    import os
+
     out = Path(folder) / "hf"
     if (out / "model.safetensors").is_file():
         return out
     hf = {k: v.contiguous() for k, v in
           hf_state_from_native(initial_native_state(folder), model_dir).items()}
     out.mkdir(exist_ok=True)
-    save_file(hf, str(out / "model.safetensors"))
     shutil.copy(Path(model_dir) / "config.json", out / "config.json")
+    partial = out / f"model.safetensors.{os.getpid()}.partial"  # readers in other processes
+    save_file(hf, str(partial))
+    os.replace(partial, out / "model.safetensors")
     return out
 
 
