@@ -246,7 +246,13 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
         raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
                                  f"{run.nproc} ranks: a global-average loss needs every rank's")
     model_dir = _run_model_dir(run) or Path(spec.model_dir)
-    weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
+    from harness.conformance.native_to_hf import NotConvertible
+
+    try:
+        weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
+    except NotConvertible as error:
+        raise MissingExpectation(f"{run.name}: its dumped step-0 weights ({dumped}) are not an HF "
+                                 f"checkpoint of {model_dir}: {error}") from None
     mask = _model_masking(run)
     value = independent_first_step_loss(weights, batches, mask)
     return value, (f"independent HF forward (float32, CPU) of the run's dumped step-0 weights "

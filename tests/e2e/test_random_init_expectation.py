@@ -99,3 +99,12 @@ def test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it(backend_
     expectation = ExpectationRegistry().for_run(run)
     problem = expectation.check(run.steps[0].loss)
     assert problem and problem.startswith("first-step loss"), problem
+
+
+def test_a_dump_that_is_not_this_model_s_state_is_an_error_naming_it(dense_random, tmp_path):
+    from harness.expectations import MissingExpectation
+
+    wo = "layers.0.attention.wo.weight"
+    run = _with_dump_of(dense_random, tmp_path, lambda k, v: v[:, :-1] if k == wo else v)
+    with pytest.raises(MissingExpectation, match="not an HF checkpoint.*mis-shaped.*o_proj"):
+        ExpectationRegistry().for_run(run)
