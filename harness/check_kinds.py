@@ -31,8 +31,10 @@ TS = E2E + "test_training_state.py::"
 KINDS: tuple[CheckKind, ...] = (
     CheckKind("run", "a launched run completes, finite, its first-step loss as registered",
               (E2E + "test_runs.py::test_run",
-               E2E + "test_assets_twin.py::test_twin_is_laid_out_as_the_hf_download"),
+               E2E + "test_assets_twin.py::test_twin_is_laid_out_as_the_hf_download",
+               E2E + "test_random_init_expectation.py::test_weights_the_run_did_not_start_from_fail"),
               (E2E + "test_backend_registry.py::test_a_registered_backend_launches_and_is_checked",
+               E2E + "test_random_init_expectation.py::test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it",
                E2E + "test_full_size_random_init_cpu.py::test_random_init_first_step_loss",
                E2E + "test_full_size_random_init_cpu.py::test_streamed_init_and_forward_equal_whole_model")),
     CheckKind("initialisation", "every rank starts step 1 from its own shard of every sharded, "
@@ -58,7 +60,8 @@ KINDS: tuple[CheckKind, ...] = (
                TS + "test_checkpoint_check_catches_expert_bias_not_restored")),
     CheckKind("checkpoints", "HF checkpoints named, saved and reloaded as transformers expects",
               (PARITY + "test_checkpoint_conformance.py::test_trainer_save_path_writes_a_conformant_checkpoint",
-               PARITY + "test_torchrun_parity.py::test_saved_checkpoint_is_complete_and_reloads")),
+               PARITY + "test_torchrun_parity.py::test_saved_checkpoint_is_complete_and_reloads",
+               PARITY + "test_native_to_hf.py::test_transformers_on_the_converted_weights_computes_the_native_logits")),
     CheckKind("determinism", "a seeded rerun is the same run, bit for bit; a check that reads "
               "memory upstream leaves uninitialised reads poison, not leftovers",
               (TS + "test_seeded_rerun_is_bitwise_identical",

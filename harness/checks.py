@@ -66,10 +66,7 @@ def first_step_loss(run: RunResult, steps: int) -> Outcome:
     observed = run.steps[0].loss
     return _diagnosed(run, Outcome(
         expectation.check(observed),
-        {"deviation": expectation.deviation(observed), "expected": expectation.value,
-         "observed": observed},
-        f"banded: |step-1 - expected| <= {expectation.tolerance_name} {expectation.tolerance:g} "
-        f"({expectation.source})"))
+        expectation.observations(observed), expectation.how()))
 
 
 def _diagnosed(run: RunResult, outcome: Outcome) -> Outcome:

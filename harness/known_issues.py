@@ -575,24 +575,6 @@ SPRING_QWEN3_NO_LOAD_BALANCING = KnownIssue(
     signature=Signature(quantity="finding_kinds", equals=("bias not updated", "counts not reset")),
 )
 
-SPRING_OUTPUT_INIT_DRAW_SPREAD = KnownIssue(
-    name="spring2026-moe-output-init-draw-spread-at-fixture-width",
-    upstream="torchtitan main a9c5edc74 models/qwen3/__init__.py _output_linear_init "
-             "(trunc-normal std dim^-0.5) on the MoE's untied output layer",
-    summary="at the fixtures' width (hidden 128) std dim^-0.5 gives logits of std ~1 (HF's "
-            "initializer_range 0.02 gives 0.23), so the mean target logit of one init draw "
-            "spreads the first-step loss around ln V + s^2/2 by more than the analytic band "
-            "(0.1): the analytic expectation cannot hold one draw there. At the source's width "
-            "(hidden 2048) the spread is far below the band. Only the assets twin's MoE (the "
-            "full-size code path at fixture width) draws outside it today.",
-    evidence="tiny_moe on spring2026, 12 init seeds, one 2x256 batch: loss mean 8.099, sd 0.106 "
-             "around the analytic 8.111 (log-sum-exp term 8.102-8.122 every draw; mean target "
-             "logit -0.230..+0.195); the twin's launched run: 7.9047 (-0.207, 2 sd).",
-    where=(Where(check="first_step_loss", backend=("nki_moe",), init=("random",),
-                 size=("full",), device=("cpu",), generation=("spring2026",)),),
-    signature=Signature(quantity="deviation", low=-0.35, high=-0.1),
-)
-
 DTENSOR_FULL_INIT = Workaround(
     name="dtensor_full_init",
     what="each FSDP-sharded parameter's init drawn as the whole tensor, every rank keeping its "
@@ -648,7 +630,6 @@ ISSUES: tuple[KnownIssue, ...] = (
     SPRING_TIED_OUTPUT_INIT,
     SPRING_HF_ROW_POSITIONS,
     SPRING_QWEN3_NO_LOAD_BALANCING,
-    SPRING_OUTPUT_INIT_DRAW_SPREAD,
     TORCH_DTENSOR_CPU_RANDOM_INIT,
 )
 

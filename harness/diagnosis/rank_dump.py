@@ -39,28 +39,38 @@ def initial_weights_dir(run_dir: Path) -> Path | None:
     return folder if folder.is_dir() and any(folder.glob(NATIVE.format(unit="*"))) else None
 
 
+def initial_native_state(folder: Path) -> dict:
+    """The dumped step-0 state, every unit's file together (torchtitan's names)."""
+    import torch
+
+    native = {}
+    for path in sorted(Path(folder).glob(NATIVE.format(unit="*"))):
+        native.update(torch.load(path, weights_only=True))
+    return native
+
+
 def hf_weights_from_dump(folder: Path, model_dir: Path) -> Path:
-    """The dumped native state as an HF checkpoint folder (torchtitan's own state-dict adapter,
-    the model's config.json beside it), written once into ``folder/hf``."""
+    """The dumped native state as an HF checkpoint folder (the harness's own conversion,
+    harness/conformance/native_to_hf.py, not the adapter under test; the model's config.json
+    beside it), written once into ``folder/hf``."""
     import shutil
 
-    import torch
     from safetensors.torch import save_file
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
 
-    from harness.parity.models import native_model_config
+    from harness.conformance.native_to_hf import hf_state_from_native
 
-    out = folder / "hf"
+    import os
+
+    out = Path(folder) / "hf"
     if (out / "model.safetensors").is_file():
         return out
-    native = {}
-    for path in sorted(folder.glob(NATIVE.format(unit="*"))):
-        native.update(torch.load(path, weights_only=True))
-    adapter = Qwen3StateDictAdapter(native_model_config(model_dir), str(model_dir))
-    hf = {k: v.contiguous() for k, v in adapter.to_hf(native).items()}
+    hf = {k: v.contiguous() for k, v in
+          hf_state_from_native(initial_native_state(folder), model_dir).items()}
     out.mkdir(exist_ok=True)
-    save_file(hf, str(out / "model.safetensors"))
     shutil.copy(Path(model_dir) / "config.json", out / "config.json")
+    partial = out / f"model.safetensors.{os.getpid()}.partial"  # readers in other processes
+    save_file(hf, str(partial))
+    os.replace(partial, out / "model.safetensors")
     return out
 
 

@@ -1,0 +1,110 @@
+"""A random-init run's step 1 is held to the weights it really started from.
+
+Specification (harness/expectations.py ``initial_weights_forward``):
+- a CPU random-init run whose ranks dumped its step-0 weights is held to the independent
+  float32 HF forward of exactly those weights on every rank's own step-1 batch, in the band of
+  its precision, and those weights to ln V + s^2/2 in the draw band;
+- the same run paired with weights it did not start from (another draw of the same init, which
+  ln V + s^2/2 cannot tell apart) fails, and so does a step-1 loss just outside the band;
+- (slow) a run whose forward is planted wrong (RoPE theta x10, a defect ln V + s^2/2 cannot see
+  at random init) fails.
+The default-tier tests reuse the default suite's own random-init runs (no launch of their own).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness.backends import BACKENDS
+from harness.expectations import ExpectationRegistry
+from harness.launch import RunSpec
+from harness.run_matrix import RunCase
+
+
+def _suite_run(backend, device_runs, steps, workarounds):
+    """The default suite's ``cpu-<backend>-tiny-random`` run (the same RunSpec: one launch)."""
+    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
+    return device_runs("cpu").get(case.run_spec(steps, workarounds=workarounds))
+
+
+@pytest.fixture(scope="module")
+def dense_random(device_runs, steps, workarounds):
+    return _suite_run("titan_native", device_runs, steps, workarounds)
+
+
+def _with_dump_of(run, tmp_path, edit=None):
+    """``run`` pointing at a copy of its dumped step-0 weights and step-1 batches, the weights
+    passed through ``edit(name, tensor) -> tensor``."""
+    copy = tmp_path / "run"
+    for part in ("harness_initial", "harness_batches"):
+        shutil.copytree(run.run_dir / "dump" / part, copy / "dump" / part,
+                        ignore=shutil.ignore_patterns("hf"))
+    if edit is not None:
+        for path in (copy / "dump" / "harness_initial").glob("native_rank0_*.pt"):
+            torch.save({k: edit(k, v) for k, v in torch.load(path, weights_only=True).items()}, path)
+    return replace(run, run_dir=copy)
+
+
+def _another_draw(seed=1234):
+    generator = torch.Generator().manual_seed(seed)
+
+    def edit(name, tensor):  # every layer matrix redrawn from its own mean and std
+        if not name.startswith("layers.") or tensor.dim() < 2:
+            return tensor
+        return (torch.randn(tensor.shape, generator=generator) * tensor.std() + tensor.mean()).to(tensor.dtype)
+
+    return edit
+
+
+def test_a_random_init_run_is_held_to_the_forward_of_its_own_step0_weights(dense_random):
+    expectation = ExpectationRegistry().for_run(dense_random)
+    assert "dumped step-0 weights" in expectation.source and expectation.init is not None
+    assert expectation.tolerance_name == "initial_forward_fp32"
+    assert abs(dense_random.steps[0].loss - expectation.value) <= expectation.tolerance
+
+
+def test_weights_the_run_did_not_start_from_fail(dense_random, tmp_path):
+    other = _with_dump_of(dense_random, tmp_path, _another_draw())
+    expectation = ExpectationRegistry().for_run(other)
+    problem = expectation.check(dense_random.steps[0].loss)
+    assert problem and problem.startswith("first-step loss") and "initial_forward_fp32" in problem
+    # ln V + s^2/2 cannot tell the two draws apart
+    analytic = expectation.init
+    assert abs(expectation.value - analytic.value) <= analytic.tolerance
+
+
+def test_a_step1_loss_just_outside_the_band_fails(dense_random, tmp_path):
+    expectation = ExpectationRegistry().for_run(_with_dump_of(dense_random, tmp_path))
+    problem = expectation.check(expectation.value + 2 * expectation.tolerance)
+    assert problem and problem.startswith("first-step loss")
+
+
+def test_every_rank_s_batch_is_needed(dense_random, tmp_path):
+    from harness.expectations import MissingExpectation
+
+    run = _with_dump_of(dense_random, tmp_path)
+    (run.run_dir / "dump" / "harness_batches" / "rank1_step1.pt").unlink()
+    with pytest.raises(MissingExpectation, match="1 rank batch dump.* for 2 ranks"):
+        ExpectationRegistry().for_run(run)
+
+
+@pytest.mark.slow
+def test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it(backend_runs):
+    run = backend_runs.get(RunSpec("titan_native", init="random", steps=2,
+                                   plants=("rope_theta_x10",)))
+    expectation = ExpectationRegistry().for_run(run)
+    problem = expectation.check(run.steps[0].loss)
+    assert problem and problem.startswith("first-step loss"), problem
+
+
+def test_a_dump_that_is_not_this_model_s_state_is_an_error_naming_it(dense_random, tmp_path):
+    from harness.expectations import MissingExpectation
+
+    wo = "layers.0.attention.wo.weight"
+    run = _with_dump_of(dense_random, tmp_path, lambda k, v: v[:, :-1] if k == wo else v)
+    with pytest.raises(MissingExpectation, match="not an HF checkpoint.*mis-shaped.*o_proj"):
+        ExpectationRegistry().for_run(run)
