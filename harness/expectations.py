@@ -168,7 +168,7 @@ def _analytic(model: str, spec: dict, model_dir=None) -> tuple[float, str]:
 def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
     """torchtitan's logged step-1 ``global_avg_loss`` recomputed independently: the HF model
     (transformers, float32, host CPU) with the run's initial weights on every rank's dumped
-    step-1 batch (harness/backends/first_batch.py), with the run's masking of packed rows
+    step-1 batch (harness/rank_step0.py), with the run's masking of packed rows
     (``row_causal``: causal over the row at row positions; ``causal``: causal over the row at
     per-document positions; ``document``: per document), each rank's summed token CE over the
     global count of valid labels. Holds on any data, so on C4 as on the fixture corpus."""
@@ -221,7 +221,7 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     transformers forward (``independent_first_step_loss``) of the step-0 weights its ranks
     dumped (harness/diagnosis/rank_dump.py), converted to HF by the harness
     (harness/conformance/native_to_hf.py), on every rank's own step-1 batch
-    (harness/backends/first_batch.py), with the run's masking. None where the run dumped no
+    (harness/rank_step0.py), with the run's masking. None where the run dumped no
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
     (harness/tolerances.py ``initial_weights_forward_band``)."""
     from harness.backends import backend
