@@ -147,8 +147,10 @@ def shards_distinct(run: RunResult, steps: int) -> Outcome:
                        "(the ranks write them at step 1: harness/rank_step0.py)")
     checked, identical = rank_step0.identical_shards(by_rank)
     fraction = len(identical) / len(checked) if checked else 0.0
+    # The kinds of parameter affected, whatever their layer (a known issue's signature).
+    kinds = tuple(sorted({re.sub(r"^(part\d+\.)?layers\.\d+\.", "", name) for name in identical}))
     observed = {"identical_fraction": fraction, "identical": identical, "checked": len(checked),
-                "ranks": len(by_rank)}
+                "identical_kinds": kinds, "ranks": len(by_rank)}
     how = (f"sha1 of each rank's local shards at step 1 (harness/rank_step0.py), {len(by_rank)} "
            f"rank(s), {len(checked)} sharded non-constant parameter(s)")
     if not identical:

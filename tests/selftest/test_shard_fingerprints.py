@@ -16,6 +16,7 @@ Specification:
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
@@ -124,3 +125,24 @@ def test_the_known_issue_excuses_only_its_signature(tmp_path, duplicated, distin
         assert [i.name for i in verdict.issues] == [ISSUE]
     if (duplicated, init, workarounds) == (1, "random", ()):
         assert "not as known issue" in verdict.message and ISSUE in verdict.message
+
+
+def test_the_unloaded_experts_of_spring_moe_are_excused_only_as_exactly_the_experts(tmp_path):
+    """spring2026's MoE adapter leaves the routed experts unloaded (their random init, whose
+    shards are identical on a CPU mesh): excused as exactly those kinds, on that generation."""
+    g = torch.Generator().manual_seed(1)
+    experts = {f"layers.{i}.moe.experts.{w}": torch.randn(4, 8, generator=g)
+               for i in range(2) for w in ("w1_EFD", "w2_EDF", "w3_EFD")}
+    loaded = lambda: {f"layers.{i}.attention.wo.weight": torch.randn(4, 8, generator=g) for i in range(2)}
+    by_rank = records({0: {**experts, **loaded()}, 1: {**{k: v.clone() for k, v in experts.items()}, **loaded()}})
+    for generation, wo_too, status in (("spring2026", False, "known"), ("v0_3", False, "fail"),
+                                       ("spring2026", True, "fail")):
+        ranks = copy.deepcopy(by_rank)
+        if wo_too:
+            wo = "layers.0.attention.wo.weight"
+            ranks[1]["params"][wo] = {**ranks[0]["params"][wo], "shard_coordinate": [1]}
+        run = replace(run_with(tmp_path / f"{generation}{wo_too}", ranks, init="pretrained"), backend="nki_moe",
+                      versions={"torchtitan-generation": generation})
+        outcome = checks.shards_distinct(run, 2)
+        verdict = known_issues.judge("shards_distinct", outcome.problem, outcome.observed, (), **run.where())
+        assert verdict.status == status, (generation, wo_too, verdict.message)
