@@ -11,5 +11,6 @@ what comes back.
 - ``hints``: the source's step-7 advice, by signature (the analytic random-init loss, the
   known issues recorded elsewhere);
 - ``baseline``: tonight's report against a previous one;
-- ``rank_dump``: what the ranks leave for the diagnosis.
+- ``rank_dump``: reading what the ranks leave for the diagnosis (written by
+  harness/rank_step0.py).
 """

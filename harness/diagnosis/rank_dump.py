@@ -1,15 +1,15 @@
 """What the ranks leave for the diagnosis, under the run's dump folder, and how it is read.
 
-- ``harness_initial/batch_rank0.pt``: rank 0's first batch as the trainer received it (else
-  ``harness_batches/rank0_step1.pt`` of the data-path hooks, harness/data/rank_hooks.py);
+- ``harness_batches/rank0_step1.pt``: rank 0's first batch as the trainer received it
+  (``harness_initial/batch_rank0.pt`` where an earlier harness version wrote it);
 - ``harness_initial/native_rank0_<unit>.pt``: a random-init run's step-0 weights under
   torchtitan's names, one file per unit (embedding, each layer, final norm, head), written by
   rank 0 after every rank gathered its shards, so memory stays that of one layer; models over
-  ``MAX_PARAMS`` are not dumped. ``hf_weights_from_dump`` turns them into HF safetensors.
+  ``MAX_PARAMS`` are not dumped. ``hf_weights_from_dump`` turns them into HF safetensors
+  (harness/conformance/native_to_hf.py, not the adapter under test).
 
-The ranks get the dump from the harness's ``sitecustomize`` (harness/upstream/boot), which
-installs ``install`` as a post-import patch of ``torchtitan.trainer`` in every launched rank
-that has the boot folder on its path (every CPU rank; it observes only).
+The ranks write them through the one step-0 hook, harness/rank_step0.py (installed by every
+registered config function and by the boot ``sitecustomize``; it observes only).
 
 A run without them is still diagnosable when it is pretrained (its weights are the HF
 weights it loaded; its batch comes from torchtitan's dataloader, harness/diagnosis/subject.py).
