@@ -28,6 +28,7 @@ def localize_request(req: dict) -> dict:
                                           regime=built.regime)
     result = found.to_json()
     result["weights_from"], result["batch_from"] = built.weights_from, built.batch_from
+    result["known"] = built.known
     return {"divergence": result, "not_diagnosed": None}
 
 

@@ -36,6 +36,7 @@ class Diagnosis:
                        else f"diagnosis: {where}")
         elif self.not_diagnosed:
             out.append(f"diagnosis not run: {self.not_diagnosed}")
+        out += list((self.divergence or {}).get("known", ()))
         out += [f"hint: {h}" for h in self.hints]
         return out
 

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ class Subject:
     regime: str
     weights_from: str
     batch_from: str
+    known: list[str] = field(default_factory=list)  # known issues the run's model shows, by name
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
@@ -75,6 +76,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     except Exception:
         stack.close()
         raise
+    known = complete_known_load_gaps(parity, Path(source))
     model = parity.module.to(device)
     batch, batch_from = _first_batch(run_dir, model_dir, nproc)
     device_batch = type(batch)(batch.inputs.to(device), batch.positions.to(device),
@@ -83,5 +85,55 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     subject = Subject(model, lambda: parity.logits(device_batch), WeightSource(source),
                       Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, "document",
                       regime, str(source) if weights_dir is not None
-                      else f"the ranks' step-0 weights ({dumped})", batch_from)
+                      else f"the ranks' step-0 weights ({dumped})", batch_from, known)
     return subject, stack
+
+
+def complete_known_load_gaps(parity, source: Path) -> list[str]:
+    """The tensors the trainer's HF load left at their init, judged as the parity suite judges
+    them (``native_moe_parity``: harness/known_issues.py). A gap that is a known issue's
+    signature is named and filled from the checkpoint under the right names, so that the module
+    walk looks past it for a further defect; any other gap is an error (the diagnosis cannot say
+    which weights the model computes with). Returns one line per known issue."""
+    from harness import known_issues, titan_api
+    from harness.parity.compare import native_keys_not_loaded_kinds
+
+    kinds = native_keys_not_loaded_kinds(parity)
+    if not kinds:
+        return []
+    issues = [issue for issue in known_issues.ISSUES
+              if any(w.check == "native_moe_parity" and (not w.generation
+                                                        or titan_api.generation() in w.generation)
+                     for w in issue.where)
+              and issue.signature_for("native_moe_parity").matches(kinds)]
+    if not issues:
+        raise NotDiagnosable(f"the run's HF load left {list(kinds)} at their init, which no known "
+                             f"issue records: fix the load (or record it in "
+                             f"harness/known_issues.py) before a module walk can mean anything")
+    filled = _fill_experts(parity.module, WeightSource(source), kinds)
+    return [f"known issue {issue.name}: the HF load left {', '.join(kinds)} at their init "
+            f"(the run's step-1 loss shows it); the diagnosis loaded them from the checkpoint "
+            f"({filled} tensors) to look past it" for issue in issues]
+
+
+_EXPERT_HF = {"w1_EFD": "gate_proj", "w3_EFD": "up_proj", "w2_EDF": "down_proj"}
+
+
+def _fill_experts(model, weights: WeightSource, kinds) -> int:
+    """Stack each layer's per-expert HF tensors into the native grouped experts' parameters
+    (``w1``/``w3``: [E, F, D] from gate/up_proj, ``w2``: [E, D, F] from down_proj)."""
+    filled = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            kind = next((k for k in kinds if name.endswith(k)), None)
+            leaf = name.rsplit(".", 1)[-1]
+            if kind is None or leaf not in _EXPERT_HF:
+                if kind is not None:
+                    raise NotDiagnosable(f"{name}: the diagnosis cannot fill this kind of tensor")
+                continue
+            layer = int(name.split(".")[1])
+            stacked = torch.stack([weights[f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_HF[leaf]}.weight"]
+                                   for e in range(param.shape[0])])
+            param.copy_(stacked.to(param.dtype))
+            filled += 1
+    return filled

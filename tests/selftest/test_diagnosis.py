@@ -28,13 +28,12 @@ from harness.tolerances import diagnosis_tolerance
 
 DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
 MOE = ("nki_moe", "sdpa", paths.TINY_MOE, "bf16_experts")
-# The in-process MoE build goes through harness/parity/models.py, whose settings read 0.3.0's
-# MoE.routed_experts (the parity suite is spring2026.NOT_PORTED): the MoE cases wait for it.
-MOE_NOT_PORTED = pytest.mark.skipif(
-    generation() == "spring2026",
-    reason="harness/parity/settings.native_settings reads MoE.routed_experts (0.3.0); spring-2026 "
-           "main names it MoE.experts (the parity suite is not ported: titan_api.NOT_PORTED)")
-
+# The routed experts' module: 0.3.0's MoE.routed_experts is spring-2026 main's MoE.experts; the
+# diagnosis reports the model's own name (localize.ALIASES).
+EXPERTS = "experts" if generation() == "spring2026" else "routed_experts"
+# Spring's HF adapter leaves the experts at their init (known issue): the diagnosis names it
+# and looks past it.
+EXPERTS_NOT_LOADED = "spring2026-qwen3-moe-adapter-expert-keys"
 
 def diagnose_in_process(build, plants=(), tmp_path=None):
     backend, attention, model_dir, regime = build
@@ -46,19 +45,23 @@ def diagnose_in_process(build, plants=(), tmp_path=None):
     return result["divergence"]
 
 
-@pytest.mark.parametrize("build", [DENSE, pytest.param(MOE, marks=MOE_NOT_PORTED)],
+@pytest.mark.parametrize("build", [DENSE, MOE],
                          ids=["titan_native", "nki_moe"])
 def test_a_clean_model_has_no_divergent_module(build, tmp_path):
     found = diagnose_in_process(build, tmp_path=tmp_path)
     assert found["module"] is None, "\n".join(found["table"])
     assert found["compared"] > 10  # every module of the tiny model, not an empty walk
+    known = " ".join(found["known"])
+    if build is MOE and generation() == "spring2026":
+        assert f"known issue {EXPERTS_NOT_LOADED}" in known, found
+    else:
+        assert known == "", found
 
 
 PLANTED = [  # plant, the model it is planted in, the module the diagnosis must name
     ("qk_norm_swap_layer1", DENSE, "layers.1.attention.q_norm"),
     ("rope_theta_x10", DENSE, "layers.0.attention.rope"),
-    pytest.param("swap_experts_layer1", MOE, "layers.1.moe.routed_experts",
-                 marks=MOE_NOT_PORTED),
+    ("swap_experts_layer1", MOE, f"layers.1.moe.{EXPERTS}"),
     ("final_norm_eps", DENSE, "norm"),
 ]
 
