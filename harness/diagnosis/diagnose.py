@@ -65,7 +65,8 @@ def request(run) -> dict:
     return {"backend": run.backend, "attention": run.attention, "model_dir": str(model_dir),
             "weights_dir": None if weights is None else str(weights),
             "run_dir": str(run.run_dir), "nproc": run.nproc, "device": run.device,
-            "plants": list(plants_of(run)), "regime": size.precision
+            "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
+            "regime": size.precision
             if size.precision in ("float32", "bf16_experts") else "float32"}
 
 

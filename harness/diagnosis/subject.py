@@ -20,8 +20,10 @@ import torch
 from harness.diagnosis import rank_dump
 from harness.diagnosis.trace import WeightSource
 
-# The backends whose model the diagnosis can rebuild in-process, and how.
-NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops": True}}
+# The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
+# Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
+NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops": True},
+                 "hf_v5": {"transformers_backend": True}}
 
 
 class NotDiagnosable(Exception):
@@ -41,6 +43,9 @@ class Subject:
     weights_from: str
     batch_from: str
     known: list[str] = field(default_factory=list)  # known issues the run's model shows, by name
+    modules: dict | None = None  # {trace name: (model's name, modules)}; None: native names
+    labels: torch.Tensor | None = None  # the batch's labels (the gradient comparison's loss)
+    model_grads: object = None  # callable: the model's parameter gradients under HF names
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
@@ -55,13 +60,14 @@ def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
 
 def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | None,
           run_dir: Path, nproc: int, device: str = "cpu", plants: tuple[str, ...] = (),
-          regime: str = "float32") -> tuple[Subject, contextlib.ExitStack]:
-    """The run's model with the run's plants in force (the returned stack undoes them)."""
+          regime: str = "float32", workarounds: tuple[str, ...] = (),
+          gradients: bool = True) -> tuple[Subject, contextlib.ExitStack]:
+    """The run's model with the run's plants (and workarounds) in force (the returned stack
+    undoes the plants)."""
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
     from harness.hf_config import Qwen3Arch
-    from harness.parity.models import build_native
     from harness.plants import planted
 
     stack = contextlib.ExitStack()
@@ -70,23 +76,80 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     if weights_dir is None and dumped is None:
         stack.close()
         raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")
-    source = weights_dir if weights_dir is not None else rank_dump.hf_weights_from_dump(dumped, model_dir)
     try:
-        parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
+        source = weights_dir if weights_dir is not None else rank_dump.hf_weights_from_dump(dumped, model_dir)
+        if NATIVE_BUILDS[backend].get("transformers_backend"):
+            parity, known, modules, mask = _transformers_backend(Path(source), tuple(workarounds))
+        else:
+            from harness.parity.models import build_native
+
+            parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
+            known, modules = complete_known_load_gaps(parity, Path(source)), None
+            # native sdpa: causal over the row at row positions; flex: per document
+            mask = "row_causal" if attention == "sdpa" else "document"
     except Exception:
         stack.close()
         raise
-    known = complete_known_load_gaps(parity, Path(source))
     model = parity.module.to(device)
     batch, batch_from = _first_batch(run_dir, model_dir, nproc)
     device_batch = type(batch)(batch.inputs.to(device), batch.positions.to(device),
                                batch.labels.to(device))
-    seen = batch.masked_as("row_causal") if attention == "sdpa" else batch
+    seen, ref_mask = reference_form(batch, mask)
     subject = Subject(model, lambda: parity.logits(device_batch), WeightSource(source),
-                      Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, "document",
+                      Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, ref_mask,
                       regime, str(source) if weights_dir is not None
-                      else f"the ranks' step-0 weights ({dumped})", batch_from, known)
+                      else f"the ranks' step-0 weights ({dumped})", batch_from, known, modules,
+                      batch.labels if gradients else None,
+                      (lambda: parity.hf_tensors("grad")) if gradients else None)
     return subject, stack
+
+
+def reference_form(batch, mask: str):
+    """(the batch as the reference trace sees it, the trace's mask) for a model that masks as
+    ``mask``: "document" (causal within each document, per-document positions), "causal"
+    (causal over the packed row, per-document positions: 0.3.0's transformers backend) or
+    "row_causal" (causal over the row at row positions: native sdpa, spring's backend)."""
+    if mask == "document":
+        return batch, "document"
+    if mask == "causal":
+        return batch, "causal"
+    if mask == "row_causal":
+        return batch.masked_as("row_causal"), "causal"
+    raise ValueError(f"unknown mask {mask!r} (known: document, causal, row_causal)")
+
+
+def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
+    """torchtitan's transformers backend built as the run built it: with exactly the run's
+    workarounds (``hf_block_causal`` changes its mask, ``hf_rope_init`` recomputes RoPE). Its
+    known defects that the run did not work around are named; the mask one is compared like for
+    like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
+    it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
+    from harness import known_issues, titan_api
+    from harness import workarounds as W
+    from harness.diagnosis.localize import hf_modules
+    from harness.parity.models import build_hf_backend
+
+    api = titan_api.transformers_backend()
+    applied = set(workarounds)
+    parity = build_hf_backend(source, configure=W.hf_backend_configure(applied))
+    W.hf_backend_after_init(parity, applied)
+    known = []
+    if "hf_rope_init" not in applied:
+        fixed = W.hf_rope_init(parity.module)
+        issue = known_issues.issue("hf_v5-rope-inv-freq-uninitialised")
+        known.append(f"known issue {issue.name}: the run did not apply hf_rope_init, so its RoPE "
+                     f"inv_freq was uninitialised memory; the diagnosis recomputed it "
+                     f"({fixed} module(s)) to look past it")
+    block = "hf_block_causal" in applied and api.block_causal
+    mask = "document" if block else api.masking
+    if mask != "document":
+        name = ("spring2026-hf_v5-row-positions" if mask == "row_causal"
+                else "hf_v5-causal-mask-across-documents")
+        issue = known_issues.issue(name)
+        known.append(f"known issue {issue.name}: the run's model masks {mask.replace('_', '-')} "
+                     f"across packed documents; compared with the reference masked the same way")
+    parity.module.train(False)
+    return parity, known, hf_modules(parity.module.model, parity.arch), mask
 
 
 def complete_known_load_gaps(parity, source: Path) -> list[str]:
