@@ -27,6 +27,7 @@ class Diagnosis:
     not_diagnosed: str | None = None  # why no divergence was looked for, or why it failed
     hints: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    later_nonfinite: int | None = None  # the first non-finite step after step 1, if any
 
     def lines(self) -> list[str]:
         out = []
@@ -37,6 +38,12 @@ class Diagnosis:
         elif self.not_diagnosed:
             out.append(f"diagnosis not run: {self.not_diagnosed}")
         out += list((self.divergence or {}).get("known", ()))
+        if self.later_nonfinite is not None and self.divergence is not None \
+                and not self.divergence["module"]:
+            out.append(f"step 1's forward and backward agree with the reference, but step "
+                       f"{self.later_nonfinite} went non-finite: it arose after the first "
+                       f"optimizer step (the diagnosis replays step 1: its batch, starting "
+                       f"weights, loss and gradients)")
         out += [f"hint: {h}" for h in self.hints]
         return out
 
@@ -68,6 +75,16 @@ def request(run) -> dict:
             "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
             "regime": size.precision
             if size.precision in ("float32", "bf16_experts") else "float32"}
+
+
+def first_nonfinite_after_step_1(run) -> int | None:
+    """A ``finite`` failure past step 1 (NaN/inf from a bad backward or update): the step."""
+    import math
+
+    for step in getattr(run, "steps", ()):
+        if step.step > 1 and not (math.isfinite(step.loss) and math.isfinite(step.grad_norm)):
+            return step.step
+    return None
 
 
 def launched(run) -> bool:
@@ -135,5 +152,6 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
             diagnosis.hints = hints.hints_for(run, observed, deviation)
         except Exception as error:
             diagnosis.hints = [f"(hints unavailable: {type(error).__name__}: {error})"]
+    diagnosis.later_nonfinite = first_nonfinite_after_step_1(run)
     diagnosis.wall_s = time.monotonic() - start
     return diagnosis

@@ -199,3 +199,23 @@ def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tm
     assert any("check --assets-dir" in h and str(paths.TINY_DENSE) in h for h in unloaded), unloaded
     # a failure near the expectation fits no signature: nothing is said
     assert hints.hints_for(_pretrained_result(1.2752, tmp_path), 1.2752, 7.7e-4) == []
+
+
+def test_a_later_non_finite_step_is_said_to_arise_after_what_step_1_replays(tmp_path):
+    """The ``finite`` check fails at step 3: the diagnosis replays step 1 (forward and
+    backward); when they agree, it says the NaN arose after the first optimizer step."""
+    from harness.diagnosis.diagnose import Diagnosis, first_nonfinite_after_step_1
+    from harness.results import StepRecord
+
+    run = _pretrained_result(1.2752, tmp_path)
+    assert first_nonfinite_after_step_1(run) is None
+    run.steps += [StepRecord(step=2, loss=1.1, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
+                             peak_memory_gib=1.0),
+                  StepRecord(step=3, loss=float("nan"), grad_norm=float("inf"), tokens_per_s=1.0,
+                             step_time_s=1.0, peak_memory_gib=1.0)]
+    assert first_nonfinite_after_step_1(run) == 3
+    clean = {"module": None, "line": "no module parts from the reference", "known": []}
+    said = Diagnosis(divergence=clean, later_nonfinite=3).lines()
+    assert any("step 3 went non-finite" in line for line in said), said
+    named = Diagnosis(divergence={**clean, "module": "norm", "line": "norm: ..."}, later_nonfinite=3)
+    assert not any("non-finite" in line for line in named.lines())  # the module is the answer
