@@ -28,9 +28,13 @@ class Diagnosis:
     hints: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     later_nonfinite: int | None = None  # the first non-finite step after step 1, if any
+    explained_by: str | None = None  # the known issue whose signature this failure is
 
     def lines(self) -> list[str]:
         out = []
+        if self.explained_by is not None:
+            out.append(f"diagnosis: the step-1 loss is known issue {self.explained_by}'s recorded "
+                       f"signature here, so no module walk was run")
         if self.divergence is not None:
             where = self.divergence["line"]
             out.append(f"first divergent module: {where}" if self.divergence["module"]
@@ -75,6 +79,19 @@ def request(run) -> dict:
             "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
             "regime": size.precision
             if size.precision in ("float32", "bf16_experts") else "float32"}
+
+
+def known_explanation(run, deviation: float | None) -> str | None:
+    """The known issue (harness/known_issues.py) that a failing step-1 loss of this run is, by
+    its recorded signature here (backend, size, init, device, attention, generation, the run's
+    workarounds): that is the answer, and rebuilding the model would only say it again."""
+    from harness import known_issues
+
+    if deviation is None:
+        return None
+    verdict = known_issues.judge("first_step_loss", "the step-1 loss is off", {"deviation": deviation},
+                                 run.workarounds, **run.where())
+    return ", ".join(i.name for i in verdict.issues) if verdict.status == "known" else None
 
 
 def first_nonfinite_after_step_1(run) -> int | None:
@@ -144,7 +161,8 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
         elif req["weights_dir"] is None and rank_dump.initial_weights_dir(run.run_dir) is None:
             diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "
                                        f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
-    if diagnosis.not_diagnosed is None:
+    diagnosis.explained_by = known_explanation(run, deviation)
+    if diagnosis.not_diagnosed is None and diagnosis.explained_by is None:
         diagnosis.divergence, diagnosis.not_diagnosed = localize_in_child(
             req, Path(run.run_dir) / "diagnosis.log")
     if observed is not None:

@@ -219,3 +219,21 @@ def test_a_later_non_finite_step_is_said_to_arise_after_what_step_1_replays(tmp_
     assert any("step 3 went non-finite" in line for line in said), said
     named = Diagnosis(divergence={**clean, "module": "norm", "line": "norm: ..."}, later_nonfinite=3)
     assert not any("non-finite" in line for line in named.lines())  # the module is the answer
+
+
+def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk(tmp_path):
+    """A tiny random-init transformers-backend run +3.6 nats off is the recorded signature of
+    hf_v5-tied-embedding-init-scale: the diagnosis says so and rebuilds nothing; 0.5 nats off
+    is not that issue, and is diagnosed."""
+    import dataclasses
+
+    from harness.diagnosis.diagnose import Diagnosis, known_explanation
+
+    run = dataclasses.replace(_pretrained_result(11.8, tmp_path), backend="hf_v5", init="random",
+                              name="hf_v5-tiny-random")
+    assert known_explanation(run, 3.6) == "hf_v5-tied-embedding-init-scale"
+    assert known_explanation(run, 0.5) is None
+    assert known_explanation(run, None) is None  # a finite failure: always diagnosed
+    said = Diagnosis(explained_by="hf_v5-tied-embedding-init-scale").lines()
+    assert said == ["diagnosis: the step-1 loss is known issue hf_v5-tied-embedding-init-scale's "
+                    "recorded signature here, so no module walk was run"]
