@@ -19,15 +19,18 @@ def localize_request(req: dict) -> dict:
             req["backend"], req["attention"], Path(req["model_dir"]),
             None if req["weights_dir"] is None else Path(req["weights_dir"]), Path(req["run_dir"]),
             int(req["nproc"]), req.get("device", "cpu"), tuple(req.get("plants", ())),
-            req.get("regime", "float32"))
+            req.get("regime", "float32"), tuple(req.get("workarounds", ())),
+            req.get("gradients", True))
     except subject.NotDiagnosable as why:
         return {"divergence": None, "not_diagnosed": str(why)}
     with stack:
         found = localize.first_divergence(built.module, built.run, built.weights, built.arch,
                                           built.inputs, built.positions, mask=built.mask,
-                                          regime=built.regime)
+                                          regime=built.regime, modules=built.modules,
+                                          labels=built.labels, model_grads=built.model_grads)
     result = found.to_json()
     result["weights_from"], result["batch_from"] = built.weights_from, built.batch_from
+    result["known"] = built.known
     return {"divergence": result, "not_diagnosed": None}
 
 

@@ -27,15 +27,27 @@ class Diagnosis:
     not_diagnosed: str | None = None  # why no divergence was looked for, or why it failed
     hints: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    later_nonfinite: int | None = None  # the first non-finite step after step 1, if any
+    explained_by: str | None = None  # the known issue whose signature this failure is
 
     def lines(self) -> list[str]:
         out = []
+        if self.explained_by is not None:
+            out.append(f"diagnosis: the step-1 loss is known issue {self.explained_by}'s recorded "
+                       f"signature here, so no module walk was run")
         if self.divergence is not None:
             where = self.divergence["line"]
             out.append(f"first divergent module: {where}" if self.divergence["module"]
                        else f"diagnosis: {where}")
         elif self.not_diagnosed:
             out.append(f"diagnosis not run: {self.not_diagnosed}")
+        out += list((self.divergence or {}).get("known", ()))
+        if self.later_nonfinite is not None and self.divergence is not None \
+                and not self.divergence["module"]:
+            out.append(f"step 1's forward and backward agree with the reference, but step "
+                       f"{self.later_nonfinite} went non-finite: it arose after the first "
+                       f"optimizer step (the diagnosis replays step 1: its batch, starting "
+                       f"weights, loss and gradients)")
         out += [f"hint: {h}" for h in self.hints]
         return out
 
@@ -64,8 +76,32 @@ def request(run) -> dict:
     return {"backend": run.backend, "attention": run.attention, "model_dir": str(model_dir),
             "weights_dir": None if weights is None else str(weights),
             "run_dir": str(run.run_dir), "nproc": run.nproc, "device": run.device,
-            "plants": list(plants_of(run)), "regime": size.precision
+            "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
+            "regime": size.precision
             if size.precision in ("float32", "bf16_experts") else "float32"}
+
+
+def known_explanation(run, deviation: float | None) -> str | None:
+    """The known issue (harness/known_issues.py) that a failing step-1 loss of this run is, by
+    its recorded signature here (backend, size, init, device, attention, generation, the run's
+    workarounds): that is the answer, and rebuilding the model would only say it again."""
+    from harness import known_issues
+
+    if deviation is None:
+        return None
+    verdict = known_issues.judge("first_step_loss", "the step-1 loss is off", {"deviation": deviation},
+                                 run.workarounds, **run.where())
+    return ", ".join(i.name for i in verdict.issues) if verdict.status == "known" else None
+
+
+def first_nonfinite_after_step_1(run) -> int | None:
+    """A ``finite`` failure past step 1 (NaN/inf from a bad backward or update): the step."""
+    import math
+
+    for step in getattr(run, "steps", ()):
+        if step.step > 1 and not (math.isfinite(step.loss) and math.isfinite(step.grad_norm)):
+            return step.step
+    return None
 
 
 def launched(run) -> bool:
@@ -125,7 +161,8 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
         elif req["weights_dir"] is None and rank_dump.initial_weights_dir(run.run_dir) is None:
             diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "
                                        f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
-    if diagnosis.not_diagnosed is None:
+    diagnosis.explained_by = known_explanation(run, deviation)
+    if diagnosis.not_diagnosed is None and diagnosis.explained_by is None:
         diagnosis.divergence, diagnosis.not_diagnosed = localize_in_child(
             req, Path(run.run_dir) / "diagnosis.log")
     if observed is not None:
@@ -133,5 +170,6 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
             diagnosis.hints = hints.hints_for(run, observed, deviation)
         except Exception as error:
             diagnosis.hints = [f"(hints unavailable: {type(error).__name__}: {error})"]
+    diagnosis.later_nonfinite = first_nonfinite_after_step_1(run)
     diagnosis.wall_s = time.monotonic() - start
     return diagnosis

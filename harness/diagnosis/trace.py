@@ -66,6 +66,63 @@ class WeightSource:
         return {k: self[k] for k in sorted(self.keys()) if k.startswith(prefix)}
 
 
+class Leaves:
+    """A ``WeightSource`` whose tensors are float64 leaves that record their gradients: the
+    reference side of the gradient comparison (each tensor read once, then the same leaf)."""
+
+    def __init__(self, source: WeightSource) -> None:
+        self.source = source
+        self._leaves: dict[str, torch.Tensor] = {}
+
+    def keys(self) -> set[str]:
+        return self.source.keys()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._leaves:
+            self._leaves[key] = self.source[key].requires_grad_(True)
+        return self._leaves[key]
+
+    def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {k: self[k] for k in sorted(self.keys()) if k.startswith(prefix)}
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return {k: t.grad for k, t in self._leaves.items() if t.grad is not None}
+
+
+def trace_backward(loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+# HF weight name (layer dropped) -> the trace module whose parameter it is
+_WEIGHT_MODULE = {
+    "input_layernorm": "attention_norm", "self_attn.q_proj": "attention.qkv_linear",
+    "self_attn.k_proj": "attention.qkv_linear", "self_attn.v_proj": "attention.qkv_linear",
+    "self_attn.q_norm": "attention.q_norm", "self_attn.k_norm": "attention.k_norm",
+    "self_attn.o_proj": "attention", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "feed_forward", "mlp.up_proj": "feed_forward", "mlp.down_proj": "feed_forward",
+    "mlp.gate": "moe.router", "mlp.experts": "moe.routed_experts",
+}
+
+
+def module_of_weight(key: str) -> str:
+    """The trace module that holds HF weight ``key`` (``model.layers.1.self_attn.q_norm.weight``
+    -> ``layers.1.attention.q_norm``); a tied embedding is ``tok_embeddings``'s."""
+    if key.startswith("model.embed_tokens."):
+        return "tok_embeddings"
+    if key.startswith("model.norm."):
+        return "norm"
+    if key.startswith("lm_head."):
+        return "lm_head"
+    parts = key.split(".")
+    if parts[:2] != ["model", "layers"]:
+        raise KeyError(f"{key}: not a Qwen3 weight name")
+    rest = ".".join(parts[3:])
+    for theirs, ours in _WEIGHT_MODULE.items():
+        if rest.startswith(theirs + "."):
+            return f"layers.{parts[2]}.{ours}"
+    raise KeyError(f"{key}: no trace module holds it")
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 

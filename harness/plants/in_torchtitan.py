@@ -442,3 +442,72 @@ DIAGNOSIS_PLANTS = (
           patch=(DECODER, _after_decoder_init(_final_norm_eps))),
 )
 PATCH_PLANTS = PATCH_PLANTS + DIAGNOSIS_PLANTS
+
+
+# ------------------------------------------- one module of the transformers backend; one backward
+# The transformers backend's model is transformers' Qwen3 (HF module names), so its one-module
+# plant patches transformers' Qwen3Model; the backward-only plant leaves every forward output
+# exact, so only the gradient comparison can find it.
+
+HF_QWEN3 = "transformers.models.qwen3.modeling_qwen3"
+BACKWARD_SCALE = 0.5  # what the planted backward multiplies the gradient by
+
+
+def _after_hf_qwen3_init(break_model):
+    def apply(qwen3_module: ModuleType):
+        def make(original_init):
+            def __init__(self, *args, **kwargs):
+                original_init(self, *args, **kwargs)
+                break_model(self)
+            return __init__
+        return _replace(qwen3_module.Qwen3Model, "__init__", make)
+    return apply
+
+
+def _swap_hf_qk_norm_in_one_layer(qwen3_model) -> None:
+    """In transformers' layer ``PLANTED_LAYER``, q is normalised with k_norm and k with q_norm."""
+    attention = qwen3_model.layers[min(PLANTED_LAYER, len(qwen3_model.layers) - 1)].self_attn
+    forward = attention.forward
+
+    def swapped(*args, **kwargs):
+        attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
+
+    attention.forward = swapped
+
+
+class _ScaledBackward(torch.autograd.Function):
+    """The identity forward; a backward that scales the gradient (a wrong custom backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * BACKWARD_SCALE
+
+
+def _scale_ffn_norm_backward_in_one_layer(model) -> None:
+    """Layer ``PLANTED_LAYER``'s ffn_norm computes its output exactly, but its backward scales
+    the gradient it receives before computing its weight's and its input's gradients."""
+    norm = _planted_layer(model).ffn_norm
+    forward = norm.forward
+    norm.forward = lambda x: _ScaledBackward.apply(forward(x))
+
+
+MORE_DIAGNOSIS_PLANTS = (
+    Plant(f"hf_qk_norm_swap_layer{PLANTED_LAYER}", "model",
+          f"the transformers backend's layer {PLANTED_LAYER} normalises q with k_norm and k with q_norm",
+          ("first_step_loss", f"diagnosis: model.layers.{PLANTED_LAYER}.self_attn.q_norm"),
+          patch=(HF_QWEN3, _after_hf_qwen3_init(_swap_hf_qk_norm_in_one_layer))),
+    Plant(f"ffn_norm_backward_layer{PLANTED_LAYER}", "model",
+          f"layer {PLANTED_LAYER}'s ffn_norm: exact forward, its backward scales the incoming "
+          f"gradient by {BACKWARD_SCALE}",
+          (f"diagnosis: layers.{PLANTED_LAYER}.ffn_norm gradient",),
+          patch=(DECODER, _after_decoder_init(_scale_ffn_norm_backward_in_one_layer))),
+)
+PATCH_PLANTS = PATCH_PLANTS + MORE_DIAGNOSIS_PLANTS
