@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from harness import known_issues
-from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for, xdist_workers
+from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status, profile_for,
+                             worker_threads, xdist_workers)
 from harness.launch import leftover_processes
 from harness.run_cache import RunCache, repeated_launches
 
@@ -47,6 +48,19 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     import os
 
     return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker's torch, and the processes its tests start, get the worker's
+    share of the cores (harness.devices.worker_threads)."""
+    import os
+
+    threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ[THREADS_ENV] = str(threads)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -15,6 +15,8 @@ import json
 import os
 import pickle
 import re
+import resource
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -53,11 +55,16 @@ class RunCache:
         with FileLock(str(run_dir.with_name(run_dir.name + ".lock"))):
             if stored.is_file():
                 return pickle.loads(stored.read_bytes())
+            before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
+            # The launch's whole process tree (torchrun and its ranks, all reaped by now), so
+            # the ledger tells what each run costs (scripts/benchmark.py launches).
+            cpu_s, wall_s = _children_cpu_s() - before, time.monotonic() - start
             stored.write_bytes(pickle.dumps(result))
             with open(self.root / LEDGER, "a", encoding="utf-8") as ledger:
                 ledger.write(json.dumps({"run": run_dir.name, "name": spec.name, "pid": os.getpid(),
-                                         "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
+                                         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                                         "cpu_s": round(cpu_s, 2), "wall_s": round(wall_s, 2)}) + "\n")
             return result
 
     @staticmethod
@@ -69,12 +76,24 @@ class RunCache:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.name}-{digest}")
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def ledger_entries(root: Path) -> list[dict]:
+    """Every launch of the session whose temporary root is ``root``: by the shared caches
+    (``<root>/<kind>_runs``) or by caches a worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
+    root = Path(root)
+    return [json.loads(line)
+            for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]
+            for line in ledger.read_text().splitlines() if line]
+
+
 def repeated_launches(root: Path) -> dict[str, int]:
     """``{run folder: launches}`` for every run launched more than once in the session whose
     temporary root is ``root``: by the shared caches (``<root>/<kind>_runs``) or by caches a
     worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
-    counts: Counter[str] = Counter()
-    root = Path(root)
-    for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]:
-        counts.update(json.loads(line)["run"] for line in ledger.read_text().splitlines() if line)
+    counts = Counter(entry["run"] for entry in ledger_entries(root))
     return {run: n for run, n in counts.items() if n > 1}

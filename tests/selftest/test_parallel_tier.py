@@ -3,6 +3,9 @@
 Specification:
 - a CPU-only selection gets two workers; an accelerator tier (``-m neuron``/``-m cuda``, or
   ``--device neuron|cuda``) and a single core get none (one process);
+- each worker's torch, and every process its tests start, gets the worker's share of the
+  cores as intra-op threads (one each on two cores), so the workers and the launched ranks do
+  not oversubscribe the machine; a single process keeps torch's default;
 - each distinct RunSpec launches once per session, however many tests on however many
   workers read it: a real ``-n 2`` session of four tests needing one run, spread over both
   workers, launches it once (run folders counted on disk, not from the cache's own ledger);
@@ -10,14 +13,16 @@ Specification:
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from harness import paths
-from harness.devices import xdist_workers
+from harness.devices import THREADS_ENV, worker_threads, xdist_workers
 from harness.run_cache import LEDGER, repeated_launches
 
 
@@ -33,6 +38,23 @@ from harness.run_cache import LEDGER, repeated_launches
 ])
 def test_workers_for_a_selection(device, markexpr, cpus, workers):
     assert xdist_workers(device, markexpr, cpus) == workers
+
+
+@pytest.mark.parametrize(("workers", "cpus", "threads"), [
+    (2, 2, 1), (2, 16, 8), (2, 3, 1), (2, None, 1), (0, 2, None), (0, 128, None),
+])
+def test_threads_of_a_worker(workers, cpus, threads):
+    assert worker_threads(workers, cpus) == threads
+
+
+def test_this_process_has_its_share_of_the_cores():
+    """This very session, under xdist: torch and the environment children inherit hold the
+    worker's share of the cores."""
+    share = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
+    if share is None:
+        pytest.skip("one process (-n 0): torch keeps its default threads")
+    assert torch.get_num_threads() == share
+    assert os.environ.get(THREADS_ENV) == str(share)
 
 
 # Slow tier: a pytest session of its own with two workers and one launch (~1 min on 2 cores).
