@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from harness import known_issues
-from harness.devices import KINDS, TIER_MARKERS, detect, device_status, profile_for, xdist_workers
+from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status, profile_for,
+                             worker_threads, xdist_workers)
 from harness.launch import leftover_processes
-from harness.run_cache import RunCache, repeated_launches
+from harness.run_cache import RunCache, repeated_launches, session_root
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis.
 pytest_plugins = ("harness.diagnosis.pytest_plugin",)
@@ -47,6 +48,19 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     import os
 
     return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker's torch, and the processes its tests start, get the worker's
+    share of the cores (harness.devices.worker_threads)."""
+    import os
+
+    threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ[THREADS_ENV] = str(threads)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -96,7 +110,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print("\nharness: processes launched by this session were still running (now killed):\n  "
               + "\n  ".join(leftovers))
     if not hasattr(session.config, "workerinput"):  # once per session: xdist's controller, or -n 0
-        repeated = repeated_launches(_shared_temp_root(session.config._tmp_path_factory))
+        repeated = repeated_launches(session_root(session.config._tmp_path_factory))
         if repeated:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             print("\nharness: runs launched more than once in this session (each distinct RunSpec "
@@ -129,22 +143,13 @@ def backend_runs(device_profile, device_runs) -> RunCache:
     return device_runs(device_profile.kind)
 
 
-def _shared_temp_root(tmp_path_factory: pytest.TempPathFactory):
-    """The session's temporary root, the same for every pytest-xdist worker (a worker's own
-    basetemp is ``<root>/popen-gwN``)."""
-    import os
-
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 @pytest.fixture(scope="session")
 def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
     """``device_runs(kind).get(RunSpec(...))``: one run cache per device kind, shared by every
     test and every pytest-xdist worker of the session (each distinct RunSpec launches once)."""
     caches: dict[str, RunCache] = {}
     rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
-    root = _shared_temp_root(tmp_path_factory)
+    root = session_root(tmp_path_factory)
     from harness.diagnosis.pytest_plugin import RUN_CACHES
 
     pytestconfig.stash[RUN_CACHES] = caches  # the session's report (--run-report)

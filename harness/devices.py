@@ -31,14 +31,28 @@ TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
 
 
 def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: int | None) -> int:
-    """pytest-xdist workers for ``-n auto``. A CPU-only selection gets two: one launches the
-    runs (every launching test is in one xdist group, so each run is still launched once per
-    session) while the other runs the in-process tests; a launch leaves about a third of two
-    cores idle (rank start-up, rendezvous, shutdown). An accelerator tier (``-m neuron``,
+    """pytest-xdist workers for ``-n auto``. A CPU-only selection gets two: both launch runs
+    and run the in-process tests (``--dist load``; the run cache is shared by the workers, so
+    each run is still launched once per session); a launch leaves about a third of two cores
+    idle (rank start-up, rendezvous, shutdown). An accelerator tier (``-m neuron``,
     ``-m cuda``, ``--device neuron|cuda``) gets none: its runs and its in-process tests must not
     share the devices. Neither does a single core."""
     accelerator = device_option in TIER_MARKERS or any(m in (markexpr or "") for m in TIER_MARKERS)
     return 0 if accelerator or (cpu_count or 1) < 2 else 2
+
+
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def worker_threads(workers: int, cpu_count: int | None) -> int | None:
+    """Intra-op threads of each of ``workers`` pytest-xdist workers, and of the processes its
+    tests start: the worker's share of the cores (None outside xdist: torch's default, every
+    core). At torch's default, two workers beside the launched ranks put four busy-waiting
+    OpenMP threads on two cores: tests/parity/test_forward_parity.py and
+    test_hf_backend_parity.py took 68 s of user CPU (86-99 s wall) at 2 threads, 28-41 s
+    (38-44 s wall) at 1, on the shared 2-core machine (``scripts/benchmark.py threads``). CPU
+    ranks have their own setting (one thread each, ``profile_for``)."""
+    return max(1, (cpu_count or 1) // workers) if workers > 0 else None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ shared temporary root). A run's folder is keyed by a digest of its whole ``RunSp
 process to ask for it launches it while holding a file lock on that key, and stores the result
 beside the folder; every other process, waiting on the lock or coming later, reads the stored
 result. Each launch appends one line to the folder's ledger (``launches.jsonl``), which
-``repeated_launches`` reads: a session in which one spec was launched twice is a defect.
+``repeated_launches`` reads: a session in which one spec was launched twice is a defect, and
+so is one whose specs differ only in a worker's own temporary folder (an input built per
+worker, e.g. under ``popen-gw0/`` and ``popen-gw1/``, makes each worker launch its own copy of
+the same run: ``shared_folder`` builds such inputs once, where every worker finds them).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import json
 import os
 import pickle
 import re
+import resource
+import shutil
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +32,35 @@ from harness.launch import RunSpec, launch
 from harness.results import RunResult
 
 LEDGER = "launches.jsonl"
+# A pytest-xdist worker's own basetemp under the session's root (``<root>/popen-gwN``).
+WORKER_FOLDER = re.compile(r"popen-gw\d+")
+
+
+def session_root(tmp_path_factory) -> Path:
+    """The session's temporary root, the same for every pytest-xdist worker (a worker's own
+    basetemp is ``<root>/popen-gwN``)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_folder(tmp_path_factory, name: str, build) -> Path:
+    """``<session root>/<name>``, made by ``build(path)`` once per session whichever worker asks
+    first (the others wait for it): a path that goes into a RunSpec must be the same on every
+    worker, or each worker launches the run again."""
+    path = session_root(tmp_path_factory) / name
+    done = path.with_name(name + ".built")
+    with FileLock(str(path.with_name(name + ".lock"))):
+        if not done.is_file():
+            shutil.rmtree(path, ignore_errors=True)  # a build cut short
+            build(path)
+            done.touch()
+    return path
+
+
+def spec_key(spec: RunSpec) -> str:
+    """The spec's digest with every worker's own folder spelled alike: two launches with one key
+    are one run launched twice."""
+    return hashlib.sha1(WORKER_FOLDER.sub("popen-gw*", repr(spec)).encode()).hexdigest()[:10]
 
 
 class RunCache:
@@ -53,11 +88,17 @@ class RunCache:
         with FileLock(str(run_dir.with_name(run_dir.name + ".lock"))):
             if stored.is_file():
                 return pickle.loads(stored.read_bytes())
+            before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
+            # The launch's whole process tree (torchrun and its ranks, all reaped by now), so
+            # the ledger tells what each run costs (scripts/benchmark.py launches).
+            cpu_s, wall_s = _children_cpu_s() - before, time.monotonic() - start
             stored.write_bytes(pickle.dumps(result))
             with open(self.root / LEDGER, "a", encoding="utf-8") as ledger:
-                ledger.write(json.dumps({"run": run_dir.name, "name": spec.name, "pid": os.getpid(),
-                                         "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
+                ledger.write(json.dumps({"run": run_dir.name, "key": spec_key(spec),
+                                         "name": spec.name, "pid": os.getpid(),
+                                         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                                         "cpu_s": round(cpu_s, 2), "wall_s": round(wall_s, 2)}) + "\n")
             return result
 
     @staticmethod
@@ -69,12 +110,27 @@ class RunCache:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.name}-{digest}")
 
 
-def repeated_launches(root: Path) -> dict[str, int]:
-    """``{run folder: launches}`` for every run launched more than once in the session whose
-    temporary root is ``root``: by the shared caches (``<root>/<kind>_runs``) or by caches a
-    worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
-    counts: Counter[str] = Counter()
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def ledger_entries(root: Path) -> list[dict]:
+    """Every launch of the session whose temporary root is ``root``: by the shared caches
+    (``<root>/<kind>_runs``) or by caches a worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
     root = Path(root)
-    for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]:
-        counts.update(json.loads(line)["run"] for line in ledger.read_text().splitlines() if line)
-    return {run: n for run, n in counts.items() if n > 1}
+    return [json.loads(line)
+            for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]
+            for line in ledger.read_text().splitlines() if line]
+
+
+def repeated_launches(root: Path) -> dict[str, int]:
+    """``{run folder(s): launches}`` for every run launched more than once in the session whose
+    temporary root is ``root``: by the shared caches (``<root>/<kind>_runs``), by caches a
+    worker kept to itself (``<root>/popen-gwN/<kind>_runs``), or as specs that differ only in a
+    worker's own folder (``spec_key``)."""
+    folders: dict[str, list[str]] = {}
+    for entry in ledger_entries(root):
+        folders.setdefault(entry.get("key") or entry["run"], []).append(entry["run"])
+    return {" = ".join(sorted(set(runs))): len(runs) for runs in folders.values() if len(runs) > 1}

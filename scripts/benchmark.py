@@ -1,17 +1,24 @@
-"""Benchmark the harness (not a test): suite wall time, launcher overhead, pytest-xdist gain.
+"""Benchmark the harness (not a test): suite time, launcher overhead, pytest-xdist gain.
 
     python scripts/benchmark.py overhead --repeats 3      # harness launch vs bare torchrun
-    python scripts/benchmark.py suite                     # default CPU suite wall time
+    python scripts/benchmark.py suite                     # default CPU suite
     python scripts/benchmark.py suite --against cf04508 --repeats 2   # side by side, alternating
     python scripts/benchmark.py xdist --paths tests/kernels tests/selftest/test_upstream_shims.py
+    python scripts/benchmark.py threads --paths tests/parity/test_forward_parity.py
+    python scripts/benchmark.py launches --basetemp DIR   # a session's launches (--basetemp=DIR)
 
 Each measurement runs its variants interleaved in one process, so ratios compare like with
-like on the same machine state; the script prints the raw times and the ratio.
+like on the same machine state; the script prints the raw times and the ratio. Every time is
+given twice: wall seconds, and the user + system CPU seconds of the whole process tree (pytest,
+its workers, every torchrun and rank). On a machine others share, wall time is an upper bound
+and the CPU seconds are what compares; wall time compares only on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -19,21 +26,45 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.devices import detect
-from harness.launch import RunSpec, build_command, launch, rank_environment
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this tree's harness, not whichever copy is pip-installed
+
+from harness.devices import detect  # noqa: E402
+from harness.launch import RunSpec, build_command, launch, rank_environment  # noqa: E402
+from harness.run_cache import ledger_entries  # noqa: E402
 
 
-def _timed(command: list[str], env=None, cwd=None, ok=(0,)) -> float:
-    """Wall time of ``command``; a suite with failing tests (exit 1) still has a time."""
-    start = time.monotonic()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measured(command: list[str], env=None, cwd=None, ok=(0,)) -> tuple[float, float]:
+    """(wall s, CPU s of its whole process tree) of ``command``; a suite with failing tests
+    (exit 1) still has a time."""
+    cpu, start = _children_cpu(), time.monotonic()
     done = subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     elapsed = time.monotonic() - start
     if done.returncode not in ok:
         raise SystemExit(f"command failed ({done.returncode}): {' '.join(command)}")
-    return elapsed
+    return elapsed, _children_cpu() - cpu
+
+
+def _timed(command: list[str], env=None, cwd=None, ok=(0,)) -> float:
+    return _measured(command, env, cwd, ok)[0]
+
+
+def _line(label: str, runs: list[tuple[float, float]]) -> str:
+    walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+    return (f"{label}: wall {[f'{w:.0f}' for w in walls]} s (median {statistics.median(walls):.0f}), "
+            f"CPU {[f'{c:.0f}' for c in cpus]} s (median {statistics.median(cpus):.0f})")
+
+
+def _ratio(label: str, ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> str:
+    med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
+    return (f"ratio of medians ({label}): wall {med(ours, 0) / med(theirs, 0):.3f}, "
+            f"CPU {med(ours, 1) / med(theirs, 1):.3f}")
 
 
 def overhead(repeats: int, backend: str, steps: int) -> None:
@@ -67,8 +98,7 @@ def suite(extra: list[str], against: str | None = None, repeats: int = 1) -> Non
     and its ranks get the worktree's root on PYTHONPATH)."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     if against is None:
-        times = [_timed(command, cwd=REPO, ok=(0, 1)) for _ in range(repeats)]
-        print(f"default CPU suite: {[f'{t:.0f}' for t in times]} s, median {statistics.median(times):.0f} s")
+        print(_line("default CPU suite", [_measured(command, cwd=REPO, ok=(0, 1)) for _ in range(repeats)]))
         return
     theirs, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,15 +107,28 @@ def suite(extra: list[str], against: str | None = None, repeats: int = 1) -> Non
                        check=True, stdout=subprocess.DEVNULL)
         try:
             for _ in range(repeats):
-                theirs.append(_timed(command, cwd=other, ok=(0, 1)))
-                ours.append(_timed(command, cwd=REPO, ok=(0, 1)))
+                theirs.append(_measured(command, cwd=other, ok=(0, 1)))
+                print(_line(f"  {against}", theirs[-1:]), flush=True)
+                ours.append(_measured(command, cwd=REPO, ok=(0, 1)))
+                print(_line("  here", ours[-1:]), flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)],
                            check=False)
-    t, o = statistics.median(theirs), statistics.median(ours)
-    print(f"default CPU suite at {against}: {[f'{x:.0f}' for x in theirs]} s, median {t:.0f} s")
-    print(f"default CPU suite here: {[f'{x:.0f}' for x in ours]} s, median {o:.0f} s")
-    print(f"ratio of medians (here / {against}): {o / t:.3f}")
+    print(_line(f"default CPU suite at {against}", theirs))
+    print(_line("default CPU suite here", ours))
+    print(_ratio(f"here / {against}", ours, theirs))
+
+
+def threads(paths: list[str], counts: list[int], repeats: int) -> None:
+    """A selection in one process at each intra-op thread count (``OMP_NUM_THREADS``),
+    alternating: what a pytest-xdist worker's share of the cores costs and gains (conftest.py)."""
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *paths]
+    runs: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+    for _ in range(repeats):
+        for n in counts:
+            runs[n].append(_measured(base, env=dict(os.environ, OMP_NUM_THREADS=str(n)), cwd=REPO))
+    for n in counts:
+        print(_line(f"{n} thread(s)", runs[n]))
 
 
 def xdist(paths: list[str], workers: int) -> None:
@@ -93,6 +136,25 @@ def xdist(paths: list[str], workers: int) -> None:
     serial = _timed(base + ["-n", "0"], cwd=REPO)
     parallel = _timed(base + ["-n", str(workers)], cwd=REPO)
     print(f"serial {serial:.0f} s, -n {workers} {parallel:.0f} s, gain x{serial / parallel:.2f}")
+
+
+def launches(basetemp: Path) -> None:
+    """Every run a pytest session launched (its run cache ledger, harness/run_cache.py): CPU and
+    wall seconds of each launch's process tree, the worker that launched it, and how many
+    times each distinct RunSpec launched."""
+    from collections import Counter
+
+    entries = ledger_entries(basetemp)
+    if not entries:
+        raise SystemExit(f"no launch ledger under {basetemp} (run pytest with --basetemp={basetemp})")
+    counts = Counter(e["run"] for e in entries)
+    for e in sorted(entries, key=lambda e: -e.get("cpu_s", 0)):
+        print(f"{e.get('cpu_s', float('nan')):7.1f} CPU s {e.get('wall_s', float('nan')):7.1f} wall s "
+              f"{e.get('worker') or '-':4} x{counts[e['run']]} {e['run']}")
+    print(f"{len(entries)} launches of {len(counts)} distinct RunSpecs; "
+          f"{sum(e.get('cpu_s', 0) for e in entries):.0f} CPU s, "
+          f"{sum(e.get('wall_s', 0) for e in entries):.0f} wall s; by worker: "
+          f"{dict(Counter(e.get('worker') or '-' for e in entries))}")
 
 
 def main() -> None:
@@ -110,11 +172,21 @@ def main() -> None:
     x = sub.add_parser("xdist")
     x.add_argument("--paths", nargs="+", default=["tests"])
     x.add_argument("--workers", type=int, default=2)
+    t = sub.add_parser("threads")
+    t.add_argument("--paths", nargs="+", default=["tests/parity/test_forward_parity.py"])
+    t.add_argument("--counts", nargs="+", type=int, default=[2, 1])
+    t.add_argument("--repeats", type=int, default=2)
+    ln = sub.add_parser("launches")
+    ln.add_argument("--basetemp", type=Path, required=True)
     args = parser.parse_args()
     if args.what == "overhead":
         overhead(args.repeats, args.backend, args.steps)
     elif args.what == "suite":
         suite(args.extra, args.against, args.repeats)
+    elif args.what == "launches":
+        launches(args.basetemp)
+    elif args.what == "threads":
+        threads(args.paths, args.counts, args.repeats)
     else:
         xdist(args.paths, args.workers)
 

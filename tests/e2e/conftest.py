@@ -12,6 +12,7 @@ import pytest
 from harness.assets_twin import DENSE_ASSETS, build_twin
 from harness.devices import TIER_MARKERS
 from harness.launch import remove_checkpoints
+from harness.run_cache import shared_folder
 from harness.run_matrix import SubjectCase, cases
 
 REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
@@ -82,16 +83,19 @@ def full_size_assets(pytestconfig) -> Path:
     return Path(root)
 
 
+# Both folders go into the RunSpecs of the full-size runs, so they are the session's, not a
+# worker's (harness/run_cache.py shared_folder): per-worker copies made each worker that reads a
+# full-size run launch it again (found by the random-order sweep: 19 launches for 16 runs).
 @pytest.fixture(scope="session")
 def assets_twin(tmp_path_factory) -> Path:
-    """The full-size assets tree of the tiny fixtures (harness/assets_twin.py)."""
-    return build_twin(tmp_path_factory.mktemp("assets_twin"))
+    """The full-size assets tree of the tiny fixtures (harness/assets_twin.py), one per session."""
+    return shared_folder(tmp_path_factory, "assets_twin", build_twin)
 
 
 @pytest.fixture(scope="session")
 def derived_assets_root(tmp_path_factory) -> Path:
     """Where assets folders the harness derives (the MoE's own) are built, once per session."""
-    return tmp_path_factory.mktemp("derived_assets")
+    return shared_folder(tmp_path_factory, "derived_assets", lambda path: path.mkdir())
 
 
 def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
@@ -109,11 +113,14 @@ def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_pa
 
 @pytest.fixture(scope="session")
 def launched_run(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
-    """The run of ``run_case``, launched once per session on its device. A full-size run's
-    checkpoint is removed once its checks are done (``HARNESS_KEEP_CHECKPOINTS=1`` keeps it)."""
+    """The run of ``run_case``, launched once per session on its device. A real full-size run's
+    checkpoint is removed once its checks are done (``HARNESS_KEEP_CHECKPOINTS=1`` keeps it). The
+    twin's (a few MB) is kept: its run is shared by every xdist worker, and a worker done with
+    its share of the checks would remove what another worker's checks still read."""
     run = _launch(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory)
     yield run
-    if getattr(run_case, "size", "") == "full" and not os.environ.get(KEEP_CHECKPOINTS_ENV):
+    real_full_size = getattr(run_case, "size", "") == "full" and not getattr(run_case, "twin", False)
+    if real_full_size and not os.environ.get(KEEP_CHECKPOINTS_ENV):
         remove_checkpoints(run.run_dir)
 
 

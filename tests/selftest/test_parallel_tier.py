@@ -3,22 +3,30 @@
 Specification:
 - a CPU-only selection gets two workers; an accelerator tier (``-m neuron``/``-m cuda``, or
   ``--device neuron|cuda``) and a single core get none (one process);
+- each worker's torch, and every process its tests start, gets the worker's share of the
+  cores as intra-op threads (one each on two cores), so the workers and the launched ranks do
+  not oversubscribe the machine; a single process keeps torch's default;
 - each distinct RunSpec launches once per session, however many tests on however many
   workers read it: a real ``-n 2`` session of four tests needing one run, spread over both
   workers, launches it once (run folders counted on disk, not from the cache's own ledger);
-- the session fails, naming the run, when a run was launched twice (the ledger).
+- the session fails, naming the run, when a run was launched twice (the ledger), also as two
+  specs that differ only in a worker's own temporary folder (an input each worker built for
+  itself); inputs that go into a spec are built once per session, where every worker finds them.
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from harness import paths
-from harness.devices import xdist_workers
-from harness.run_cache import LEDGER, repeated_launches
+from harness.devices import THREADS_ENV, worker_threads, xdist_workers
+from harness.launch import RunSpec
+from harness.run_cache import LEDGER, repeated_launches, shared_folder, spec_key
 
 
 @pytest.mark.parametrize(("device", "markexpr", "cpus", "workers"), [
@@ -33,6 +41,23 @@ from harness.run_cache import LEDGER, repeated_launches
 ])
 def test_workers_for_a_selection(device, markexpr, cpus, workers):
     assert xdist_workers(device, markexpr, cpus) == workers
+
+
+@pytest.mark.parametrize(("workers", "cpus", "threads"), [
+    (2, 2, 1), (2, 16, 8), (2, 3, 1), (2, None, 1), (0, 2, None), (0, 128, None),
+])
+def test_threads_of_a_worker(workers, cpus, threads):
+    assert worker_threads(workers, cpus) == threads
+
+
+def test_this_process_has_its_share_of_the_cores():
+    """This very session, under xdist: torch and the environment children inherit hold the
+    worker's share of the cores."""
+    share = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
+    if share is None:
+        pytest.skip("one process (-n 0): torch keeps its default threads")
+    assert torch.get_num_threads() == share
+    assert os.environ.get(THREADS_ENV) == str(share)
 
 
 # Slow tier: a pytest session of its own with two workers and one launch (~1 min on 2 cores).
@@ -57,3 +82,40 @@ def test_a_run_launched_twice_is_found(tmp_path):
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / LEDGER).write_text("".join(json.dumps({"run": r}) + "\n" for r in runs))
     assert repeated_launches(tmp_path) == {"a-1": 2, "c-3": 2}
+
+
+def _twin_spec(root: str) -> RunSpec:
+    return RunSpec("titan_native", size="full", init="pretrained", hf_assets_path=f"{root}/Qwen3-4B")
+
+
+def test_specs_that_differ_only_in_a_workers_folder_are_one_run(tmp_path):
+    gw0, gw1 = _twin_spec("/tmp/s/popen-gw0/assets_twin0"), _twin_spec("/tmp/s/popen-gw1/assets_twin0")
+    assert gw0 != gw1 and spec_key(gw0) == spec_key(gw1)
+    assert spec_key(gw0) != spec_key(_twin_spec("/tmp/s/assets_twin"))
+    (tmp_path / "cpu_runs").mkdir()
+    (tmp_path / "cpu_runs" / LEDGER).write_text("".join(
+        json.dumps({"run": run, "key": spec_key(spec)}) + "\n"
+        for run, spec in (("twin-0a", gw0), ("twin-1b", gw1), ("other-2c", _twin_spec("/x")))))
+    assert repeated_launches(tmp_path) == {"twin-0a = twin-1b": 2}
+
+
+class _Factory:  # what shared_folder reads of pytest's TempPathFactory
+    def __init__(self, base):
+        self.base = base
+
+    def getbasetemp(self):
+        return self.base
+
+
+def test_an_input_built_for_the_session_is_one_folder_for_every_worker(tmp_path, monkeypatch):
+    built = []
+
+    def build(path):
+        built.append(path)
+        path.mkdir()
+
+    folders = []
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        folders.append(shared_folder(_Factory(tmp_path / f"popen-{worker}"), "assets_twin", build))
+    assert folders == [tmp_path / "assets_twin"] * 2 and built == [tmp_path / "assets_twin"]
