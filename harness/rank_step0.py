@@ -40,7 +40,7 @@ SAMPLES = 4  # fixed flat indices per shard: 0, n/4, n/2, 3n/4
 CHECKPOINT_WRAPPER = "_checkpoint_wrapped_module."  # activation checkpointing's, not in names users know
 
 
-def _rank() -> int:
+def rank_of_process() -> int:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -48,7 +48,8 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _plain(t):
+def plain(t):
+    """A detached, whole (gathered), plain CPU copy of ``t`` (a DTensor or a tensor)."""
     import torch
 
     t = t.detach()
@@ -105,8 +106,8 @@ def _write_fingerprints(trainer) -> None:
     import torch.distributed as dist
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    (folder / SHARD_FILE.format(rank=_rank())).write_text(json.dumps(
-        {"rank": _rank(), "world": world, "step": int(trainer.step), "params": params}, indent=0))
+    (folder / SHARD_FILE.format(rank=rank_of_process())).write_text(json.dumps(
+        {"rank": rank_of_process(), "world": world, "step": int(trainer.step), "params": params}, indent=0))
 
 
 def read_fingerprints(run_dir: Path) -> dict[int, dict] | None:
@@ -158,7 +159,7 @@ def _dump_initial(trainer) -> None:
     import torch
 
     folder = Path(trainer.config.dump_folder) / INITIAL
-    rank = _rank()
+    rank = rank_of_process()
     model = trainer.model_parts[0]
     named = list(model.state_dict().items())
     if sum(t.numel() for _, t in named) > MAX_PARAMS:
@@ -191,13 +192,13 @@ def _dump_batch(trainer, input_dict, labels, processed) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     positions, model_positions = input_dict.get("positions"), extra.get("positions")
     torch.save({
-        "input": _plain(input_dict["input"]),
-        "positions": None if positions is None else _plain(positions),
-        "labels": _plain(labels),
-        "model_input": _plain(inputs),
-        "model_labels": _plain(model_labels),
-        "model_positions": None if model_positions is None else _plain(model_positions),
-    }, folder / STEP1_BATCH.format(rank=_rank()))
+        "input": plain(input_dict["input"]),
+        "positions": None if positions is None else plain(positions),
+        "labels": plain(labels),
+        "model_input": plain(inputs),
+        "model_labels": plain(model_labels),
+        "model_positions": None if model_positions is None else plain(model_positions),
+    }, folder / STEP1_BATCH.format(rank=rank_of_process()))
 
 
 # ------------------------------------------------------------------ the hook

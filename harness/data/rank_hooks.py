@@ -31,26 +31,13 @@ from pathlib import Path
 import torch
 
 from harness import titan_api
+from harness.rank_step0 import plain as _plain, rank_of_process as _rank
 
 DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
 
 
-def _rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _plain(t):
-    t = t.detach()
-    t = t.full_tensor() if hasattr(t, "full_tensor") else t
-    if type(t) is not torch.Tensor:
-        t = t.as_subclass(torch.Tensor)
-    return t.cpu().clone()
 
 
 def _state_of(model) -> dict:
