@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 import pytest
 
 from harness import paths
@@ -237,3 +239,44 @@ def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk
     said = Diagnosis(explained_by="hf_v5-tied-embedding-init-scale").lines()
     assert said == ["diagnosis: the step-1 loss is known issue hf_v5-tied-embedding-init-scale's "
                     "recorded signature here, so no module walk was run"]
+
+
+def _recorded(built):
+    """Every module output, output gradient and HF parameter gradient of the model under test
+    on the run's first batch, as the diagnosis records them."""
+    from harness.diagnosis import localize
+    from harness.diagnosis.trace import trace_names
+
+    modules = localize.native_modules(built.module, [n for n, _ in trace_names(built.arch)])
+    under_test = built.under_test or localize.WholeModel(built.run, built.model_grads)
+    outputs, logits = under_test.record(modules, True)
+    out_grads, param_grads = under_test.backward(built.labels, modules)
+    flat = {f"{k}[{i}]": t for k, ts in outputs.items() for i, t in enumerate(ts)}
+    flat |= {f"∇ {k}[{i}]": t for k, slots in out_grads.items() for i, t in slots.items()}
+    flat |= {f"∇ {k}": t for k, t in param_grads.items()}
+    return flat, under_test
+
+
+@pytest.mark.parametrize("build", [DENSE, MOE], ids=["titan_native", "nki_moe"])
+def test_the_streamed_model_computes_bitwise_what_the_whole_model_computes(build, tmp_path):
+    """One unit in memory at a time (meta build, per-unit load through the trainer's adapter,
+    per-unit recomputed backward) gives the whole model's outputs and gradients, bit for bit,
+    and never holds more than its largest unit's parameters."""
+    from harness.diagnosis import subject
+
+    backend, attention, model_dir, regime = build
+    recorded = {}
+    for stream in (False, True):
+        built, stack = subject.build(backend, attention, model_dir, model_dir, tmp_path, 2,
+                                     regime=regime, stream=stream)
+        with stack:
+            recorded[stream] = _recorded(built)
+    (whole, _), (streamed, runner) = recorded[False], recorded[True]
+    assert sorted(streamed) == sorted(whole), (sorted(set(streamed) - set(whole)), sorted(set(whole) - set(streamed)))
+    assert len(whole) > 40  # outputs and gradients of every module, not an empty record
+    differ = {k: (whole[k] - streamed[k]).abs().max().item() for k in whole
+              if not torch.equal(whole[k], streamed[k].reshape(whole[k].shape))}
+    assert differ == {}, differ
+    memory = runner.memory()
+    assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
+    assert memory["largest_unit_parameter_bytes"] < memory["model_parameter_bytes"] / 2, memory
