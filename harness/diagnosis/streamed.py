@@ -179,3 +179,123 @@ class StreamedNative:
 def known_gaps_report(model: nn.Module, adapter):
     """What ``native_keys_not_loaded_kinds`` reads (a load report), from ``load_gaps``."""
     return SimpleNamespace(load_report=SimpleNamespace(native_keys_not_loaded=load_gaps(model, adapter)))
+
+
+def hf_backend_on_meta(model_dir: Path, configure=None):
+    """torchtitan's transformers-backend model on the meta device, as the trainer builds it
+    (the config and patches of harness/parity/models.py ``build_hf_backend``)."""
+    from torchtitan.tools.utils import set_default_dtype
+
+    from harness.parity.models import hf_backend_config, transformers_backend_patches_restored
+
+    config, _api = hf_backend_config(model_dir, configure)
+    with transformers_backend_patches_restored():
+        with torch.device("meta"), set_default_dtype(torch.float32):
+            model = config.build()
+    model.eval()
+    return model
+
+
+class StreamedHF:
+    """torchtitan's transformers backend (hf_v5), streamed one unit at a time.
+
+    The forward is the model's own (``HFTransformerModel.forward`` -> transformers'
+    ``Qwen3Model.forward``: its masks, positions and RoPE): a pre-hook on each unit
+    materialises and loads it and keeps its inputs, a hook frees it. The rotary embedding
+    (no parameters) stays materialised, its ``inv_freq`` recomputed (``rope_init``, the
+    ``hf_rope_init`` workaround's code: the run's own table was uninitialised memory). The
+    weights are read by the HF model's own parameter names, which are the checkpoint's."""
+
+    def __init__(self, model: nn.Module, weights: WeightSource, batch, *, rope_init,
+                 device: str = "cpu") -> None:
+        self.model, self.weights, self.device = model, weights, device
+        self.walk = model_units(model, "hf")
+        self.inputs = batch.inputs.to(device)
+        self.positions = batch.positions.to(device)
+        self.saved: dict[str, tuple] = {}  # each unit's (args, kwargs), kept for the backward
+        self.prefix = {name: self._prefix(name) for name, _ in self.walk.units}
+        rotary = self.walk.module["rotary_emb"]
+        materialise(rotary, device)
+        rope_init(rotary)
+        self.peak_parameter_bytes = 0
+        self.largest_unit_bytes = max(parameter_bytes(u) for _, u in self.walk.units)
+        self.model_parameter_bytes = sum(parameter_bytes(u) for _, u in self.walk.units) - (
+            parameter_bytes(model.model.lm_head) if self.walk.tied else 0)
+
+    def _prefix(self, name: str) -> str:
+        return "lm_head." if name == "lm_head" else f"model.{name}."
+
+    def load(self, name: str, unit: nn.Module) -> None:
+        materialise(unit, self.device)
+        state = {}
+        for key, _p in unit.named_parameters():
+            hf = self.prefix[name] + key
+            if hf not in self.weights.keys() and self.walk.tied and hf == "lm_head.weight":
+                hf = EMBED
+            if hf not in self.weights.keys():
+                from harness.diagnosis.subject import NotDiagnosable
+
+                raise NotDiagnosable(f"{hf}: the streamed transformers backend reads weights by "
+                                     f"the HF model's names, and the checkpoint has no such tensor")
+            state[key] = self.weights[hf]
+        with torch.no_grad():
+            unit.load_state_dict(state, strict=False)
+        self.peak_parameter_bytes = max(self.peak_parameter_bytes, live_parameter_bytes(self.model))
+
+    def forward(self) -> torch.Tensor:
+        handles = []
+        for name, unit in self.walk.units:
+            if name == "rotary_emb":
+                continue
+
+            def before(mod, args, kwargs, name=name):
+                self.load(name, mod)
+                self.saved[name] = (args, kwargs)
+
+            handles.append(unit.register_forward_pre_hook(before, with_kwargs=True))
+            handles.append(unit.register_forward_hook(lambda mod, _i, _o: free(mod)))
+        try:
+            return self.model(self.inputs, positions=self.positions)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def record(self, modules, grads: bool):
+        from harness.diagnosis.localize import capture
+
+        got, _, logits = capture(modules, self.forward, grads=False)
+        return got, logits
+
+    def backward(self, labels, modules) -> tuple[dict, dict]:
+        from harness.diagnosis.localize import capture, run_loss
+
+        out_grads: dict = {}
+        hf_grads: dict[str, torch.Tensor] = {}
+        grad = None
+        for name, unit in reversed(self.walk.units):
+            if name == "rotary_emb":
+                continue
+            self.load(name, unit)
+            args, kwargs = self.saved[name]
+            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+            x = x.detach().requires_grad_(True) if x.is_floating_point() else x
+            args = (x, *args[1:]) if args else args
+            _, grads, out = capture(modules, lambda: unit(*args, **kwargs), grads=True)
+            out = out[0] if isinstance(out, tuple) else out
+            with torch.enable_grad():
+                (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
+            for key, slots in grads.items():
+                out_grads.setdefault(key, {}).update(slots)
+            grad = x.grad if x.is_floating_point() else None
+            for key, p in unit.named_parameters():
+                hf = self.prefix[name] + key
+                hf = EMBED if self.walk.tied and hf == "lm_head.weight" else hf
+                g = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                hf_grads[hf] = hf_grads[hf] + g if hf in hf_grads else g
+            free(unit)
+        return out_grads, hf_grads
+
+    def memory(self) -> dict:
+        return {"peak_live_parameter_bytes": self.peak_parameter_bytes,
+                "largest_unit_parameter_bytes": self.largest_unit_bytes,
+                "model_parameter_bytes": self.model_parameter_bytes}

@@ -92,6 +92,11 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
             subject = _streamed_native(backend, attention, Path(source), model_dir, batch, device,
                                        regime, gradients, weights_from, batch_from)
             return subject, stack
+        if stream:
+            subject = _streamed_transformers_backend(Path(source), tuple(workarounds), model_dir,
+                                                     batch, device, regime, gradients,
+                                                     weights_from, batch_from)
+            return subject, stack
         if native:
             from harness.parity.models import build_native
 
@@ -168,22 +173,34 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
     known defects that the run did not work around are named; the mask one is compared like for
     like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
     it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
-    from harness import known_issues, titan_api
     from harness import workarounds as W
     from harness.diagnosis.localize import hf_modules
     from harness.parity.models import build_hf_backend
 
-    api = titan_api.transformers_backend()
     applied = set(workarounds)
     parity = build_hf_backend(source, configure=W.hf_backend_configure(applied))
     W.hf_backend_after_init(parity, applied)
+    if "hf_rope_init" not in applied:
+        W.hf_rope_init(parity.module)
+    known, mask = _hf_known_issues(applied)
+    parity.module.train(False)
+    return parity, known, hf_modules(parity.module.model, parity.arch), mask
+
+
+def _hf_known_issues(applied: set[str]) -> tuple[list[str], str]:
+    """(the transformers backend's known defects the run did not work around, by name; the
+    mask its model applies). The uninitialised RoPE is recomputed after it is named, since the
+    run's RoPE table is whatever memory held and cannot be rebuilt; the mask one is compared
+    like for like (the reference masked as the run masked)."""
+    from harness import known_issues, titan_api
+
+    api = titan_api.transformers_backend()
     known = []
     if "hf_rope_init" not in applied:
-        fixed = W.hf_rope_init(parity.module)
         issue = known_issues.issue("hf_v5-rope-inv-freq-uninitialised")
         known.append(f"known issue {issue.name}: the run did not apply hf_rope_init, so its RoPE "
-                     f"inv_freq was uninitialised memory; the diagnosis recomputed it "
-                     f"({fixed} module(s)) to look past it")
+                     f"inv_freq was uninitialised memory; the diagnosis recomputed it to look "
+                     f"past it")
     block = "hf_block_causal" in applied and api.block_causal
     mask = "document" if block else api.masking
     if mask != "document":
@@ -192,8 +209,36 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
         issue = known_issues.issue(name)
         known.append(f"known issue {issue.name}: the run's model masks {mask.replace('_', '-')} "
                      f"across packed documents; compared with the reference masked the same way")
-    parity.module.train(False)
-    return parity, known, hf_modules(parity.module.model, parity.arch), mask
+    return known, mask
+
+
+def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], model_dir: Path,
+                                   batch, device: str, regime: str, gradients: bool,
+                                   weights_from: str, batch_from: str) -> Subject:
+    """torchtitan's transformers backend on the meta device, built as the run built it (its
+    config-level workarounds), streamed one unit at a time through its own forward
+    (harness/diagnosis/streamed.py)."""
+    from harness import workarounds as W
+    from harness.diagnosis import streamed
+    from harness.diagnosis.localize import hf_modules
+    from harness.hf_config import Qwen3Arch
+    from harness.upstream.hf_rope_init import _recompute_inv_freq
+
+    applied = set(workarounds)
+    model = streamed.hf_backend_on_meta(source, configure=W.hf_backend_configure(applied))
+    weights = WeightSource(source)
+
+    def rope_init(rotary):
+        with torch.no_grad():
+            _recompute_inv_freq(rotary)
+
+    runner = streamed.StreamedHF(model, weights, batch, rope_init=rope_init, device=device)
+    known, mask = _hf_known_issues(applied)
+    seen, ref_mask = reference_form(batch, mask)
+    arch = Qwen3Arch.from_dir(model_dir)
+    return Subject(model, None, weights, arch, seen.inputs, seen.positions, ref_mask, regime,
+                   weights_from, batch_from, known, hf_modules(model.model, arch),
+                   batch.labels if gradients else None, None, runner)
 
 
 def known_load_gap_issues(kinds) -> list[str]:
