@@ -245,6 +245,10 @@ def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
 
         if _native_attention(model.config) == "sdpa":
             return positions, None
+    if not hasattr(model, "get_attention_masks"):
+        # spring's HFTransformerModel builds no mask (its forward passes none: transformers'
+        # Qwen3Model makes its own causal one from the inputs)
+        return positions, None
     return positions, model.get_attention_masks(positions)
 
 

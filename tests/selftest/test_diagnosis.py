@@ -4,6 +4,9 @@ Specification:
 - the run's model (built as the trainer builds it, with the run's plants) is compared module by
   module with the float64 reference trace on the run's first batch and starting weights; the
   first module beyond the diagnosis tolerance is named, and no earlier one;
+- that model is built on the meta device and run one unit at a time, at every size (so these
+  tests walk the path a full-size run walks): it computes what the whole model computes, and
+  never holds more than its largest unit's parameters;
 - shown on defects the diagnosis was not written for, each acting in one place: a q/k-norm
   swap in layer 1 only, a RoPE theta change, two experts swapped in one MoE layer, the final
   RMSNorm's eps; a clean model has no divergent module;
@@ -62,6 +65,8 @@ def diagnose_in_process(build, plants=(), tmp_path=None, workarounds=()):
         "weights_dir": str(model_dir), "run_dir": str(tmp_path), "nproc": 2, "device": "cpu",
         "plants": list(plants), "regime": regime, "workarounds": list(workarounds)})
     assert result["not_diagnosed"] is None, result
+    memory = result["divergence"]["streamed"]  # the model under test, one unit at a time
+    assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
     return result["divergence"]
 
 
