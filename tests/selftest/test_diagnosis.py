@@ -248,12 +248,11 @@ def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk
 
 # Measured, streamed vs whole model, on CPU: every forward output of all three backends in
 # both generations, and every gradient of titan_native and hf_v5 in both and of nki_moe on
-# v0_3, is bitwise equal. On spring2026's tiny MoE three gradients inside layer 0 (its ffn_norm
-# and attention output gradients, its o_proj weight gradient) differ by up to 8 ulps, though
-# the gradient layer 0 receives is bitwise equal: layer 0's backward runs on a gradient
-# materialised by the streamed walk instead of one flowing inside the whole graph, which can
-# take another kernel path or summation order (not pinned down further). The bound is that
-# measurement, nothing looser.
+# v0_3, is bitwise equal. On spring2026's tiny MoE, up to three gradients inside layer 0 (its
+# ffn_norm and attention output gradients, its o_proj weight gradient) differ by 0 to 8 ulps,
+# varying from run to run, though the gradient layer 0 receives is bitwise equal: spring's MoE
+# backward is not bitwise reproducible on CPU here (cause not pinned down further). The bound
+# is the largest measured, nothing looser.
 STREAMED_GRADIENT_ULPS = 8
 
 
