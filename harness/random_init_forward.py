@@ -160,29 +160,13 @@ class Streamer:
     def __init__(self, model, kind: str) -> None:
         import torch
 
+        from harness.unit_walk import model_units
+
         self.torch = torch
         self.model = model
         self.kind = kind
-        if kind == "native":
-            children = [n for n, _ in model.named_children()]
-            if children != ["tok_embeddings", "layers", "norm", "lm_head"]:
-                raise AssertionError(f"native Decoder children changed: {children}")
-            self.layers = [(f"layers.{k}", m) for k, m in model.layers.items()]
-            self.units = [("tok_embeddings", model.tok_embeddings), *self.layers,
-                          ("norm", model.norm), ("lm_head", model.lm_head)]
-            self.tied = bool(model.enable_weight_tying)
-        else:
-            hf = model.model  # Qwen3ForCausalLM inside HFTransformerModel
-            inner = hf.model
-            children = [n for n, _ in inner.named_children()]
-            if children != ["embed_tokens", "layers", "norm", "rotary_emb"]:
-                raise AssertionError(f"HF Qwen3Model children changed: {children}")
-            self.layers = [(f"layers.{k}", inner.layers[k])
-                           for k in sorted(inner.layers.keys(), key=int)]
-            self.units = [("embed_tokens", inner.embed_tokens), *self.layers,
-                          ("norm", inner.norm), ("rotary_emb", inner.rotary_emb),
-                          ("lm_head", hf.lm_head)]
-            self.tied = bool(hf.config.tie_word_embeddings)
+        walk = model_units(model, kind)  # the one unit walk (harness/unit_walk.py)
+        self.units, self.layers, self.tied = walk.units, walk.layers, walk.tied
         self.module = dict(self.units)
         self.initialised_params = 0
 
@@ -208,8 +192,10 @@ class Streamer:
 
     def materialise(self, name: str) -> None:
         torch = self.torch
+        from harness.unit_walk import materialise
+
         unit = self.module[name]
-        unit.to_empty(device="cpu")
+        materialise(unit, "cpu")
         with torch.no_grad():
             for p in unit.parameters():
                 p.fill_(float("nan"))
@@ -229,7 +215,9 @@ class Streamer:
                 hf.tie_weights()  # what HFTransformerModel.init_states ends with
 
     def free(self, name: str) -> None:
-        self.module[name].to(device="meta")
+        from harness.unit_walk import free
+
+        free(self.module[name])
 
     def check_initialised(self, name: str) -> None:
         torch = self.torch
@@ -257,6 +245,10 @@ def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
 
         if _native_attention(model.config) == "sdpa":
             return positions, None
+    if not hasattr(model, "get_attention_masks"):
+        # spring's HFTransformerModel builds no mask (its forward passes none: transformers'
+        # Qwen3Model makes its own causal one from the inputs)
+        return positions, None
     return positions, model.get_attention_masks(positions)
 
 
@@ -325,6 +317,7 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
     """Stream-initialise and run the model of case ``name``; return its loss statistics."""
     import torch
     from harness.backends.common import SEED
+    from harness.unit_walk import run_layer
 
     timings = {}
     start = time.monotonic()
@@ -394,11 +387,7 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
             keep(unit_name)
             s.cast(unit_name, dtype)
             t1 = time.monotonic()
-            if kind == "native":
-                h = layer(h, masks, positions)
-            else:
-                h = layer(h, attention_mask=masks, position_embeddings=position_embeddings,
-                          position_ids=positions)
+            h = run_layer(kind, layer, h, masks, positions, position_embeddings)
             s.free(unit_name)
             layer_init_s += t1 - t0
             layer_fwd_s += time.monotonic() - t1

@@ -198,17 +198,38 @@ def _compare(name: str, got: list[torch.Tensor], want, regime: str) -> TensorDif
     return bad[0] if bad else max(diffs, key=lambda d: d.max_abs)
 
 
-def first_divergence(module: nn.Module, run, weights: reference_trace.WeightSource,
+class WholeModel:
+    """The model under test held whole: one forward under ``capture``'s hooks, then the run's
+    loss backwarded through it. ``run()``: its logits on the batch; ``model_grads()``: its
+    parameter gradients under HF names."""
+
+    def __init__(self, run, model_grads=None) -> None:
+        self.run, self.model_grads = run, model_grads
+
+    def record(self, modules, grads: bool):
+        got, self.out_grads, self.logits = capture(modules, self.run, grads=grads)
+        return got, self.logits
+
+    def backward(self, labels, modules):
+        run_loss(self.logits, labels).backward()
+        return self.out_grads, self.model_grads()
+
+
+def first_divergence(module: nn.Module | None, run, weights: reference_trace.WeightSource,
                      arch: Qwen3Arch, inputs: torch.Tensor, positions: torch.Tensor, *,
                      mask: str = "document", regime: str = "float32", modules=None,
-                     labels: torch.Tensor | None = None, model_grads=None) -> Divergence:
+                     labels: torch.Tensor | None = None, model_grads=None,
+                     under_test=None) -> Divergence:
     """``run()`` makes ``module`` (the model under test) do its forward on the batch whose
     reference form is (``inputs``, ``positions``, ``mask``) and returns its logits; ``weights``
     are the weights it holds, under HF names. ``regime``: the diagnosis tolerance's precision
     regime. ``modules``: {trace name: (the model's name, its modules)} (default: looked up by
     torchtitan's native names). With ``labels`` (and ``model_grads()``: the model's parameter
     gradients under HF names), the run's loss is then backwarded through both and the
-    gradients are compared in backward order (``first_gradient_divergence``)."""
+    gradients are compared in backward order (``first_gradient_divergence``).
+    ``under_test``: how the model is run (``record(modules, grads)`` -> (outputs, logits),
+    ``backward(labels, modules)`` -> (output gradients, HF parameter gradients)); default
+    ``WholeModel(run, model_grads)``; harness/diagnosis/streamed.py streams it unit by unit."""
     expert_dtype = torch.bfloat16 if regime == "bf16_experts" else None
     grads = labels is not None
     leaves = reference_trace.Leaves(weights) if grads else weights
@@ -217,7 +238,8 @@ def first_divergence(module: nn.Module, run, weights: reference_trace.WeightSour
     names = [n for n, _ in reference_trace.trace_names(arch)]
     modules = modules if modules is not None else native_modules(module, names)
     own = {n: o for n, (o, _) in modules.items()}
-    got, got_grads, logits = capture(modules, run, grads=grads)
+    under_test = under_test if under_test is not None else WholeModel(run, model_grads)
+    got, logits = under_test.record(modules, grads)
     table, before, before_rel, compared = [], 0.0, 0.0, 0
     walked: list[tuple[str, object]] = []
     with torch.set_grad_enabled(grads):
@@ -233,7 +255,7 @@ def first_divergence(module: nn.Module, run, weights: reference_trace.WeightSour
                                   diff.note, compared, _how(regime), table)
             before, before_rel = max(before, diff.max_abs), max(before_rel, diff.rel)
     if grads:
-        return first_gradient_divergence(walked, leaves, logits, labels, got_grads, model_grads,
+        return first_gradient_divergence(walked, leaves, logits, labels, under_test, modules,
                                          own, regime, table, compared, (before, before_rel))
     return Divergence(None, 0.0, 0.0, 0.0, before, before_rel, "", compared, _how(regime), table)
 
@@ -255,7 +277,7 @@ def _output_tensors(want) -> list[torch.Tensor]:
     return [t for t in _tensors(want) if t.is_floating_point()]
 
 
-def first_gradient_divergence(walked, leaves, logits, labels, got_grads, model_grads,
+def first_gradient_divergence(walked, leaves, logits, labels, under_test, modules,
                               own: dict, regime: str, table: list[str], compared: int,
                               forward_before: tuple[float, float]) -> Divergence:
     """Backward order: for each module from ``lm_head`` back to ``tok_embeddings``, the
@@ -266,15 +288,15 @@ def first_gradient_divergence(walked, leaves, logits, labels, got_grads, model_g
     backward is wrong."""
     outputs = []
     for name, want in walked:
-        if name in got_grads:
+        if name in modules:
             for t in _output_tensors(want):
                 if t.requires_grad:
                     t.retain_grad()
             outputs.append((name, want))
     reference_logits = walked[-1][1]
     reference_trace.trace_backward(run_loss(reference_logits, labels))
-    run_loss(logits, labels).backward()
-    model_grads = model_grads()  # {HF name: gradient}, through the model's own name mapping
+    # {trace name: output gradients}, {HF name: gradient} through the model's own name mapping
+    got_grads, model_grads = under_test.backward(labels, modules)
     tol = diagnosis_tolerance("gradients", regime)
     ref_params = leaves.grads()
     by_module: dict[str, list[str]] = {}

@@ -1,8 +1,11 @@
 """What the diagnosis runs: the run's own model, starting weights and first batch.
 
-- the model: the backend's model built as the trainer builds it (harness/parity/models.py:
-  ``build_native``, with custom operators for ``nki_moe``), with the run's plants applied
-  while it is built and run, on the run's device;
+- the model: the backend's model built as the trainer builds it, with the run's plants applied
+  while it is built and run, on the run's device. torchtitan's native Qwen3 (titan_native,
+  nki_moe with its custom operators) is built on the meta device and streamed one unit at a
+  time at every size (harness/diagnosis/streamed.py), so one decoder layer's parameters are
+  all it ever holds; the transformers backend (hf_v5) is still built whole
+  (harness/parity/models.py ``build_hf_backend``);
 - the weights: the HF weights a pretrained run loads, or the step-0 weights the ranks of a
   random-init run dumped (harness/diagnosis/rank_dump.py);
 - the batch: rank 0's first batch as the ranks dumped it, else as torchtitan's own dataloader
@@ -46,6 +49,7 @@ class Subject:
     modules: dict | None = None  # {trace name: (model's name, modules)}; None: native names
     labels: torch.Tensor | None = None  # the batch's labels (the gradient comparison's loss)
     model_grads: object = None  # callable: the model's parameter gradients under HF names
+    under_test: object = None  # how it runs (harness/diagnosis/streamed.py); None: held whole
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
@@ -61,13 +65,15 @@ def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
 def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | None,
           run_dir: Path, nproc: int, device: str = "cpu", plants: tuple[str, ...] = (),
           regime: str = "float32", workarounds: tuple[str, ...] = (),
-          gradients: bool = True) -> tuple[Subject, contextlib.ExitStack]:
+          gradients: bool = True, stream: bool = True) -> tuple[Subject, contextlib.ExitStack]:
     """The run's model with the run's plants (and workarounds) in force (the returned stack
-    undoes the plants)."""
+    undoes the plants). ``stream``: a native model is streamed one unit at a time (the
+    diagnosis's only way; False builds it whole, for the test that the two agree)."""
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
     from harness.hf_config import Qwen3Arch
+    from harness.parity.compare import native_keys_not_loaded_kinds
     from harness.plants import planted
 
     stack = contextlib.ExitStack()
@@ -78,30 +84,73 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
         raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")
     try:
         source = weights_dir if weights_dir is not None else rank_dump.hf_weights_from_dump(dumped, model_dir)
-        if NATIVE_BUILDS[backend].get("transformers_backend"):
-            parity, known, modules, mask = _transformers_backend(Path(source), tuple(workarounds))
-        else:
+        batch, batch_from = _first_batch(run_dir, model_dir, nproc)
+        weights_from = (str(source) if weights_dir is not None
+                        else f"the ranks' step-0 weights ({dumped})")
+        native = not NATIVE_BUILDS[backend].get("transformers_backend")
+        if native and stream:
+            subject = _streamed_native(backend, attention, Path(source), model_dir, batch, device,
+                                       regime, gradients, weights_from, batch_from)
+            return subject, stack
+        if stream:
+            subject = _streamed_transformers_backend(Path(source), tuple(workarounds), model_dir,
+                                                     batch, device, regime, gradients,
+                                                     weights_from, batch_from)
+            return subject, stack
+        if native:
             from harness.parity.models import build_native
 
             parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
-            known, modules = complete_known_load_gaps(parity, Path(source)), None
+            kinds = native_keys_not_loaded_kinds(parity)
+            known, modules = known_load_gap_issues(kinds), None
+            if kinds:
+                _fill_experts(parity.module, WeightSource(source), kinds)
             # native sdpa: causal over the row at row positions; flex: per document
             mask = "row_causal" if attention == "sdpa" else "document"
+        else:
+            parity, known, modules, mask = _transformers_backend(Path(source), tuple(workarounds))
     except Exception:
         stack.close()
         raise
     model = parity.module.to(device)
-    batch, batch_from = _first_batch(run_dir, model_dir, nproc)
     device_batch = type(batch)(batch.inputs.to(device), batch.positions.to(device),
                                batch.labels.to(device))
     seen, ref_mask = reference_form(batch, mask)
     subject = Subject(model, lambda: parity.logits(device_batch), WeightSource(source),
                       Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, ref_mask,
-                      regime, str(source) if weights_dir is not None
-                      else f"the ranks' step-0 weights ({dumped})", batch_from, known, modules,
+                      regime, weights_from, batch_from, known, modules,
                       batch.labels if gradients else None,
                       (lambda: parity.hf_tensors("grad")) if gradients else None)
     return subject, stack
+
+
+def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path, batch,
+                     device: str, regime: str, gradients: bool, weights_from: str,
+                     batch_from: str) -> Subject:
+    """torchtitan's native Qwen3 on the meta device, streamed one unit at a time
+    (harness/diagnosis/streamed.py), at every size: the CPU tier's tiny runs walk the path the
+    full-size runs walk."""
+    from harness.diagnosis import streamed
+    from harness.hf_config import Qwen3Arch
+    from harness.parity.compare import native_keys_not_loaded_kinds
+
+    model, adapter = streamed.native_on_meta(source, custom_ops=NATIVE_BUILDS[backend]["custom_ops"],
+                                             attention=attention)
+    weights = WeightSource(source)
+    kinds = native_keys_not_loaded_kinds(streamed.known_gaps_report(model, adapter))
+    known = known_load_gap_issues(kinds)
+    fill = None
+    if kinds:
+        def fill(name, unit):
+            _fill_experts(unit, weights, kinds, prefix=name + ".")
+    runner = streamed.StreamedNative(model, adapter, weights, batch, device=device, fill=fill)
+    if known:
+        known = [line + " (streamed: filled as each layer is loaded)" for line in known]
+    # native sdpa: causal over the row at row positions; flex: per document
+    seen, ref_mask = reference_form(batch, "row_causal" if attention == "sdpa" else "document")
+    return Subject(model, None, weights, Qwen3Arch.from_dir(model_dir), seen.inputs,
+                   seen.positions, ref_mask, regime, weights_from, batch_from, known, None,
+                   batch.labels if gradients else None, None, runner)
 
 
 def reference_form(batch, mask: str):
@@ -124,22 +173,34 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
     known defects that the run did not work around are named; the mask one is compared like for
     like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
     it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
-    from harness import known_issues, titan_api
     from harness import workarounds as W
     from harness.diagnosis.localize import hf_modules
     from harness.parity.models import build_hf_backend
 
-    api = titan_api.transformers_backend()
     applied = set(workarounds)
     parity = build_hf_backend(source, configure=W.hf_backend_configure(applied))
     W.hf_backend_after_init(parity, applied)
+    if "hf_rope_init" not in applied:
+        W.hf_rope_init(parity.module)
+    known, mask = _hf_known_issues(applied)
+    parity.module.train(False)
+    return parity, known, hf_modules(parity.module.model, parity.arch), mask
+
+
+def _hf_known_issues(applied: set[str]) -> tuple[list[str], str]:
+    """(the transformers backend's known defects the run did not work around, by name; the
+    mask its model applies). The uninitialised RoPE is recomputed after it is named, since the
+    run's RoPE table is whatever memory held and cannot be rebuilt; the mask one is compared
+    like for like (the reference masked as the run masked)."""
+    from harness import known_issues, titan_api
+
+    api = titan_api.transformers_backend()
     known = []
     if "hf_rope_init" not in applied:
-        fixed = W.hf_rope_init(parity.module)
         issue = known_issues.issue("hf_v5-rope-inv-freq-uninitialised")
         known.append(f"known issue {issue.name}: the run did not apply hf_rope_init, so its RoPE "
-                     f"inv_freq was uninitialised memory; the diagnosis recomputed it "
-                     f"({fixed} module(s)) to look past it")
+                     f"inv_freq was uninitialised memory; the diagnosis recomputed it to look "
+                     f"past it")
     block = "hf_block_causal" in applied and api.block_causal
     mask = "document" if block else api.masking
     if mask != "document":
@@ -148,20 +209,47 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
         issue = known_issues.issue(name)
         known.append(f"known issue {issue.name}: the run's model masks {mask.replace('_', '-')} "
                      f"across packed documents; compared with the reference masked the same way")
-    parity.module.train(False)
-    return parity, known, hf_modules(parity.module.model, parity.arch), mask
+    return known, mask
 
 
-def complete_known_load_gaps(parity, source: Path) -> list[str]:
-    """The tensors the trainer's HF load left at their init, judged as the parity suite judges
-    them (``native_moe_parity``: harness/known_issues.py). A gap that is a known issue's
-    signature is named and filled from the checkpoint under the right names, so that the module
-    walk looks past it for a further defect; any other gap is an error (the diagnosis cannot say
-    which weights the model computes with). Returns one line per known issue."""
+def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], model_dir: Path,
+                                   batch, device: str, regime: str, gradients: bool,
+                                   weights_from: str, batch_from: str) -> Subject:
+    """torchtitan's transformers backend on the meta device, built as the run built it (its
+    config-level workarounds), streamed one unit at a time through its own forward
+    (harness/diagnosis/streamed.py)."""
+    from harness import workarounds as W
+    from harness.diagnosis import streamed
+    from harness.diagnosis.localize import hf_modules
+    from harness.hf_config import Qwen3Arch
+    from harness.upstream.hf_rope_init import _recompute_inv_freq
+
+    applied = set(workarounds)
+    model = streamed.hf_backend_on_meta(source, configure=W.hf_backend_configure(applied))
+    weights = WeightSource(source)
+
+    def rope_init(rotary):
+        with torch.no_grad():
+            _recompute_inv_freq(rotary)
+
+    runner = streamed.StreamedHF(model, weights, batch, rope_init=rope_init, device=device)
+    known, mask = _hf_known_issues(applied)
+    seen, ref_mask = reference_form(batch, mask)
+    arch = Qwen3Arch.from_dir(model_dir)
+    return Subject(model, None, weights, arch, seen.inputs, seen.positions, ref_mask, regime,
+                   weights_from, batch_from, known, hf_modules(model.model, arch),
+                   batch.labels if gradients else None, None, runner)
+
+
+def known_load_gap_issues(kinds) -> list[str]:
+    """The tensors (``kinds``: layer index dropped) the trainer's HF load leaves at their init,
+    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues.py). A
+    gap that is a known issue's signature is named, and is to be filled from the checkpoint
+    under the right names, so that the module walk looks past it for a further defect; any
+    other gap is an error (the diagnosis cannot say which weights the model computes with).
+    Returns one line per known issue."""
     from harness import known_issues, titan_api
-    from harness.parity.compare import native_keys_not_loaded_kinds
 
-    kinds = native_keys_not_loaded_kinds(parity)
     if not kinds:
         return []
     issues = [issue for issue in known_issues.ISSUES
@@ -173,21 +261,21 @@ def complete_known_load_gaps(parity, source: Path) -> list[str]:
         raise NotDiagnosable(f"the run's HF load left {list(kinds)} at their init, which no known "
                              f"issue records: fix the load (or record it in "
                              f"harness/known_issues.py) before a module walk can mean anything")
-    filled = _fill_experts(parity.module, WeightSource(source), kinds)
     return [f"known issue {issue.name}: the HF load left {', '.join(kinds)} at their init "
             f"(the run's step-1 loss shows it); the diagnosis loaded them from the checkpoint "
-            f"({filled} tensors) to look past it" for issue in issues]
+            f"to look past it" for issue in issues]
 
 
 _EXPERT_HF = {"w1_EFD": "gate_proj", "w3_EFD": "up_proj", "w2_EDF": "down_proj"}
 
 
-def _fill_experts(model, weights: WeightSource, kinds) -> int:
+def _fill_experts(model, weights: WeightSource, kinds, prefix: str = "") -> int:
     """Stack each layer's per-expert HF tensors into the native grouped experts' parameters
-    (``w1``/``w3``: [E, F, D] from gate/up_proj, ``w2``: [E, D, F] from down_proj)."""
+    (``w1``/``w3``: [E, F, D] from gate/up_proj, ``w2``: [E, D, F] from down_proj). ``model``:
+    the native model, or one of its units (``prefix``: its name and a dot, ``layers.1.``)."""
     filled = 0
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in model.named_parameters(prefix=prefix.rstrip(".")):
             kind = next((k for k in kinds if name.endswith(k)), None)
             leaf = name.rsplit(".", 1)[-1]
             if kind is None or leaf not in _EXPERT_HF:

@@ -21,6 +21,7 @@ modules whose outputs are the canonical activations (``embed``, ``layers.{i}.att
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from dataclasses import dataclass, field
@@ -439,6 +440,48 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
 # torchtitan transformers backend
 # --------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def transformers_backend_patches_restored():
+    """``HFTransformerModel.__init__`` monkey-patches transformers globally
+    (``PreTrainedModel._init_weights`` / ``_initialize_weights`` and the decoder layers'
+    ``__init__``): whatever is built (and initialised) inside this block has them; they are
+    restored after it, so other models built in this process are unaffected."""
+    import transformers.models.qwen3.modeling_qwen3 as q3
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
+    from transformers.modeling_utils import PreTrainedModel
+
+    saved = {
+        (PreTrainedModel, "_init_weights"): PreTrainedModel.__dict__["_init_weights"],
+        (PreTrainedModel, "_initialize_weights"): PreTrainedModel.__dict__["_initialize_weights"],
+        (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
+        (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
+    }
+    try:
+        yield
+    finally:
+        for (owner, attr), value in saved.items():
+            setattr(owner, attr, value)
+
+
+def hf_backend_config(model_dir: str | Path, configure: Callable | None = None):
+    """(the transformers backend's model config as the trainer makes it for ``model_dir``,
+    ``titan_api.transformers_backend()``)."""
+    prepare_in_process()
+    from harness import titan_api
+
+    api = titan_api.transformers_backend()
+    # model_registry returns one shared config object: copy it, or update_from_config and
+    # ``configure`` (a workaround) would leak into every later build in this process.
+    spec = copy.deepcopy(api.model_registry("full"))
+    config = spec.model
+    trainer_config = trainer_config_for(spec, model_dir, api.TransformersBackendConfig)
+    trainer_config.hf_model = str(model_dir)
+    config.update_from_config(config=trainer_config)
+    if configure is not None:
+        configure(config)
+    return config, api
+
+
 def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
                      configure: Callable | None = None) -> ParityModel:
     """torchtitan's transformers-backend model, built and loaded like the trainer does.
@@ -455,37 +498,10 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
     weights are copied into the inner HF model from transformers' own load of the same
     checkpoint, so that everything else about the backend's model stays compared.
     """
-    prepare_in_process()
-    import transformers.models.qwen3.modeling_qwen3 as q3
-    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
-    from transformers.modeling_utils import PreTrainedModel
-
-    from harness import titan_api
-
-    api = titan_api.transformers_backend()
-    model_registry, TransformersBackendConfig = api.model_registry, api.TransformersBackendConfig
-
+    config, api = hf_backend_config(model_dir, configure)
     arch = Qwen3Arch.from_dir(model_dir)
-    saved = {
-        (PreTrainedModel, "_init_weights"): PreTrainedModel.__dict__["_init_weights"],
-        (PreTrainedModel, "_initialize_weights"): PreTrainedModel.__dict__["_initialize_weights"],
-        (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
-        (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
-    }
-    # model_registry returns one shared config object: copy it, or update_from_config and
-    # ``configure`` (a workaround) would leak into every later build in this process.
-    spec = copy.deepcopy(model_registry("full"))
-    config = spec.model
-    trainer_config = trainer_config_for(spec, model_dir, TransformersBackendConfig)
-    trainer_config.hf_model = str(model_dir)
-    config.update_from_config(config=trainer_config)
-    if configure is not None:
-        configure(config)
-    try:
+    with transformers_backend_patches_restored():
         model = build_on_meta_and_init(config, seed)
-    finally:
-        for (owner, attr), value in saved.items():
-            setattr(owner, attr, value)
     if api.state_dict_adapter is not None:
         report = load_hf_checkpoint_like_trainer(
             model, api.state_dict_adapter(config, str(model_dir)), model_dir)

@@ -4,6 +4,9 @@ Specification:
 - the run's model (built as the trainer builds it, with the run's plants) is compared module by
   module with the float64 reference trace on the run's first batch and starting weights; the
   first module beyond the diagnosis tolerance is named, and no earlier one;
+- that model is built on the meta device and run one unit at a time, at every size (so these
+  tests walk the path a full-size run walks): it computes what the whole model computes, and
+  never holds more than its largest unit's parameters;
 - shown on defects the diagnosis was not written for, each acting in one place: a q/k-norm
   swap in layer 1 only, a RoPE theta change, two experts swapped in one MoE layer, the final
   RMSNorm's eps; a clean model has no divergent module;
@@ -24,6 +27,8 @@ Specification:
 from __future__ import annotations
 
 import math
+
+import torch
 
 import pytest
 
@@ -60,6 +65,8 @@ def diagnose_in_process(build, plants=(), tmp_path=None, workarounds=()):
         "weights_dir": str(model_dir), "run_dir": str(tmp_path), "nproc": 2, "device": "cpu",
         "plants": list(plants), "regime": regime, "workarounds": list(workarounds)})
     assert result["not_diagnosed"] is None, result
+    memory = result["divergence"]["streamed"]  # the model under test, one unit at a time
+    assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
     return result["divergence"]
 
 
@@ -237,3 +244,64 @@ def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk
     said = Diagnosis(explained_by="hf_v5-tied-embedding-init-scale").lines()
     assert said == ["diagnosis: the step-1 loss is known issue hf_v5-tied-embedding-init-scale's "
                     "recorded signature here, so no module walk was run"]
+
+
+# Measured, streamed vs whole model, on CPU: every forward output of all three backends in
+# both generations, and every gradient of titan_native and hf_v5 in both and of nki_moe on
+# v0_3, is bitwise equal. On spring2026's tiny MoE, up to three gradients inside layer 0 (its
+# ffn_norm and attention output gradients, its o_proj weight gradient) differ by 0 to 8 ulps,
+# varying from run to run, though the gradient layer 0 receives is bitwise equal: spring's MoE
+# backward is not bitwise reproducible on CPU here (cause not pinned down further). The bound
+# is the largest measured, nothing looser.
+STREAMED_GRADIENT_ULPS = 8
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest |a - b| in units in the last place of the larger of the two."""
+    scale = torch.maximum(a.abs(), b.abs()).clamp_min(torch.finfo(a.dtype).tiny)
+    spacing = torch.finfo(a.dtype).eps * torch.exp2(torch.floor(torch.log2(scale)))
+    return ((a - b).abs() / spacing).max().item()
+
+
+def _recorded(built):
+    """Every module output, output gradient and HF parameter gradient of the model under test
+    on the run's first batch, as the diagnosis records them."""
+    from harness.diagnosis import localize
+    from harness.diagnosis.trace import trace_names
+
+    modules = built.modules if built.modules is not None else localize.native_modules(
+        built.module, [n for n, _ in trace_names(built.arch)])
+    under_test = built.under_test or localize.WholeModel(built.run, built.model_grads)
+    outputs, logits = under_test.record(modules, True)
+    out_grads, param_grads = under_test.backward(built.labels, modules)
+    flat = {f"{k}[{i}]": t for k, ts in outputs.items() for i, t in enumerate(ts)}
+    flat |= {f"∇ {k}[{i}]": t for k, slots in out_grads.items() for i, t in slots.items()}
+    flat |= {f"∇ {k}": t for k, t in param_grads.items()}
+    return flat, under_test
+
+
+@pytest.mark.parametrize("build", [DENSE, MOE, HF_V5], ids=["titan_native", "nki_moe", "hf_v5"])
+def test_the_streamed_model_computes_bitwise_what_the_whole_model_computes(build, tmp_path):
+    """One unit in memory at a time (meta build, per-unit load through the trainer's adapter,
+    per-unit recomputed backward) gives the whole model's outputs and gradients, bit for bit,
+    and never holds more than its largest unit's parameters."""
+    from harness.diagnosis import subject
+
+    backend, attention, model_dir, regime = build
+    recorded = {}
+    for stream in (False, True):
+        built, stack = subject.build(backend, attention, model_dir, model_dir, tmp_path, 2,
+                                     regime=regime, stream=stream)
+        with stack:
+            recorded[stream] = _recorded(built)
+    (whole, _), (streamed, runner) = recorded[False], recorded[True]
+    assert sorted(streamed) == sorted(whole), (sorted(set(streamed) - set(whole)), sorted(set(whole) - set(streamed)))
+    assert len(whole) > 40  # outputs and gradients of every module, not an empty record
+    differ = {k: _ulps(whole[k], streamed[k].reshape(whole[k].shape)) for k in whole
+              if not torch.equal(whole[k], streamed[k].reshape(whole[k].shape))}
+    print(f"{backend}: {len(whole)} tensors, {len(differ)} not bitwise: {differ}")
+    assert not [k for k in differ if not k.startswith("∇")], differ  # forward: bit for bit
+    assert max(differ.values(), default=0) <= STREAMED_GRADIENT_ULPS, differ
+    memory = runner.memory()
+    assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
+    assert memory["largest_unit_parameter_bytes"] < memory["model_parameter_bytes"] / 2, memory
