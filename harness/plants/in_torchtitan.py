@@ -390,9 +390,9 @@ def _planted_layer(model):
     return model.layers[str(min(PLANTED_LAYER, len(model.layers) - 1))]
 
 
-def _swap_qk_norm_in_one_layer(model) -> None:
-    """In that layer's attention, q is normalised with k_norm and k with q_norm."""
-    attention = _planted_layer(model).attention
+def _swap_q_and_k_norm_during_forward(attention) -> None:
+    """``attention`` (torchtitan's or transformers' module: both name them q_norm / k_norm)
+    normalises q with k_norm and k with q_norm while its forward runs."""
     forward = attention.forward
 
     def swapped(*args, **kwargs):
@@ -403,6 +403,11 @@ def _swap_qk_norm_in_one_layer(model) -> None:
             attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
 
     attention.forward = swapped
+
+
+def _swap_qk_norm_in_one_layer(model) -> None:
+    """In that layer's attention, q is normalised with k_norm and k with q_norm."""
+    _swap_q_and_k_norm_during_forward(_planted_layer(model).attention)
 
 
 def _swap_two_experts_in_one_layer(model) -> None:
@@ -466,17 +471,8 @@ def _after_hf_qwen3_init(break_model):
 
 def _swap_hf_qk_norm_in_one_layer(qwen3_model) -> None:
     """In transformers' layer ``PLANTED_LAYER``, q is normalised with k_norm and k with q_norm."""
-    attention = qwen3_model.layers[min(PLANTED_LAYER, len(qwen3_model.layers) - 1)].self_attn
-    forward = attention.forward
-
-    def swapped(*args, **kwargs):
-        attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            attention.q_norm, attention.k_norm = attention.k_norm, attention.q_norm
-
-    attention.forward = swapped
+    _swap_q_and_k_norm_during_forward(
+        qwen3_model.layers[min(PLANTED_LAYER, len(qwen3_model.layers) - 1)].self_attn)
 
 
 class _ScaledBackward(torch.autograd.Function):
