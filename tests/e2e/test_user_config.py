@@ -19,6 +19,7 @@ import pytest
 
 from harness import cli
 from harness import paths
+from harness.checks import RUN_CHECKS
 from harness.subjects import Subject, infer, lint
 from harness.tolerances import parity_tolerance
 
@@ -129,7 +130,8 @@ def test_pytest_runs_a_user_config_through_the_run_template(user_dir):
          "--steps", "2", "-k", USER_MODULE],
         cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "4 passed" in done.stdout, done.stdout[-2000:]
+    # Every check of a launched run, one test each, all passing for the user's config.
+    assert f"{len(RUN_CHECKS)} passed" in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.slow
