@@ -8,9 +8,11 @@ what comes back.
 - ``trace``: the float64 reference, module by module, one layer of weights in memory;
 - ``localize``: the run's model against it, the first module beyond the diagnosis tolerance;
 - ``subject``: the run's own model, starting weights and first batch;
+- ``streamed``: that model built on meta and run one unit at a time, forward and back;
 - ``hints``: the source's step-7 advice, by signature (the analytic random-init loss, the
   known issues recorded elsewhere);
 - ``baseline``: tonight's report against a previous one;
+- ``errors``: ``NotDiagnosable``, a run the diagnosis cannot diagnose, with the reason;
 - ``rank_dump``: reading what the ranks leave for the diagnosis (written by
   harness/rank_step0.py).
 """

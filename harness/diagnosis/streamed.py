@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from harness.diagnosis.errors import NotDiagnosable
 from harness.diagnosis.trace import WeightSource
 from harness.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
 
@@ -233,8 +234,6 @@ class StreamedHF:
             if hf not in self.weights.keys() and self.walk.tied and hf == "lm_head.weight":
                 hf = EMBED
             if hf not in self.weights.keys():
-                from harness.diagnosis.subject import NotDiagnosable
-
                 raise NotDiagnosable(f"{hf}: the streamed transformers backend reads weights by "
                                      f"the HF model's names, and the checkpoint has no such tensor")
             state[key] = self.weights[hf]

@@ -21,16 +21,13 @@ from pathlib import Path
 import torch
 
 from harness.diagnosis import rank_dump
+from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
 from harness.diagnosis.trace import WeightSource
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
 NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops": True},
                  "hf_v5": {"transformers_backend": True}}
-
-
-class NotDiagnosable(Exception):
-    """The diagnosis cannot run for this run (the reason is reported instead)."""
 
 
 @dataclass
