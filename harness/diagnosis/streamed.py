@@ -62,7 +62,63 @@ def load_gaps(model: nn.Module, adapter) -> set[str]:
     return set(state) - set(produced)
 
 
-class StreamedNative:
+class _Streamed:
+    """What both streamed models share: the forward's record, the backward walk (each unit
+    reloaded, rerun from its saved input with grad, backwarded with the gradient its output
+    received, freed) and the memory numbers. A subclass says how a unit reruns from its saved
+    input (``_rerun``: (input, output)) and names its parameter gradients (``_hf_grads``)."""
+
+    # -- what harness/diagnosis/localize.py first_divergence runs ----------------------------
+    def record(self, modules, grads: bool):
+        """({trace name: output tensors}, logits) of the streamed forward."""
+        from harness.diagnosis.localize import capture
+
+        got, _, logits = capture(modules, self.forward, grads=False)
+        return got, logits
+
+    def backward(self, labels, modules) -> tuple[dict, dict]:
+        """Back from the run's loss on ``labels``: ({trace name: output gradients}, {HF name:
+        parameter gradient}), one unit in memory at a time."""
+        from harness.diagnosis.localize import capture, run_loss
+
+        out_grads: dict = {}
+        hf_grads: dict[str, torch.Tensor] = {}
+        grad = None
+        for name, unit in reversed(self.walk.units):
+            if name in self.not_rerun:
+                continue
+            self.load(name, unit)
+            box: dict = {}
+
+            def rerun(name=name, unit=unit):
+                box["x"], out = self._rerun(name, unit)
+                return out
+
+            _, grads, out = capture(modules, rerun, grads=True)
+            out = out[0] if isinstance(out, tuple) else out
+            x = box["x"]
+            with torch.enable_grad():
+                (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
+            for key, slots in grads.items():
+                out_grads.setdefault(key, {}).update(slots)
+            grad = x.grad if x.is_floating_point() else None
+            for key, g in self._hf_grads(name, unit).items():
+                hf_grads[key] = hf_grads[key] + g if key in hf_grads else g
+            free(unit)
+        return out_grads, hf_grads
+
+    def memory(self) -> dict:
+        """Parameter bytes: the most ever live at once, the largest unit's, the whole model's."""
+        return {"peak_live_parameter_bytes": self.peak_parameter_bytes,
+                "largest_unit_parameter_bytes": self.largest_unit_bytes,
+                "model_parameter_bytes": self.model_parameter_bytes}
+
+
+def _with_grad(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().requires_grad_(True) if x.is_floating_point() else x
+
+
+class StreamedNative(_Streamed):
     """torchtitan's native Qwen3 (titan_native, nki_moe), streamed one unit at a time."""
 
     def __init__(self, model: nn.Module, adapter, weights: WeightSource, batch, *,
@@ -128,36 +184,11 @@ class StreamedNative:
             free(unit)
         return h
 
-    # -- what harness/diagnosis/localize.py first_divergence runs ----------------------------
-    def record(self, modules, grads: bool):
-        """({trace name: output tensors}, logits) of the streamed forward."""
-        from harness.diagnosis.localize import capture
+    not_rerun = ()
 
-        got, _, logits = capture(modules, self.forward, grads=False)
-        return got, logits
-
-    def backward(self, labels, modules) -> tuple[dict, dict]:
-        """Back from the run's loss on ``labels``: ({trace name: output gradients}, {HF name:
-        parameter gradient}), one unit in memory at a time."""
-        from harness.diagnosis.localize import capture, run_loss
-
-        out_grads: dict = {}
-        hf_grads: dict[str, torch.Tensor] = {}
-        grad = None
-        for name, unit in reversed(self.walk.units):
-            self.load(name, unit)
-            x = self.saved[name]
-            x = x.detach().requires_grad_(True) if x.is_floating_point() else x
-            _, grads, out = capture(modules, lambda: self._run(name, unit, x), grads=True)
-            with torch.enable_grad():
-                (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
-            for key, slots in grads.items():
-                out_grads.setdefault(key, {}).update(slots)
-            grad = x.grad if x.is_floating_point() else None
-            for key, g in self._hf_grads(name, unit).items():
-                hf_grads[key] = hf_grads[key] + g if key in hf_grads else g
-            free(unit)
-        return out_grads, hf_grads
+    def _rerun(self, name: str, unit: nn.Module):
+        x = _with_grad(self.saved[name])
+        return x, self._run(name, unit, x)
 
     def _hf_grads(self, name: str, unit: nn.Module) -> dict[str, torch.Tensor]:
         from harness.parity.models import with_grads_as_params
@@ -168,13 +199,6 @@ class StreamedNative:
         if self.walk.tied and name == "lm_head":
             return {EMBED: state["lm_head.weight"]}  # the tied weight's gradient sums both uses
         return dict(self.adapter.to_hf(state))
-
-
-    def memory(self) -> dict:
-        """Parameter bytes: the most ever live at once, the largest unit's, the whole model's."""
-        return {"peak_live_parameter_bytes": self.peak_parameter_bytes,
-                "largest_unit_parameter_bytes": self.largest_unit_bytes,
-                "model_parameter_bytes": self.model_parameter_bytes}
 
 
 def known_gaps_report(model: nn.Module, adapter):
@@ -197,7 +221,7 @@ def hf_backend_on_meta(model_dir: Path, configure=None):
     return model
 
 
-class StreamedHF:
+class StreamedHF(_Streamed):
     """torchtitan's transformers backend (hf_v5), streamed one unit at a time.
 
     The forward is the model's own (``HFTransformerModel.forward`` -> transformers'
@@ -259,42 +283,19 @@ class StreamedHF:
             for h in handles:
                 h.remove()
 
-    def record(self, modules, grads: bool):
-        from harness.diagnosis.localize import capture
+    not_rerun = ("rotary_emb",)
 
-        got, _, logits = capture(modules, self.forward, grads=False)
-        return got, logits
+    def _rerun(self, name: str, unit: nn.Module):
+        args, kwargs = self.saved[name]
+        x = _with_grad(args[0] if args else kwargs.get("hidden_states", kwargs.get("input")))
+        args = (x, *args[1:]) if args else args
+        return x, unit(*args, **kwargs)
 
-    def backward(self, labels, modules) -> tuple[dict, dict]:
-        from harness.diagnosis.localize import capture, run_loss
-
-        out_grads: dict = {}
-        hf_grads: dict[str, torch.Tensor] = {}
-        grad = None
-        for name, unit in reversed(self.walk.units):
-            if name == "rotary_emb":
-                continue
-            self.load(name, unit)
-            args, kwargs = self.saved[name]
-            x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
-            x = x.detach().requires_grad_(True) if x.is_floating_point() else x
-            args = (x, *args[1:]) if args else args
-            _, grads, out = capture(modules, lambda: unit(*args, **kwargs), grads=True)
-            out = out[0] if isinstance(out, tuple) else out
-            with torch.enable_grad():
-                (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
-            for key, slots in grads.items():
-                out_grads.setdefault(key, {}).update(slots)
-            grad = x.grad if x.is_floating_point() else None
-            for key, p in unit.named_parameters():
-                hf = self.prefix[name] + key
-                hf = EMBED if self.walk.tied and hf == "lm_head.weight" else hf
-                g = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-                hf_grads[hf] = hf_grads[hf] + g if hf in hf_grads else g
-            free(unit)
-        return out_grads, hf_grads
-
-    def memory(self) -> dict:
-        return {"peak_live_parameter_bytes": self.peak_parameter_bytes,
-                "largest_unit_parameter_bytes": self.largest_unit_bytes,
-                "model_parameter_bytes": self.model_parameter_bytes}
+    def _hf_grads(self, name: str, unit: nn.Module) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for key, p in unit.named_parameters():
+            hf = self.prefix[name] + key
+            hf = EMBED if self.walk.tied and hf == "lm_head.weight" else hf
+            g = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+            out[hf] = out[hf] + g if hf in out else g
+        return out
