@@ -10,7 +10,7 @@ that can run them: ``UNSUPPORTED_ATTENTION``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.backends import BACKENDS
 from harness.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION
@@ -37,6 +37,31 @@ SOURCE_DATA = "c4"
 # step 1; a full-size HF save (gather + consolidation of 8 GB on every rank) needs longer.
 FULL_SAVE_TIMEOUT_S = 1800
 FULL_OVERRIDES = ("--comm.train_timeout_seconds", str(FULL_SAVE_TIMEOUT_S))
+
+# How long the test suite's runs are (``RunCase.suite_spec``) follows what reads them:
+# - a pretrained tiny run is read as curves (tests/parity/test_torchrun_parity.py: loss, grad
+#   norm and lr at every step against the reference trajectory and hf_v5 against native, and
+#   the weights saved after the last step): it takes the session's ``--steps``;
+# - on CPU, a random-init run and a twin are read at their first step only (its first-step
+#   expectation, its step-0 weights, shards and batches, the HF checkpoint it saves, every step
+#   finite; the data-path and tied-embedding checks read the titan_native one): at most
+#   ``SHORT_STEPS``, the first step and two after it (a tiny MoE step costs 1.3 CPU s on the
+#   2-core CI machine, a dense one 0.3; every step past the first is still held finite in the
+#   pretrained run of the same backend);
+# - the tiny MoE's random-init run also carries the default tier's training state, MoE load
+#   balancing and determinism checks (tests/e2e/test_training_state.py) on CPU: it takes
+#   ``TRAINING_STATE_STEPS``, with a full (DCP) checkpoint after every step but
+#   the last, whose save stays the template's HF checkpoint. Its resumed run starts from the
+#   step-1 checkpoint; both runs save step 2 fully (weights, optimizer, lr schedule, dataloader,
+#   expert_bias), compared bitwise, and the HF checkpoint of step 3. torchtitan 0.3.0 and spring
+#   2026 save alike: an interval save is always full, the last one HF model-only.
+# Accelerator tiers keep every run at ``--steps`` (the nightly's report and baseline compare
+# whole runs).
+SHORT_STEPS = 3
+SHORT_DEVICES = ("cpu",)
+TRAINING_STATE_BACKEND = "nki_moe"
+TRAINING_STATE_STEPS = 3
+TRAINING_STATE_INTERVAL = 1
 
 
 def can_save_hf(backend: str) -> bool:
@@ -70,6 +95,32 @@ class RunCase:
     @property
     def data(self) -> str:
         return SOURCE_DATA if self.size == "full" and not self.twin else "fixture"
+
+    @property
+    def carries_training_state(self) -> bool:
+        """The run the default tier's training-state checks read (``TRAINING_STATE_BACKEND``)."""
+        return (self.device in SHORT_DEVICES and self.attention == BACKENDS[self.backend].default_attention
+                and (self.backend, self.size, self.init) == (TRAINING_STATE_BACKEND, "tiny", "random"))
+
+    def suite_steps(self, steps: int) -> int:
+        """The steps of this case's run in the test suite, ``steps`` being the session's
+        ``--steps`` (see ``SHORT_STEPS``)."""
+        if self.carries_training_state:
+            return TRAINING_STATE_STEPS
+        if self.device in SHORT_DEVICES and (self.init == "random" or self.twin):
+            return min(steps, SHORT_STEPS)
+        return steps
+
+    def suite_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
+                   workdir: str | None = None, data_path: str | None = None) -> RunSpec:
+        """The run of this case that the test suite launches and every check of it reads:
+        ``run_spec`` at ``suite_steps``, checkpointed for the training-state checks where
+        the case carries them."""
+        spec = self.run_spec(self.suite_steps(steps), assets_root, workarounds, workdir, data_path)
+        if self.carries_training_state:
+            spec = replace(spec, overrides=(*spec.overrides, "--checkpoint.enable", "--checkpoint.interval",
+                                            str(TRAINING_STATE_INTERVAL)))
+        return spec
 
     def run_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
                  workdir: str | None = None, data_path: str | None = None) -> RunSpec:

@@ -106,9 +106,21 @@ def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_pa
         workdir = request.getfixturevalue("derived_assets_root")
     if isinstance(case, SubjectCase):
         return device_runs(case.device).get(case.run_spec(steps, assets, workarounds))
-    spec = case.run_spec(steps, assets, workarounds, workdir=workdir,
-                         data_path=os.environ.get(C4_PATH_ENV))
+    spec = case.suite_spec(steps, assets, workarounds, workdir=workdir,
+                           data_path=os.environ.get(C4_PATH_ENV))
     return device_runs(case.device).get(spec)
+
+
+@pytest.fixture(scope="session")
+def run_steps(run_case, steps) -> int:
+    """How many steps ``run_case``'s run takes in this suite (harness/run_matrix.py
+    ``RunCase.suite_steps``: ``--steps``, fewer where nothing reads past the first steps)."""
+    return run_case.suite_steps(steps) if hasattr(run_case, "suite_steps") else steps
+
+
+@pytest.fixture(scope="session")
+def published_steps(published_case, steps) -> int:
+    return published_case.suite_steps(steps)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,10 @@ packed row), and compared token for token, positions included, for
 dp ranks 0 and 1 (dp 2, local batch 2, seq 256: the tiny runs' shape) with:
 - the dataloader the backend config builds (``titan_native.tiny().dataloader``), in process;
 - what torchtitan's real trainer (torchrun, 2 ranks) receives and feeds the model, dumped by a
-  rank-side hook (harness/data/instrumented.py, harness/data/rank_hooks.py).
+  rank-side hook (harness/data/rank_hooks.py, installed by every registered config function):
+  in the default tier the run template's own titan_native random-init run; in the slow tier
+  the one-step instrumented run (harness/data/instrumented.py) of the flex variant and with
+  each plant.
 Each check is shown failing on defects planted in torchtitan's data path: an off-by-one label
 shift, a dropped EOS, positions not reset at a document boundary.
 """
@@ -139,10 +142,15 @@ def check_trainer_feed(result, attention: str) -> list[str]:
     return found
 
 
-def test_trainer_feeds_reference_batches(backend_runs, instrumented_native):
-    """torchtitan's real trainer, default (sdpa, row-causal) variant: the dataloader's batches
-    equal the reference on both ranks; the model gets them with row positions 0..255."""
-    result = trainer_run(backend_runs, instrumented_native)
+def test_trainer_feeds_reference_batches(device_runs, steps, workarounds):
+    """torchtitan's real trainer, default (sdpa, row-causal) variant, in the run template's
+    titan_native random-init run (one launch serves its checks and these): the dataloader's
+    batches equal the reference on both ranks; the model gets them with row positions 0..255."""
+    from harness.run_matrix import RunCase
+
+    case = RunCase("cpu", "titan_native", "tiny", "random", BACKENDS["titan_native"].default_attention)
+    result = device_runs("cpu").get(case.suite_spec(steps, workarounds=workarounds))
+    assert result.ok, f"{result.name} failed: see {result.run_dir}"
     found = check_trainer_feed(result, BACKENDS["titan_native"].default_attention)
     assert not found, "\n".join(found)
 

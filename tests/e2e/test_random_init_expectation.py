@@ -28,7 +28,7 @@ from harness.run_matrix import RunCase
 def _suite_run(backend, device_runs, steps, workarounds):
     """The default suite's ``cpu-<backend>-tiny-random`` run (the same RunSpec: one launch)."""
     case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
-    return device_runs("cpu").get(case.run_spec(steps, workarounds=workarounds))
+    return device_runs("cpu").get(case.suite_spec(steps, workarounds=workarounds))
 
 
 @pytest.fixture(scope="module")

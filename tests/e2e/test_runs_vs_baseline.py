@@ -13,8 +13,8 @@ from harness.diagnosis.pytest_plugin import header
 from harness.report import RunVerdict, results_document
 
 
-def test_vs_baseline(launched_run, steps, baseline_document):
-    tonight = results_document([RunVerdict(launched_run, checks.verdicts(launched_run, steps))],
+def test_vs_baseline(launched_run, run_steps, baseline_document):
+    tonight = results_document([RunVerdict(launched_run, checks.verdicts(launched_run, run_steps))],
                                header())
     compared = baseline.compare(tonight, {**baseline_document, "runs": [
         r for r in baseline_document["runs"]

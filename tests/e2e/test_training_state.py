@@ -17,9 +17,12 @@
     choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
     exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
     the bias of its step.
-The default tier runs (a), (b) and (d) in their cheap form on nki_moe (2 steps, checkpoint at
-step 1, resumed for step 2: two short launches) and (c) on the shared one-step run; the slow
-tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
+The default tier runs (a), (b) and (d) in their cheap form on the run template's own nki_moe
+random-init run (harness/run_matrix.py ``TRAINING_STATE_STEPS``: 3 steps, a full checkpoint
+after steps 1 and 2, the HF checkpoint at step 3), resumed from its step-1 checkpoint for
+steps 2 and 3 (one launch of its own), and (c) on the template's titan_native random-init run:
+every registered config function installs the rank-side hooks (harness/backends/common.py).
+The slow tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
 failing on planted defects (harness/plants/in_torchtitan.py): expert_bias zeroed after the
 checkpoint load or never checkpointed; the balancing update dropped, of the wrong sign, its
 counts never reset or never accumulated; the router ignoring the bias; a model built untied.
@@ -28,14 +31,18 @@ counts never reset or never accumulated; the router ignoring the bias; a model b
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import pytest
 import torch
 
 from harness import known_issues
 from harness import training_state as ts
+from harness.backends import BACKENDS
 from harness.data import instrumented
 from harness.launch import RunSpec
+from harness.run_matrix import (TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL,
+                                TRAINING_STATE_STEPS, RunCase)
 
 K, STEPS = 2, 4  # the slow tier's form
 
@@ -52,7 +59,10 @@ def _ok(result):
     return result
 
 
-QUICK_K, QUICK_STEPS = 1, 2  # the default tier's form
+# The default tier's form: the template's training-state run (harness/run_matrix.py), its
+# full checkpoints after steps 1 and 2 (QUICK_FULL: the last both runs save fully).
+QUICK_K, QUICK_STEPS = TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS
+QUICK_FULL = QUICK_STEPS - 1
 
 
 def checkpointing(k: int) -> tuple[str, ...]:
@@ -79,8 +89,37 @@ def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_pl
     return first, second
 
 
-def resume_findings(first, second, k=K, steps=STEPS) -> list[str]:
+def template_run_spec(backend: str, steps: int, workarounds, plants=()) -> RunSpec:
+    """The run template's CPU random-init run of ``backend`` (the same RunSpec: one launch
+    serves the template's checks and these), with ``plants`` put in."""
+    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
+    spec = case.suite_spec(steps, workarounds=workarounds)
+    return replace(spec, plants=tuple(plants)) if plants else spec
+
+
+def resumed_spec(first: RunSpec, first_dir, k: int, plants=()) -> RunSpec:
+    """``first`` resumed from its step-``k`` checkpoint: model, optimizer, lr schedule,
+    dataloader and train state (``--checkpoint.no-initial-load-model-only``)."""
+    resume = ("--checkpoint.initial_load_path", str(ts.checkpoint_dir(first_dir, k).resolve()),
+              "--checkpoint.no-initial-load-model-only")
+    return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants))
+
+
+def quick_pair(device_runs, steps, workarounds, plants=(), first_plants=()):
+    """(the template's training-state run, that run resumed from its step-1 checkpoint);
+    ``first_plants`` break the first run, ``plants`` the resumed one."""
+    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds, first_plants)
+    runs = device_runs("cpu")
+    first = _ok(runs.get(spec))
+    return first, _ok(runs.get(resumed_spec(spec, first.run_dir, QUICK_K, plants)))
+
+
+def resume_findings(first, second, k=K, steps=STEPS, full_at=None) -> list[str]:
+    """The resumed run logs steps k+1.. and their losses bitwise, and its full checkpoint at
+    step ``full_at`` (default: the last) and HF checkpoint at the last step, where both runs
+    saved one, equal the uninterrupted run's key by key, bitwise."""
     found = []
+    full_at = full_at or steps
     want = {s.step: s.loss for s in first.steps}
     got = {s.step: s.loss for s in second.steps}
     if sorted(got) != list(range(k + 1, steps + 1)):
@@ -89,9 +128,13 @@ def resume_findings(first, second, k=K, steps=STEPS) -> list[str]:
         if loss != want.get(step):
             found.append(f"[{ts.RESUME}] step {step}: resumed loss {loss!r} != uninterrupted "
                          f"{want.get(step)!r}")
-    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)),
-                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, steps)))
-    found += [f"[{ts.RESUME}] final checkpoint: {d}" for d in diffs[:20]]
+    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, full_at)),
+                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, full_at)))
+    found += [f"[{ts.RESUME}] step-{full_at} checkpoint: {d}" for d in diffs[:20]]
+    if full_at != steps:
+        diffs = ts.differences(ts.saved_hf_tensors(first.run_dir, steps),
+                               ts.saved_hf_tensors(second.run_dir, steps))
+        found += [f"[{ts.RESUME}] step-{steps} HF checkpoint: {d}" for d in diffs[:20]]
     return found
 
 
@@ -104,6 +147,7 @@ def test_resume_reproduces_uninterrupted_run(backend_runs, instrumented_names, b
 
 
 def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
+    """``steps``: the first run's last full checkpoint."""
     found = []
     saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, k)))
     saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)))
@@ -157,8 +201,8 @@ def quick_findings(first, second) -> list[str]:
     """Every training-state finding of the default tier's nki_moe pair (each ``[kind] ...``)."""
     return (_tagged("first run", ts.balance_findings(ts.balance_records(first.run_dir)))
             + _tagged("resumed run", ts.balance_findings(ts.balance_records(second.run_dir)))
-            + expert_bias_findings(first, second, QUICK_K, QUICK_STEPS)
-            + resume_findings(first, second, QUICK_K, QUICK_STEPS))
+            + expert_bias_findings(first, second, QUICK_K, QUICK_FULL)
+            + resume_findings(first, second, QUICK_K, QUICK_STEPS, QUICK_FULL))
 
 
 def judge_balance(found: list[str], run):
@@ -170,33 +214,36 @@ def judge_balance(found: list[str], run):
         backend="nki_moe", generation=run.versions.get("torchtitan-generation", ""))
 
 
-def test_moe_load_balancing_through_a_checkpoint(backend_runs, instrumented_names):
-    """The default tier's training-state check: nki_moe for 2 steps with load balancing on,
-    checkpointed at step 1 and resumed for step 2. expert_bias is updated from the routing
-    counts at every step, applied in routing, saved, restored, and the resumed run is the
-    uninterrupted one bit for bit (losses and the final checkpoint, optimizer state included)."""
-    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe",
-                                k=QUICK_K, steps=QUICK_STEPS)
+def test_moe_load_balancing_through_a_checkpoint(device_runs, steps, workarounds):
+    """The default tier's training-state check, on the run template's nki_moe random-init run
+    (3 steps, load balancing on, a full checkpoint after steps 1 and 2), resumed from step 1.
+    expert_bias is updated from the routing counts at every step, applied in routing, saved,
+    restored, and the resumed run is the uninterrupted one bit for bit (losses, the step-2
+    checkpoint with optimizer state, the step-3 HF checkpoint)."""
+    first, second = quick_pair(device_runs, steps, workarounds)
     problem, verdict = judge_balance(quick_findings(first, second), first)
     known_issues.xfail_if_known(verdict, problem)
     assert verdict.status == "pass", verdict.message
 
 
-def test_seeded_rerun_is_bitwise_identical(backend_runs, instrumented_names):
-    """The default tier's determinism check: the first run of the pair above launched again
-    with the same seed gives the same losses and grad norms, and the same full checkpoint
-    (weights, optimizer, lr schedule, dataloader, expert_bias) bit for bit."""
-    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", k=QUICK_K, steps=QUICK_STEPS))
-    env = instrumented.env("harness.backends.nki_moe") + (("HARNESS_RERUN", "1"),)
-    rerun = _ok(backend_runs.get(RunSpec(instrumented_names["nki_moe"], steps=QUICK_STEPS,
-                                         overrides=checkpointing(QUICK_K), extra_env=env)))
+def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
+    """The default tier's determinism check: the template's training-state run launched again
+    with the same seed gives the same losses and grad norms, the same full checkpoints
+    (weights, optimizer, lr schedule, dataloader, expert_bias) and the same HF checkpoint, bit
+    for bit."""
+    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)
+    first = _ok(device_runs("cpu").get(spec))
+    rerun = _ok(device_runs("cpu").get(replace(spec, extra_env=(*spec.extra_env, ("HARNESS_RERUN", "1")))))
     found = [f"step {a.step}: loss {a.loss!r} vs {b.loss!r}, grad norm {a.grad_norm!r} vs {b.grad_norm!r}"
              for a, b in zip(first.steps, rerun.steps) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
-    if len(rerun.steps) != len(first.steps):
-        found.append(f"{len(rerun.steps)} steps logged, not {len(first.steps)}")
-    found += [f"final checkpoint: {d}" for d in ts.differences(
-        ts.load_dcp(ts.checkpoint_dir(first.run_dir, QUICK_STEPS)),
-        ts.load_dcp(ts.checkpoint_dir(rerun.run_dir, QUICK_STEPS)))[:20]]
+    if len(rerun.steps) != len(first.steps) or len(first.steps) != QUICK_STEPS:
+        found.append(f"{len(rerun.steps)} and {len(first.steps)} steps logged, not {QUICK_STEPS}")
+    for step in range(QUICK_K, QUICK_STEPS, QUICK_K):
+        found += [f"step-{step} checkpoint: {d}" for d in ts.differences(
+            ts.load_dcp(ts.checkpoint_dir(first.run_dir, step)),
+            ts.load_dcp(ts.checkpoint_dir(rerun.run_dir, step)))[:20]]
+    found += [f"step-{QUICK_STEPS} HF checkpoint: {d}" for d in ts.differences(
+        ts.saved_hf_tensors(first.run_dir, QUICK_STEPS), ts.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
     assert not found, "seeded rerun differs:\n" + "\n".join(found)
 
 
@@ -206,21 +253,21 @@ BALANCE_PLANTS = ("moe_balance_hook_dropped", "moe_bias_update_sign_flipped", "m
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plant", BALANCE_PLANTS)
-def test_load_balancing_check_catches_planted_defect(backend_runs, instrumented_names, plant):
+def test_load_balancing_check_catches_planted_defect(device_runs, steps, workarounds, plant):
     """What test_moe_load_balancing_through_a_checkpoint reads from the first run catches a
-    broken balancing update or routing (the plant breaks the uninterrupted run)."""
-    first = _ok(first_run(backend_runs, instrumented_names, "nki_moe", (plant,), QUICK_K, QUICK_STEPS))
+    broken balancing update or routing (the plant breaks the template's run)."""
+    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds, (plant,))
+    first = _ok(device_runs("cpu").get(spec))
     assert ts.balance_findings(ts.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plant", ["moe_expert_bias_not_checkpointed", "reset_expert_bias_on_load"])
-def test_checkpoint_check_catches_expert_bias_not_restored(backend_runs, instrumented_names, plant):
+def test_checkpoint_check_catches_expert_bias_not_restored(device_runs, steps, workarounds, plant):
     """The default-tier pair with expert_bias lost on its way through the checkpoint (never
     saved: both runs planted; zeroed by the load: the resumed run planted)."""
     first_plants = (plant,) if plant == "moe_expert_bias_not_checkpointed" else ()
-    first, second = resume_pair(backend_runs, instrumented_names, "nki_moe", (plant,),
-                                QUICK_K, QUICK_STEPS, first_plants=first_plants)
+    first, second = quick_pair(device_runs, steps, workarounds, (plant,), first_plants)
     assert quick_findings(first, second), f"planted {plant} went unnoticed"
 
 
@@ -232,20 +279,23 @@ def test_checks_catch_expert_bias_lost_on_resume(backend_runs, instrumented_name
     assert resume_findings(first, second), "zeroed expert_bias left the resumed run identical"
 
 
-def test_tied_embeddings_stay_one_tensor(backend_runs):
-    """The instrumented one-step titan_native run the data-path checks share."""
-    with instrumented.instrumented_backend("titan_native") as name:
-        result = _ok(backend_runs.get(instrumented.native_feed_spec(name)))
-    found = ts.tie_findings(result.run_dir, step=1)
+def tied_run(device_runs, steps, workarounds, plants=()):
+    """The template's titan_native random-init run (tiny_dense is tied)."""
+    spec = template_run_spec("titan_native", steps, workarounds, plants)
+    return _ok(device_runs("cpu").get(spec)), spec.steps
+
+
+def test_tied_embeddings_stay_one_tensor(device_runs, steps, workarounds):
+    """On the run template's titan_native random-init run (the data-path check reads it too)."""
+    result, last = tied_run(device_runs, steps, workarounds)
+    found = ts.tie_findings(result.run_dir, step=last)
     assert not found, "\n".join(found)
 
 
 @pytest.mark.slow
-def test_tie_check_catches_untied_model(backend_runs):
-    with instrumented.instrumented_backend("titan_native") as name:
-        result = _ok(backend_runs.get(instrumented.native_feed_spec(
-            name, plants=("untie_embeddings",))))
-    assert ts.tie_findings(result.run_dir, step=1), "an untied model went unnoticed"
+def test_tie_check_catches_untied_model(device_runs, steps, workarounds):
+    result, last = tied_run(device_runs, steps, workarounds, ("untie_embeddings",))
+    assert ts.tie_findings(result.run_dir, step=last), "an untied model went unnoticed"
 
 
 def test_load_balancing_issue_excuses_only_its_own_signature():
