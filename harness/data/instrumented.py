@@ -1,6 +1,8 @@
 """A torchtitan ``--module`` that proxies another module's config functions and installs the
 rank-side hooks of harness/data/rank_hooks.py in the real trainer (batch dumps and state
-records). Launched like any backend:
+records), for config modules whose functions do not install them themselves (the SFT config,
+harness/data/sft_config.py; the registered backends' config functions do). Launched like any
+backend:
 
     torchrun ... -m torchtitan.train --module harness.data.instrumented --config tiny
     (env: HARNESS_INSTRUMENT_TARGET=harness.backends.titan_native)
@@ -78,8 +80,9 @@ def env(target: str, *, dump_steps: int = 1) -> tuple:
 
 
 def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str | None = None):
-    """The one-step instrumented titan_native run (random init, HF save at step 1) shared by the
-    data-path and tied-embedding checks (one launch per session serves both)."""
+    """The one-step instrumented titan_native run (random init, HF save at step 1) of the slow
+    tier's data-path checks (the flex variant, the plants); the default tier's reads the run
+    template's titan_native random-init run."""
     from harness.launch import RunSpec
 
     return RunSpec(name, steps=1, attention=attention, save_hf=True, plants=plants,

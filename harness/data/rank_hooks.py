@@ -1,7 +1,11 @@
 """Rank-side hooks for the data-path and training-state checks, installed in torchtitan's real
-trainer by the instrumented ``--module`` (harness/data/instrumented.py), or as a post-import
-patch of ``torchtitan.trainer`` (``install_trainer_hooks(module)``). They observe only; the
-defects the checks are shown failing on are plants (harness/plants/in_torchtitan.py).
+trainer by every registered config function (harness/backends/common.py ``dump_first_batch``:
+every run of the run template carries them), by the instrumented ``--module`` for other config
+modules (harness/data/instrumented.py), or as a post-import patch of ``torchtitan.trainer``
+(``install_trainer_hooks(module)``). They observe only (a run's losses and grad norms are
+bitwise those of the same run without them); the defects the checks are shown failing on are
+plants (harness/plants/in_torchtitan.py). Their cost is a few tensor copies per phase and, for
+a MoE model, a top-k and a histogram of each router's output per microbatch.
 
 What they write, under the run's dump folder:
 - ``harness_batches/rank{R}_step{S}.pt``: for the first ``HARNESS_DUMP_STEPS`` steps (default
