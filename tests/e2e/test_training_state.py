@@ -312,3 +312,15 @@ def test_load_balancing_issue_excuses_only_its_own_signature():
     assert status(own, "v0_3") == "fail"
     assert known_issues.judge("moe_load_balancing", None, {}, (), backend="nki_moe",
                               generation="spring2026").status == "fail"  # a pass: stale entry
+
+
+def test_the_default_tier_reads_the_templates_own_runs(steps, workarounds):
+    """The runs the default tier's training-state, determinism, data-path and tied-embedding
+    checks read (the resumed and the seeded reruns aside) are the run template's own CPU runs,
+    so they launch nothing of their own (one launch per distinct RunSpec: harness/run_cache.py)."""
+    from harness.run_matrix import cases
+
+    template = {case.suite_spec(steps, workarounds=workarounds) for case in cases(("cpu",))
+                if not case.twin}
+    for backend in (TRAINING_STATE_BACKEND, "titan_native"):
+        assert template_run_spec(backend, steps, workarounds) in template, backend
