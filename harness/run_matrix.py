@@ -38,27 +38,30 @@ SOURCE_DATA = "c4"
 FULL_SAVE_TIMEOUT_S = 1800
 FULL_OVERRIDES = ("--comm.train_timeout_seconds", str(FULL_SAVE_TIMEOUT_S))
 
-# How long the test suite's runs are (``RunCase.suite_spec``) follows what reads them:
+# How long the test suite's runs are (``RunCase.suite_spec``) follows what reads them and what
+# a step costs:
 # - a pretrained tiny run is read as curves (tests/parity/test_torchrun_parity.py: loss, grad
 #   norm and lr at every step against the reference trajectory and hf_v5 against native, and
 #   the weights saved after the last step): it takes the session's ``--steps``;
-# - on CPU, a random-init run and a twin are read at their first step only (its first-step
-#   expectation, its step-0 weights, shards and batches, the HF checkpoint it saves, every step
-#   finite; the data-path and tied-embedding checks read the titan_native one): at most
-#   ``SHORT_STEPS``, the first step and two after it (a tiny MoE step costs 1.3 CPU s on the
-#   2-core CI machine, a dense one 0.3; every step past the first is still held finite in the
-#   pretrained run of the same backend);
+# - a random-init run is read at its first step only (its first-step expectation, its step-0
+#   weights, shards and batches, the HF checkpoint it saves, every step finite). On CPU a tiny
+#   MoE step costs 1.3 CPU s and a dense one 0.1-0.3 (measured: 7 fewer steps saved 6 CPU s on
+#   the MoE's twin, nothing outside the noise on the dense runs), so the MoE's random-init runs
+#   (``SHORT_BACKENDS``) take at most ``SHORT_STEPS``, the first step and two after it; the
+#   dense ones keep ``--steps``, and every step of the MoE past the third is held finite in
+#   its pretrained run;
 # - the tiny MoE's random-init run also carries the default tier's training state, MoE load
 #   balancing and determinism checks (tests/e2e/test_training_state.py) on CPU: it takes
-#   ``TRAINING_STATE_STEPS``, with a full (DCP) checkpoint after every step but
-#   the last, whose save stays the template's HF checkpoint. Its resumed run starts from the
-#   step-1 checkpoint; both runs save step 2 fully (weights, optimizer, lr schedule, dataloader,
-#   expert_bias), compared bitwise, and the HF checkpoint of step 3. torchtitan 0.3.0 and spring
-#   2026 save alike: an interval save is always full, the last one HF model-only.
+#   ``TRAINING_STATE_STEPS``, with a full (DCP) checkpoint after every step but the last, whose
+#   save stays the template's HF checkpoint. Its resumed run starts from the step-1 checkpoint;
+#   both runs save step 2 fully (weights, optimizer, lr schedule, dataloader, expert_bias),
+#   compared bitwise, and the HF checkpoint of step 3. torchtitan 0.3.0 and spring 2026 save
+#   alike: an interval save is always full, the last one HF model-only.
 # Accelerator tiers keep every run at ``--steps`` (the nightly's report and baseline compare
 # whole runs).
 SHORT_STEPS = 3
 SHORT_DEVICES = ("cpu",)
+SHORT_BACKENDS = ("nki_moe",)
 TRAINING_STATE_BACKEND = "nki_moe"
 TRAINING_STATE_STEPS = 3
 TRAINING_STATE_INTERVAL = 1
@@ -107,7 +110,7 @@ class RunCase:
         ``--steps`` (see ``SHORT_STEPS``)."""
         if self.carries_training_state:
             return TRAINING_STATE_STEPS
-        if self.device in SHORT_DEVICES and (self.init == "random" or self.twin):
+        if self.device in SHORT_DEVICES and self.backend in SHORT_BACKENDS and self.init == "random":
             return min(steps, SHORT_STEPS)
         return steps
 
