@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device of the self-tests' runs (default: neuron > cuda > cpu, first "
                     "present); the run template runs every device of its tiers")
     group.addoption("--steps", type=int, default=10, help="training steps per backend run (on "
-                    "CPU the MoE's random-init runs take at most 3: harness/run_matrix.py)")
+                    "CPU the tiny MoE's random-init run takes 3: harness/run_matrix.py)")
     group.addoption("--assets-dir", default=None,
                     help="directory holding HF assets dirs (e.g. <dir>/Qwen3-4B-Instruct-2507)")
     group.addoption("--workaround", **known_issues.WORKAROUND_OPTION)

@@ -38,30 +38,22 @@ SOURCE_DATA = "c4"
 FULL_SAVE_TIMEOUT_S = 1800
 FULL_OVERRIDES = ("--comm.train_timeout_seconds", str(FULL_SAVE_TIMEOUT_S))
 
-# How long the test suite's runs are (``RunCase.suite_spec``) follows what reads them and what
-# a step costs:
-# - a pretrained tiny run is read as curves (tests/parity/test_torchrun_parity.py: loss, grad
-#   norm and lr at every step against the reference trajectory and hf_v5 against native, and
-#   the weights saved after the last step): it takes the session's ``--steps``;
-# - a random-init run is read at its first step only (its first-step expectation, its step-0
-#   weights, shards and batches, the HF checkpoint it saves, every step finite). On CPU a tiny
-#   MoE step costs 1.3 CPU s and a dense one 0.1-0.3 (measured: 7 fewer steps saved 6 CPU s on
-#   the MoE's twin, nothing outside the noise on the dense runs), so the MoE's random-init runs
-#   (``SHORT_BACKENDS``) take at most ``SHORT_STEPS``, the first step and two after it; the
-#   dense ones keep ``--steps``, and every step of the MoE past the third is held finite in
-#   its pretrained run;
-# - the tiny MoE's random-init run also carries the default tier's training state, MoE load
-#   balancing and determinism checks (tests/e2e/test_training_state.py) on CPU: it takes
-#   ``TRAINING_STATE_STEPS``, with a full (DCP) checkpoint after every step but the last, whose
-#   save stays the template's HF checkpoint. Its resumed run starts from the step-1 checkpoint;
-#   both runs save step 2 fully (weights, optimizer, lr schedule, dataloader, expert_bias),
-#   compared bitwise, and the HF checkpoint of step 3. torchtitan 0.3.0 and spring 2026 save
-#   alike: an interval save is always full, the last one HF model-only.
-# Accelerator tiers keep every run at ``--steps`` (the nightly's report and baseline compare
-# whole runs).
-SHORT_STEPS = 3
-SHORT_DEVICES = ("cpu",)
-SHORT_BACKENDS = ("nki_moe",)
+# How long the test suite's runs are (``RunCase.suite_spec``): the session's ``--steps``, except
+# the tiny MoE's random-init run on CPU, which also carries the default tier's training state,
+# MoE load balancing and determinism checks (tests/e2e/test_training_state.py): it takes
+# ``TRAINING_STATE_STEPS``, with a full (DCP) checkpoint after every step but the last, whose
+# save stays the template's HF checkpoint. Its resumed run starts from the step-1 checkpoint;
+# both runs save step 2 fully (weights, optimizer, lr schedule, dataloader, expert_bias),
+# compared bitwise, and the HF checkpoint of step 3. torchtitan 0.3.0 and spring 2026 save
+# alike: an interval save is always full, the last one HF model-only. Nothing else reads that
+# run past its first step (its first-step expectation, its step-0 weights and shards, its HF
+# checkpoint; every step of the MoE past the third is held finite in its pretrained run).
+# Other runs keep ``--steps``: the pretrained tiny runs are read as curves
+# (tests/parity/test_torchrun_parity.py), and fewer steps of a random-init run or a twin saved
+# nothing outside the noise (measured side by side, 7 steps fewer: the dense runs 0 to 2 CPU s
+# saved, the MoE's twin from 6 saved to 1 lost). Accelerator tiers keep every run at
+# ``--steps`` (the nightly's report and baseline compare whole runs).
+TRAINING_STATE_DEVICES = ("cpu",)
 TRAINING_STATE_BACKEND = "nki_moe"
 TRAINING_STATE_STEPS = 3
 TRAINING_STATE_INTERVAL = 1
@@ -102,17 +94,13 @@ class RunCase:
     @property
     def carries_training_state(self) -> bool:
         """The run the default tier's training-state checks read (``TRAINING_STATE_BACKEND``)."""
-        return (self.device in SHORT_DEVICES and self.attention == BACKENDS[self.backend].default_attention
+        return (self.device in TRAINING_STATE_DEVICES and self.attention == BACKENDS[self.backend].default_attention
                 and (self.backend, self.size, self.init) == (TRAINING_STATE_BACKEND, "tiny", "random"))
 
     def suite_steps(self, steps: int) -> int:
         """The steps of this case's run in the test suite, ``steps`` being the session's
-        ``--steps`` (see ``SHORT_STEPS``)."""
-        if self.carries_training_state:
-            return TRAINING_STATE_STEPS
-        if self.device in SHORT_DEVICES and self.backend in SHORT_BACKENDS and self.init == "random":
-            return min(steps, SHORT_STEPS)
-        return steps
+        ``--steps`` (see ``TRAINING_STATE_STEPS``)."""
+        return TRAINING_STATE_STEPS if self.carries_training_state else steps
 
     def suite_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
                    workdir: str | None = None, data_path: str | None = None) -> RunSpec:

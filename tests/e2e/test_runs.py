@@ -3,8 +3,8 @@
 Specification, for every backend of the registry (harness/backends), every init its size
 offers, on every device of its tier (cpu: tiny; cuda: tiny; neuron: tiny and full size):
 - the run completes: exit 0, no timeout, every step logged (``--steps`` steps; on CPU the
-  MoE's random-init runs, read at their first steps only, take 3: harness/run_matrix.py
-  ``RunCase.suite_steps``);
+  tiny MoE's random-init run, which the training-state checks read too, takes 3:
+  harness/run_matrix.py ``RunCase.suite_steps``);
 - every loss and grad norm is finite;
 - the step-1 loss equals the registered expectation (fixtures/expectations.toml) within its
   loss band (harness/tolerances.py);
