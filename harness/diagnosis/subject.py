@@ -2,10 +2,9 @@
 
 - the model: the backend's model built as the trainer builds it, with the run's plants applied
   while it is built and run, on the run's device. torchtitan's native Qwen3 (titan_native,
-  nki_moe with its custom operators) is built on the meta device and streamed one unit at a
-  time at every size (harness/diagnosis/streamed.py), so one decoder layer's parameters are
-  all it ever holds; the transformers backend (hf_v5) is still built whole
-  (harness/parity/models.py ``build_hf_backend``);
+  nki_moe with its custom operators) and its transformers backend (hf_v5) are built on the
+  meta device and streamed one unit at a time at every size (harness/diagnosis/streamed.py),
+  so one unit's parameters are all the model ever holds;
 - the weights: the HF weights a pretrained run loads, or the step-0 weights the ranks of a
   random-init run dumped (harness/diagnosis/rank_dump.py);
 - the batch: rank 0's first batch as the ranks dumped it, else as torchtitan's own dataloader
@@ -33,7 +32,7 @@ NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops"
 @dataclass
 class Subject:
     module: torch.nn.Module
-    run: object  # callable: one forward on the batch
+    run: object  # the whole model (stream=False): one forward on the batch
     weights: WeightSource
     arch: object
     inputs: torch.Tensor
@@ -45,8 +44,8 @@ class Subject:
     known: list[str] = field(default_factory=list)  # known issues the run's model shows, by name
     modules: dict | None = None  # {trace name: (model's name, modules)}; None: native names
     labels: torch.Tensor | None = None  # the batch's labels (the gradient comparison's loss)
-    model_grads: object = None  # callable: the model's parameter gradients under HF names
-    under_test: object = None  # how it runs (harness/diagnosis/streamed.py); None: held whole
+    model_grads: object = None  # the whole model: its parameter gradients under HF names
+    under_test: object = None  # the streamed model (harness/diagnosis/streamed.py); None: whole
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
@@ -64,8 +63,9 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
           regime: str = "float32", workarounds: tuple[str, ...] = (),
           gradients: bool = True, stream: bool = True) -> tuple[Subject, contextlib.ExitStack]:
     """The run's model with the run's plants (and workarounds) in force (the returned stack
-    undoes the plants). ``stream``: a native model is streamed one unit at a time (the
-    diagnosis's only way; False builds it whole, for the test that the two agree)."""
+    undoes the plants). ``stream``: the model is streamed one unit at a time (the diagnosis's
+    only way); False builds it whole (``Subject.run``, ``model_grads``; no ``under_test``),
+    only for the test that the streamed model computes what the whole model computes."""
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
