@@ -328,10 +328,14 @@ class Walk:
         self.h = None
 
     def backward_unit(self, unit: str, got_grads: dict[str, dict[int, torch.Tensor]],
-                      model_grads: dict[str, torch.Tensor]) -> None:
+                      model_grads: dict[str, torch.Tensor],
+                      input_grad: torch.Tensor | None = None) -> None:
         """The model's unit ``unit`` has been backwarded (``got_grads``: its modules' output
-        gradients; ``model_grads``: its parameter gradients under HF names); the reference's
-        same unit is rerun from its saved input, backwarded, and the two compared."""
+        gradients; ``model_grads``: its parameter gradients under HF names; ``input_grad``: the
+        gradient w.r.t. its input, None for the token ids); the reference's same unit is rerun
+        from its saved input, backwarded, and the two compared, the unit's input gradient last
+        (a defect in what a unit's backward sends back is named at that unit, not at the unit
+        before it, whose output gradient it becomes)."""
         x = self.saved.pop(unit)
         x = x.detach().requires_grad_(True) if x.is_floating_point() else x
         leaves = {k: w.detach().requires_grad_(True) for k, w in self._unit_weights(unit).items()}
@@ -358,19 +362,22 @@ class Walk:
         self.live.track(self.grad, list(self.reference_grads.values()), [t.grad for t in retained])
         self.live.sample()
         tol = diagnosis_tolerance("gradients", self.regime)
-        for name, want in reversed(steps):
-            for label, mine, theirs in self._gradient_items(name, want, got_grads):
-                mine = _local(mine)
-                diff = diff_tensors(f"∇ {label}", mine, theirs.reshape(mine.shape)
-                                    if mine.numel() == theirs.numel() else theirs, tol)
-                self.compared += 1
-                self.table.append(diff.line(width=44))
-                if not diff.ok:
-                    raise _Found(Divergence(self.own.get(name, name), diff.max_abs, diff.rel,
-                                            diff.bound, self.before, self.before_rel, diff.note,
-                                            self.compared, _how(self.regime, gradients=True),
-                                            self.table, kind="gradient", quantity=label))
-                self.before, self.before_rel = max(self.before, diff.max_abs), max(self.before_rel, diff.rel)
+        items = [(name, item) for name, want in reversed(steps)
+                 for item in self._gradient_items(name, want, got_grads)]
+        if input_grad is not None and self.grad is not None:
+            items.append((unit, (f"{unit} (input)", input_grad, self.grad)))
+        for name, (label, mine, theirs) in items:
+            mine = _local(mine)
+            diff = diff_tensors(f"∇ {label}", mine, theirs.reshape(mine.shape)
+                                if mine.numel() == theirs.numel() else theirs, tol)
+            self.compared += 1
+            self.table.append(diff.line(width=44))
+            if not diff.ok:
+                raise _Found(Divergence(self.own.get(name, name), diff.max_abs, diff.rel,
+                                        diff.bound, self.before, self.before_rel, diff.note,
+                                        self.compared, _how(self.regime, gradients=True),
+                                        self.table, kind="gradient", quantity=label))
+            self.before, self.before_rel = max(self.before, diff.max_abs), max(self.before_rel, diff.rel)
         for grads in (self.model_grads, self.reference_grads):
             for key in [k for k in grads if reference_trace.unit_of(reference_trace.module_of_weight(k)) == unit]:
                 del grads[key]  # one side only (a gradient the model names no HF weight for)
@@ -446,5 +453,6 @@ def _how(regime: str, gradients: bool = False) -> str:
     if gradients:
         g = diagnosis_tolerance("gradients", regime)
         text += (f"; then the run's loss backwarded through both, every module's output and "
-                 f"parameter gradients in backward order, atol {g.atol:g} + rtol {g.rtol:g} x scale")
+                 f"parameter gradients and each unit's input gradient in backward order, "
+                 f"atol {g.atol:g} + rtol {g.rtol:g} x scale")
     return text

@@ -89,8 +89,9 @@ class _Streamed:
     def backward(self, modules, labels, visit) -> None:
         """Back from the run's loss on ``labels``, one unit in memory at a time; after each
         unit's backward, ``visit(reference unit name, {trace name: {slot: output gradient}},
-        {HF name: parameter gradient})``. A tied weight's gradient is visited once per use
-        (the lm_head's, then the embedding's): the two sum to the model's."""
+        {HF name: parameter gradient}, the gradient w.r.t. the unit's input or None)``. A tied
+        weight's gradient is visited once per use (the lm_head's, then the embedding's): the
+        two sum to the model's."""
         from harness.diagnosis.localize import Recorder, run_loss
 
         grad = None
@@ -107,7 +108,7 @@ class _Streamed:
             grad = x.grad if x.is_floating_point() else None
             hf_grads = self._hf_grads(name, unit)
             free(unit)
-            visit(self.reference_unit.get(name, name), recorder.out_grads, hf_grads)
+            visit(self.reference_unit.get(name, name), recorder.out_grads, hf_grads, grad)
 
     def memory(self) -> dict:
         """Parameter bytes: the most ever live at once, the largest unit's, the whole model's."""

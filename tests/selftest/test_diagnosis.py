@@ -135,6 +135,19 @@ def test_a_backward_only_defect_is_named_by_the_gradient_comparison(build, tmp_p
     assert found["before_max_rel"] < diagnosis_tolerance("gradients", build[3]).rtol, table
 
 
+@pytest.mark.parametrize("build", [DENSE, MOE], ids=["titan_native", "nki_moe"])
+def test_a_backward_defect_in_a_units_input_gradient_is_named_at_that_unit(build, tmp_path):
+    """Layer 1's attention_norm computes its output and weight gradient exactly and scales only
+    the gradient it sends to its input: every output and parameter gradient of layer 1 agrees,
+    and the layer's input gradient is the first to part, named at layer 1 (not at layer 0,
+    whose output gradient it is)."""
+    found = diagnose_in_process(build, ("attention_norm_input_backward_layer1",), tmp_path)
+    table = "\n".join(found["table"])
+    assert found["module"] == "layers.1", f"{found['line']}\n{table}"
+    assert found["kind"] == "gradient" and found["quantity"] == "layers.1 (input)", found["line"]
+    assert found["before_max_rel"] < diagnosis_tolerance("gradients", build[3]).rtol, table
+
+
 def test_random_init_loss_of_a_pretrained_run_says_the_weights_did_not_load():
     vocab, hidden, std = 2048, 128, 0.02
     analytic = math.log(vocab) + std**2 * hidden / 2
@@ -281,7 +294,7 @@ def _recorded(built):
     else:
         outputs, out_grads, param_grads = {}, {}, {}
 
-        def backward_visit(_unit, grads, params):
+        def backward_visit(_unit, grads, params, _input_grad):
             for key, slots in grads.items():
                 out_grads.setdefault(key, {}).update(slots)
             for key, g in params.items():
