@@ -125,12 +125,14 @@ class StreamedNative(_Streamed):
     """torchtitan's native Qwen3 (titan_native, nki_moe), streamed one unit at a time."""
 
     def __init__(self, model: nn.Module, adapter, weights: WeightSource, batch, *,
-                 device: str = "cpu", fill=None) -> None:
+                 device: str = "cpu", fill=None, gap_grads=None) -> None:
         from torchtitan.models.common.attention import ScaledDotProductAttention
 
         self.model, self.adapter, self.weights, self.device = model, adapter, weights, device
         self.walk = model_units(model, "native")
         self.fill = fill  # fill(unit_name, unit): a known load gap completed from the checkpoint
+        # gap_grads(unit_name, unit): {HF name: gradient} of what fill filled (to_hf names none)
+        self.gap_grads = gap_grads
         row_causal = isinstance(model.layers["0"].attention.inner_attention,
                                 ScaledDotProductAttention)
         # Trainer.post_dataloading_process: flex/varlen masks from positions; SDPA: no mask,
@@ -198,7 +200,8 @@ class StreamedNative(_Streamed):
                  for k, v in with_grads_as_params(unit).state_dict().items()}
         if self.walk.tied and name == "lm_head":
             return {EMBED: state["lm_head.weight"]}  # the tied weight's gradient sums both uses
-        return dict(self.adapter.to_hf(state))
+        grads = dict(self.adapter.to_hf(state))
+        return grads | self.gap_grads(name, unit) if self.gap_grads is not None else grads
 
 
 def known_gaps_report(model: nn.Module, adapter):

@@ -98,7 +98,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
             from harness.parity.models import build_native
 
             parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
-            kinds = native_keys_not_loaded_kinds(parity)
+            kinds = gaps = native_keys_not_loaded_kinds(parity)
             known, modules = known_load_gap_issues(kinds), None
             if kinds:
                 _fill_experts(parity.module, WeightSource(source), kinds)
@@ -106,6 +106,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
             mask = "row_causal" if attention == "sdpa" else "document"
         else:
             parity, known, modules, mask = _transformers_backend(Path(source), tuple(workarounds))
+            gaps = ()
     except Exception:
         stack.close()
         raise
@@ -117,7 +118,8 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
                       Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, ref_mask,
                       regime, weights_from, batch_from, known, modules,
                       batch.labels if gradients else None,
-                      (lambda: parity.hf_tensors("grad")) if gradients else None)
+                      (lambda: parity.hf_tensors("grad") | _expert_grads(model, gaps, ""))
+                      if gradients else None)
     return subject, stack
 
 
@@ -136,11 +138,15 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     weights = WeightSource(source)
     kinds = native_keys_not_loaded_kinds(streamed.known_gaps_report(model, adapter))
     known = known_load_gap_issues(kinds)
-    fill = None
+    fill = gap_grads = None
     if kinds:
         def fill(name, unit):
             _fill_experts(unit, weights, kinds, prefix=name + ".")
-    runner = streamed.StreamedNative(model, adapter, weights, batch, device=device, fill=fill)
+
+        def gap_grads(name, unit):
+            return _expert_grads(unit, kinds, prefix=name + ".")
+    runner = streamed.StreamedNative(model, adapter, weights, batch, device=device, fill=fill,
+                                     gap_grads=gap_grads)
     if known:
         known = [line + " (streamed: filled as each layer is loaded)" for line in known]
     # native sdpa: causal over the row at row positions; flex: per document
@@ -285,3 +291,19 @@ def _fill_experts(model, weights: WeightSource, kinds, prefix: str = "") -> int:
             param.copy_(stacked.to(param.dtype))
             filled += 1
     return filled
+
+
+def _expert_grads(unit, kinds, prefix: str) -> dict[str, torch.Tensor]:
+    """The gradients of the grouped experts' parameters that ``_fill_experts`` filled, under
+    the per-expert HF names it read them from (``w1``/``w3``: [E, F, D] -> gate/up_proj,
+    ``w2``: [E, D, F] -> down_proj, one slice per expert): the adapter's ``to_hf`` names
+    them no more than its ``from_hf`` loaded them."""
+    out = {}
+    for name, param in unit.named_parameters(prefix=prefix.rstrip(".")):
+        leaf = name.rsplit(".", 1)[-1]
+        if param.grad is None or leaf not in _EXPERT_HF or not any(name.endswith(k) for k in kinds):
+            continue
+        layer = int(name.split(".")[1])
+        for e in range(param.shape[0]):
+            out[f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_HF[leaf]}.weight"] = param.grad[e].detach().clone()
+    return out

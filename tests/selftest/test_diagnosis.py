@@ -76,6 +76,9 @@ def test_a_clean_model_has_no_divergent_module(build, tmp_path):
     found = diagnose_in_process(build, tmp_path=tmp_path)
     assert found["module"] is None, "\n".join(found["table"])
     assert found["compared"] > 10  # every module of the tiny model, not an empty walk
+    if build is MOE:  # the routed experts' weight gradients, per expert, in both generations
+        experts = [line for line in found["table"] if ".mlp.experts." in line]
+        assert len(experts) > 3 * 16, "\n".join(found["table"])  # most of 2 x 16 experts x 3
     known = " ".join(found["known"])
     if build is MOE and generation() == "spring2026":
         assert f"known issue {EXPERTS_NOT_LOADED}" in known, found
