@@ -24,10 +24,13 @@ def localize_request(req: dict) -> dict:
     except subject.NotDiagnosable as why:
         return {"divergence": None, "not_diagnosed": str(why)}
     with stack:
-        found = localize.first_divergence(built.under_test, built.weights, built.arch,
-                                          built.inputs, built.positions, mask=built.mask,
-                                          regime=built.regime, modules=built.modules,
-                                          labels=built.labels)
+        try:
+            found = localize.first_divergence(built.under_test, built.weights, built.arch,
+                                              built.inputs, built.positions, mask=built.mask,
+                                              regime=built.regime, modules=built.modules,
+                                              labels=built.labels)
+        except subject.NotDiagnosable as why:  # found by the walk (a weight the model names)
+            return {"divergence": None, "not_diagnosed": str(why)}
     result = found.to_json()
     result["weights_from"], result["batch_from"] = built.weights_from, built.batch_from
     result["known"] = built.known

@@ -228,6 +228,16 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     applied = set(workarounds)
+    arch = Qwen3Arch.from_dir(model_dir)
+    if arch.is_moe:
+        raise NotDiagnosable(
+            "the transformers backend's MoE: the run's model is not what a rebuild holds. "
+            "torchtitan 0.3.0's transformers backend swaps each HF MoE block for torchtitan's MoE at "
+            "parallelize time (moe_replacement.build_and_swap_native_moe, which needs the run's "
+            "ParallelDims) and initialises it there, while the model built here keeps "
+            "transformers' fused experts (mlp.experts.gate_up_proj [E, 2F, D], down_proj "
+            "[E, D, F]), which the checkpoint's per-expert tensors do not name; and the harness "
+            "registers no hf_v5 MoE size")
     model = streamed.hf_backend_on_meta(source, configure=W.hf_backend_configure(applied))
     weights = WeightSource(source)
 
@@ -238,7 +248,6 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     runner = streamed.StreamedHF(model, weights, batch, rope_init=rope_init, device=device)
     known, mask = _hf_known_issues(applied)
     seen, ref_mask = reference_form(batch, mask)
-    arch = Qwen3Arch.from_dir(model_dir)
     return Subject(model, None, weights, arch, seen.inputs, seen.positions, ref_mask, regime,
                    weights_from, batch_from, known, hf_modules(model.model, arch),
                    batch.labels if gradients else None, None, runner)

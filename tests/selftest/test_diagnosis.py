@@ -151,6 +151,16 @@ def test_a_backward_defect_in_a_units_input_gradient_is_named_at_that_unit(build
     assert found["before_max_rel"] < diagnosis_tolerance("gradients", build[3]).rtol, table
 
 
+def test_a_transformers_backend_moe_is_not_diagnosed_and_says_why(tmp_path):
+    result = localize_request({
+        "backend": "hf_v5", "attention": "sdpa", "model_dir": str(paths.TINY_MOE),
+        "weights_dir": str(paths.TINY_MOE), "run_dir": str(tmp_path), "nproc": 2,
+        "device": "cpu", "regime": "bf16_experts"})
+    assert result["divergence"] is None, result["divergence"]
+    assert "the transformers backend's MoE" in result["not_diagnosed"], result
+    assert "build_and_swap_native_moe" in result["not_diagnosed"], result
+
+
 def test_random_init_loss_of_a_pretrained_run_says_the_weights_did_not_load():
     vocab, hidden, std = 2048, 128, 0.02
     analytic = math.log(vocab) + std**2 * hidden / 2
