@@ -5,8 +5,10 @@ Data flows one way: results -> checks -> diagnosis -> report. ``checks`` asks
 ``diagnose(run)`` when a run's ``first_step_loss`` or ``finite`` check fails; the report prints
 what comes back.
 
-- ``trace``: the float64 reference, module by module, one layer of weights in memory;
-- ``localize``: the run's model against it, the first module beyond the diagnosis tolerance;
+- ``trace``: the float64 reference, module by module, one unit (and its weights) at a time;
+- ``localize``: the run's model against it, both walked unit by unit forward and back, the
+  first module beyond the diagnosis tolerance;
+- ``live_bytes``: what the reference side holds at once, measured;
 - ``subject``: the run's own model, starting weights and first batch;
 - ``streamed``: that model built on meta and run one unit at a time, forward and back;
 - ``hints``: the source's step-7 advice, by signature (the analytic random-init loss, the

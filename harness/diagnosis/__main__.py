@@ -20,19 +20,22 @@ def localize_request(req: dict) -> dict:
             None if req["weights_dir"] is None else Path(req["weights_dir"]), Path(req["run_dir"]),
             int(req["nproc"]), req.get("device", "cpu"), tuple(req.get("plants", ())),
             req.get("regime", "float32"), tuple(req.get("workarounds", ())),
-            req.get("gradients", True), req.get("stream", True))
+            req.get("gradients", True))
     except subject.NotDiagnosable as why:
         return {"divergence": None, "not_diagnosed": str(why)}
     with stack:
-        found = localize.first_divergence(built.module, built.run, built.weights, built.arch,
-                                          built.inputs, built.positions, mask=built.mask,
-                                          regime=built.regime, modules=built.modules,
-                                          labels=built.labels, model_grads=built.model_grads,
-                                          under_test=built.under_test)
+        try:
+            found = localize.first_divergence(built.under_test, built.weights, built.arch,
+                                              built.inputs, built.positions, mask=built.mask,
+                                              regime=built.regime, modules=built.modules,
+                                              labels=built.labels)
+        except subject.NotDiagnosable as why:  # found by the walk (a weight the model names)
+            return {"divergence": None, "not_diagnosed": str(why)}
     result = found.to_json()
     result["weights_from"], result["batch_from"] = built.weights_from, built.batch_from
     result["known"] = built.known
-    result["streamed"] = built.under_test.memory() if built.under_test is not None else None
+    # bytes held at once: the model under test's parameters, the reference's float64 tensors
+    result["memory"] = {"model": built.under_test.memory(), "reference": result.pop("reference_memory")}
     return {"divergence": result, "not_diagnosed": None}
 
 

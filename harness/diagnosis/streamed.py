@@ -15,8 +15,11 @@ the meta device exactly as the trainer builds it, and walked one unit at a time
   and its parameter gradients recorded under HF names (the adapter's ``to_hf``); it is freed.
 
 Live parameters are never more than one unit's (``peak_parameter_bytes`` records it). The
-module outputs and output gradients the comparison reads are recorded by the same hooks as
-the whole-model path (harness/diagnosis/localize.py ``capture``).
+module outputs and output gradients the comparison reads are recorded by hooks
+(harness/diagnosis/localize.py ``Recorder``) and handed to the comparison unit by unit, as
+each unit is done (``forward(modules, visit)``, ``backward(modules, labels, visit)``): the
+comparison runs the reference's same unit then and there, and nothing of a unit outlives its
+step but its input.
 """
 
 from __future__ import annotations
@@ -65,47 +68,47 @@ def load_gaps(model: nn.Module, adapter) -> set[str]:
 class _Streamed:
     """What both streamed models share: the forward's record, the backward walk (each unit
     reloaded, rerun from its saved input with grad, backwarded with the gradient its output
-    received, freed) and the memory numbers. A subclass says how a unit reruns from its saved
-    input (``_rerun``: (input, output)) and names its parameter gradients (``_hf_grads``)."""
+    received, freed) and the memory numbers. A subclass says how its forward runs the units
+    (``_forward(after)``: ``after(unit name)`` once each unit has run and been freed), how a
+    unit reruns from its saved input (``_rerun``: (input, output)) and names its parameter
+    gradients (``_hf_grads``)."""
 
     # -- what harness/diagnosis/localize.py first_divergence runs ----------------------------
-    def record(self, modules, grads: bool):
-        """({trace name: output tensors}, logits) of the streamed forward."""
-        from harness.diagnosis.localize import capture
+    reference_unit: dict[str, str] = {}  # the model's unit name -> the reference's, where they differ
+    not_rerun = ()  # units with no parameters and no trace modules (transformers' rotary_emb)
 
-        got, _, logits = capture(modules, self.forward, grads=False)
-        return got, logits
+    def forward(self, modules, visit) -> None:
+        """The forward, one unit in memory at a time; after each unit, ``visit(reference unit
+        name, {trace name: output tensors})`` with its modules' outputs (a visit that raises
+        stops the walk)."""
+        from harness.diagnosis.localize import Recorder
 
-    def backward(self, labels, modules) -> tuple[dict, dict]:
-        """Back from the run's loss on ``labels``: ({trace name: output gradients}, {HF name:
-        parameter gradient}), one unit in memory at a time."""
-        from harness.diagnosis.localize import capture, run_loss
+        with Recorder(modules) as recorder, torch.no_grad():
+            self._forward(lambda name: visit(self.reference_unit.get(name, name), recorder.take()))
 
-        out_grads: dict = {}
-        hf_grads: dict[str, torch.Tensor] = {}
+    def backward(self, modules, labels, visit) -> None:
+        """Back from the run's loss on ``labels``, one unit in memory at a time; after each
+        unit's backward, ``visit(reference unit name, {trace name: {slot: output gradient}},
+        {HF name: parameter gradient}, the gradient w.r.t. the unit's input or None)``. A tied
+        weight's gradient is visited once per use (the lm_head's, then the embedding's): the
+        two sum to the model's."""
+        from harness.diagnosis.localize import Recorder, run_loss
+
         grad = None
         for name, unit in reversed(self.walk.units):
             if name in self.not_rerun:
                 continue
             self.load(name, unit)
-            box: dict = {}
-
-            def rerun(name=name, unit=unit):
-                box["x"], out = self._rerun(name, unit)
-                return out
-
-            _, grads, out = capture(modules, rerun, grads=True)
+            with Recorder(modules, grads=True) as recorder, torch.enable_grad():
+                x, out = self._rerun(name, unit)
             out = out[0] if isinstance(out, tuple) else out
-            x = box["x"]
             with torch.enable_grad():
                 (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
-            for key, slots in grads.items():
-                out_grads.setdefault(key, {}).update(slots)
+            del out
             grad = x.grad if x.is_floating_point() else None
-            for key, g in self._hf_grads(name, unit).items():
-                hf_grads[key] = hf_grads[key] + g if key in hf_grads else g
+            hf_grads = self._hf_grads(name, unit)
             free(unit)
-        return out_grads, hf_grads
+            visit(self.reference_unit.get(name, name), recorder.out_grads, hf_grads, grad)
 
     def memory(self) -> dict:
         """Parameter bytes: the most ever live at once, the largest unit's, the whole model's."""
@@ -122,12 +125,14 @@ class StreamedNative(_Streamed):
     """torchtitan's native Qwen3 (titan_native, nki_moe), streamed one unit at a time."""
 
     def __init__(self, model: nn.Module, adapter, weights: WeightSource, batch, *,
-                 device: str = "cpu", fill=None) -> None:
+                 device: str = "cpu", fill=None, gap_grads=None) -> None:
         from torchtitan.models.common.attention import ScaledDotProductAttention
 
         self.model, self.adapter, self.weights, self.device = model, adapter, weights, device
         self.walk = model_units(model, "native")
         self.fill = fill  # fill(unit_name, unit): a known load gap completed from the checkpoint
+        # gap_grads(unit_name, unit): {HF name: gradient} of what fill filled (to_hf names none)
+        self.gap_grads = gap_grads
         row_causal = isinstance(model.layers["0"].attention.inner_attention,
                                 ScaledDotProductAttention)
         # Trainer.post_dataloading_process: flex/varlen masks from positions; SDPA: no mask,
@@ -174,17 +179,14 @@ class StreamedNative(_Streamed):
         return unit(h)
 
     # -- the walks ---------------------------------------------------------------------------
-    def forward(self) -> torch.Tensor:
-        """The logits, one unit in memory at a time (inside ``capture``'s hooks)."""
+    def _forward(self, after) -> None:
         h = self.inputs
         for name, unit in self.walk.units:
             self.load(name, unit)
             self.saved[name] = h.detach()
             h = self._run(name, unit, h)
             free(unit)
-        return h
-
-    not_rerun = ()
+            after(name)
 
     def _rerun(self, name: str, unit: nn.Module):
         x = _with_grad(self.saved[name])
@@ -198,7 +200,8 @@ class StreamedNative(_Streamed):
                  for k, v in with_grads_as_params(unit).state_dict().items()}
         if self.walk.tied and name == "lm_head":
             return {EMBED: state["lm_head.weight"]}  # the tied weight's gradient sums both uses
-        return dict(self.adapter.to_hf(state))
+        grads = dict(self.adapter.to_hf(state))
+        return grads | self.gap_grads(name, unit) if self.gap_grads is not None else grads
 
 
 def known_gaps_report(model: nn.Module, adapter):
@@ -265,25 +268,30 @@ class StreamedHF(_Streamed):
             unit.load_state_dict(state, strict=False)
         self.peak_parameter_bytes = max(self.peak_parameter_bytes, live_parameter_bytes(self.model))
 
-    def forward(self) -> torch.Tensor:
+    reference_unit = {"embed_tokens": "tok_embeddings"}
+    not_rerun = ("rotary_emb",)
+
+    def _forward(self, after) -> None:
         handles = []
         for name, unit in self.walk.units:
-            if name == "rotary_emb":
+            if name in self.not_rerun:
                 continue
 
             def before(mod, args, kwargs, name=name):
                 self.load(name, mod)
                 self.saved[name] = (args, kwargs)
 
+            def done(mod, _inputs, _output, name=name):
+                free(mod)
+                after(name)
+
             handles.append(unit.register_forward_pre_hook(before, with_kwargs=True))
-            handles.append(unit.register_forward_hook(lambda mod, _i, _o: free(mod)))
+            handles.append(unit.register_forward_hook(done))
         try:
-            return self.model(self.inputs, positions=self.positions)
+            self.model(self.inputs, positions=self.positions)
         finally:
             for h in handles:
                 h.remove()
-
-    not_rerun = ("rotary_emb",)
 
     def _rerun(self, name: str, unit: nn.Module):
         args, kwargs = self.saved[name]

@@ -2,10 +2,9 @@
 
 - the model: the backend's model built as the trainer builds it, with the run's plants applied
   while it is built and run, on the run's device. torchtitan's native Qwen3 (titan_native,
-  nki_moe with its custom operators) is built on the meta device and streamed one unit at a
-  time at every size (harness/diagnosis/streamed.py), so one decoder layer's parameters are
-  all it ever holds; the transformers backend (hf_v5) is still built whole
-  (harness/parity/models.py ``build_hf_backend``);
+  nki_moe with its custom operators) and its transformers backend (hf_v5) are built on the
+  meta device and streamed one unit at a time at every size (harness/diagnosis/streamed.py),
+  so one unit's parameters are all the model ever holds;
 - the weights: the HF weights a pretrained run loads, or the step-0 weights the ranks of a
   random-init run dumped (harness/diagnosis/rank_dump.py);
 - the batch: rank 0's first batch as the ranks dumped it, else as torchtitan's own dataloader
@@ -33,7 +32,7 @@ NATIVE_BUILDS = {"titan_native": {"custom_ops": False}, "nki_moe": {"custom_ops"
 @dataclass
 class Subject:
     module: torch.nn.Module
-    run: object  # callable: one forward on the batch
+    run: object  # the whole model (stream=False): one forward on the batch
     weights: WeightSource
     arch: object
     inputs: torch.Tensor
@@ -45,8 +44,8 @@ class Subject:
     known: list[str] = field(default_factory=list)  # known issues the run's model shows, by name
     modules: dict | None = None  # {trace name: (model's name, modules)}; None: native names
     labels: torch.Tensor | None = None  # the batch's labels (the gradient comparison's loss)
-    model_grads: object = None  # callable: the model's parameter gradients under HF names
-    under_test: object = None  # how it runs (harness/diagnosis/streamed.py); None: held whole
+    model_grads: object = None  # the whole model: its parameter gradients under HF names
+    under_test: object = None  # the streamed model (harness/diagnosis/streamed.py); None: whole
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
@@ -64,8 +63,9 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
           regime: str = "float32", workarounds: tuple[str, ...] = (),
           gradients: bool = True, stream: bool = True) -> tuple[Subject, contextlib.ExitStack]:
     """The run's model with the run's plants (and workarounds) in force (the returned stack
-    undoes the plants). ``stream``: a native model is streamed one unit at a time (the
-    diagnosis's only way; False builds it whole, for the test that the two agree)."""
+    undoes the plants). ``stream``: the model is streamed one unit at a time (the diagnosis's
+    only way); False builds it whole (``Subject.run``, ``model_grads``; no ``under_test``),
+    only for the test that the streamed model computes what the whole model computes."""
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
@@ -98,7 +98,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
             from harness.parity.models import build_native
 
             parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
-            kinds = native_keys_not_loaded_kinds(parity)
+            kinds = gaps = native_keys_not_loaded_kinds(parity)
             known, modules = known_load_gap_issues(kinds), None
             if kinds:
                 _fill_experts(parity.module, WeightSource(source), kinds)
@@ -106,6 +106,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
             mask = "row_causal" if attention == "sdpa" else "document"
         else:
             parity, known, modules, mask = _transformers_backend(Path(source), tuple(workarounds))
+            gaps = ()
     except Exception:
         stack.close()
         raise
@@ -117,7 +118,8 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
                       Qwen3Arch.from_dir(model_dir), seen.inputs, seen.positions, ref_mask,
                       regime, weights_from, batch_from, known, modules,
                       batch.labels if gradients else None,
-                      (lambda: parity.hf_tensors("grad")) if gradients else None)
+                      (lambda: parity.hf_tensors("grad") | _expert_grads(model, gaps, ""))
+                      if gradients else None)
     return subject, stack
 
 
@@ -136,11 +138,15 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     weights = WeightSource(source)
     kinds = native_keys_not_loaded_kinds(streamed.known_gaps_report(model, adapter))
     known = known_load_gap_issues(kinds)
-    fill = None
+    fill = gap_grads = None
     if kinds:
         def fill(name, unit):
             _fill_experts(unit, weights, kinds, prefix=name + ".")
-    runner = streamed.StreamedNative(model, adapter, weights, batch, device=device, fill=fill)
+
+        def gap_grads(name, unit):
+            return _expert_grads(unit, kinds, prefix=name + ".")
+    runner = streamed.StreamedNative(model, adapter, weights, batch, device=device, fill=fill,
+                                     gap_grads=gap_grads)
     if known:
         known = [line + " (streamed: filled as each layer is loaded)" for line in known]
     # native sdpa: causal over the row at row positions; flex: per document
@@ -222,6 +228,16 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     applied = set(workarounds)
+    arch = Qwen3Arch.from_dir(model_dir)
+    if arch.is_moe:
+        raise NotDiagnosable(
+            "the transformers backend's MoE: the run's model is not what a rebuild holds. "
+            "torchtitan 0.3.0's transformers backend swaps each HF MoE block for torchtitan's MoE at "
+            "parallelize time (moe_replacement.build_and_swap_native_moe, which needs the run's "
+            "ParallelDims) and initialises it there, while the model built here keeps "
+            "transformers' fused experts (mlp.experts.gate_up_proj [E, 2F, D], down_proj "
+            "[E, D, F]), which the checkpoint's per-expert tensors do not name; and the harness "
+            "registers no hf_v5 MoE size")
     model = streamed.hf_backend_on_meta(source, configure=W.hf_backend_configure(applied))
     weights = WeightSource(source)
 
@@ -232,7 +248,6 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     runner = streamed.StreamedHF(model, weights, batch, rope_init=rope_init, device=device)
     known, mask = _hf_known_issues(applied)
     seen, ref_mask = reference_form(batch, mask)
-    arch = Qwen3Arch.from_dir(model_dir)
     return Subject(model, None, weights, arch, seen.inputs, seen.positions, ref_mask, regime,
                    weights_from, batch_from, known, hf_modules(model.model, arch),
                    batch.labels if gradients else None, None, runner)
@@ -285,3 +300,19 @@ def _fill_experts(model, weights: WeightSource, kinds, prefix: str = "") -> int:
             param.copy_(stacked.to(param.dtype))
             filled += 1
     return filled
+
+
+def _expert_grads(unit, kinds, prefix: str) -> dict[str, torch.Tensor]:
+    """The gradients of the grouped experts' parameters that ``_fill_experts`` filled, under
+    the per-expert HF names it read them from (``w1``/``w3``: [E, F, D] -> gate/up_proj,
+    ``w2``: [E, D, F] -> down_proj, one slice per expert): the adapter's ``to_hf`` names
+    them no more than its ``from_hf`` loaded them."""
+    out = {}
+    for name, param in unit.named_parameters(prefix=prefix.rstrip(".")):
+        leaf = name.rsplit(".", 1)[-1]
+        if param.grad is None or leaf not in _EXPERT_HF or not any(name.endswith(k) for k in kinds):
+            continue
+        layer = int(name.split(".")[1])
+        for e in range(param.shape[0]):
+            out[f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT_HF[leaf]}.weight"] = param.grad[e].detach().clone()
+    return out

@@ -1,8 +1,10 @@
-"""The independent reference, traced module by module, in float64, one layer in memory.
+"""The independent reference, module by module, in float64, one unit at a time.
 
 The same Qwen3 math as :mod:`harness.parity.reference` (whose RoPE, routing and SwiGLU
-building blocks it reuses), written as a walk that records the output of every step under the
-name of the torchtitan module that computes it, in forward order:
+building blocks it reuses), written per unit (the embedding, each decoder layer, the final
+norm, the lm_head: the model under test's units, harness/unit_walk.py). ``Reference.unit``
+computes one unit from its input and that unit's weights alone, and yields the output of
+every step under the name of the torchtitan module that computes it, in forward order:
 
     tok_embeddings
     layers.{i}.attention_norm   layers.{i}.attention.qkv_linear  (q, k, v)
@@ -16,12 +18,14 @@ name of the torchtitan module that computes it, in forward order:
 Everything is float64 except what the model under test is defined to compute in lower
 precision: the MoE router's softmax (float32, as Qwen3-MoE defines it) and, with
 ``expert_dtype=bfloat16``, the expert matmuls (torchtitan's ``GroupedExperts`` casts operands
-to bf16). Weights are read per layer from the safetensors files (``WeightSource``), so the
-reference never holds more than one layer of weights and the activations of one batch.
+to bf16). Weights are read per unit from the safetensors files (``WeightSource``,
+``unit_weight_names``), so the reference never holds more than one unit of weights; the walk
+that drives it forward and back is harness/diagnosis/localize.py.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -62,35 +66,12 @@ class WeightSource:
         with safe_open(str(self._where[key]), "pt") as f:
             return f.get_tensor(key).to(DTYPE)
 
-    def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
-        return {k: self[k] for k in sorted(self.keys()) if k.startswith(prefix)}
-
-
-class Leaves:
-    """A ``WeightSource`` whose tensors are float64 leaves that record their gradients: the
-    reference side of the gradient comparison (each tensor read once, then the same leaf)."""
-
-    def __init__(self, source: WeightSource) -> None:
-        self.source = source
-        self._leaves: dict[str, torch.Tensor] = {}
-
-    def keys(self) -> set[str]:
-        return self.source.keys()
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._leaves:
-            self._leaves[key] = self.source[key].requires_grad_(True)
-        return self._leaves[key]
-
-    def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
-        return {k: self[k] for k in sorted(self.keys()) if k.startswith(prefix)}
-
-    def grads(self) -> dict[str, torch.Tensor]:
-        return {k: t.grad for k, t in self._leaves.items() if t.grad is not None}
-
-
-def trace_backward(loss: torch.Tensor) -> None:
-    loss.backward()
+    def float64_bytes(self, key: str) -> int:
+        """What tensor ``key`` takes in float64, from its shape alone (nothing is read)."""
+        if self._dict is not None:
+            return self._dict[key].numel() * DTYPE.itemsize
+        with safe_open(str(self._where[key]), "pt") as f:
+            return math.prod(f.get_slice(key).get_shape()) * DTYPE.itemsize
 
 
 # HF weight name (layer dropped) -> the trace module whose parameter it is
@@ -127,23 +108,73 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def trace(weights: WeightSource, arch: Qwen3Arch, input_ids: torch.Tensor,
-          positions: torch.Tensor, *, expert_dtype: torch.dtype | None = None,
-          mask: str = "document") -> Iterator[tuple[str, object]]:
-    """Yield ``(module name, output)`` in forward order; a tuple output for modules that
-    return several tensors (q/k/v, rope's q/k, the router's ids and weights). ``mask``:
-    "document" (causal within each document; a document starts where ``positions == 0``) or
-    "causal" (causal over the whole row, whatever the positions)."""
-    B, L = input_ids.shape
-    H, KV, D = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
-    eps = arch.rms_norm_eps
-    mask = (reference.document_causal_mask(positions) if mask == "document"
-            else reference.causal_mask(positions))
-    cos, sin = rope_torch.rope_cos_sin(positions, D, arch.rope_theta, dtype=DTYPE)
-    h = F.embedding(input_ids, weights["model.embed_tokens.weight"])
-    yield "tok_embeddings", h
-    for i in range(arch.num_hidden_layers):
-        w = weights.prefixed(f"model.layers.{i}.")
+EMBED = "model.embed_tokens.weight"
+
+
+def unit_names(arch: Qwen3Arch) -> list[str]:
+    """The reference's units in forward order: what one step of the walk computes, with one
+    unit's weights (the model under test's units: harness/unit_walk.py)."""
+    return ["tok_embeddings", *(f"layers.{i}" for i in range(arch.num_hidden_layers)), "norm",
+            "lm_head"]
+
+
+def unit_of(name: str) -> str:
+    """The unit a trace module belongs to (``layers.1.attention.q_norm`` -> ``layers.1``)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+
+
+def unit_weight_names(arch: Qwen3Arch, unit: str, keys: set[str]) -> list[str]:
+    """The HF tensors (of ``keys``, a checkpoint's names) that ``unit`` reads; a tied lm_head
+    reads the embedding."""
+    if unit == "tok_embeddings":
+        return [EMBED]
+    if unit == "norm":
+        return ["model.norm.weight"]
+    if unit == "lm_head":
+        return [EMBED if arch.tie_word_embeddings else "lm_head.weight"]
+    prefix = f"model.{unit}."
+    return sorted(k for k in keys if k.startswith(prefix))
+
+
+class Reference:
+    """The float64 reference on one batch (``input_ids``, ``positions``, ``mask``), one unit at
+    a time: ``unit(name, w, x)`` yields ``(module name, output)`` in forward order for the
+    unit's modules, from the unit's input ``x`` (the token ids for ``tok_embeddings``) and its
+    weights ``w`` (HF names: ``unit_weight_names``); the last output is the unit's. A tuple
+    output for modules that return several tensors (q/k/v, rope's q/k, the router's ids and
+    weights). ``mask``: "document" (causal within each document; a document starts where
+    ``positions == 0``) or "causal" (causal over the whole row, whatever the positions)."""
+
+    def __init__(self, arch: Qwen3Arch, input_ids: torch.Tensor, positions: torch.Tensor, *,
+                 expert_dtype: torch.dtype | None = None, mask: str = "document") -> None:
+        self.arch, self.input_ids, self.expert_dtype = arch, input_ids, expert_dtype
+        self.mask = (reference.document_causal_mask(positions) if mask == "document"
+                     else reference.causal_mask(positions))
+        self.cos, self.sin = rope_torch.rope_cos_sin(positions, arch.head_dim, arch.rope_theta,
+                                                     dtype=DTYPE)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What it holds for the whole walk: the batch's mask and RoPE tables."""
+        return [self.mask, self.cos, self.sin]
+
+    def unit(self, name: str, w: dict[str, torch.Tensor], x: torch.Tensor) -> Iterator[tuple[str, object]]:
+        if name == "tok_embeddings":
+            yield name, F.embedding(x, w[EMBED])
+        elif name.startswith("layers."):
+            yield from self._layer(int(name.split(".")[1]), w, x)
+        elif name == "norm":
+            yield name, _rms(x, w["model.norm.weight"], self.arch.rms_norm_eps)
+        elif name == "lm_head":
+            yield name, F.linear(x, w[EMBED if self.arch.tie_word_embeddings else "lm_head.weight"])
+        else:
+            raise KeyError(f"{name}: not a reference unit (known: {unit_names(self.arch)})")
+
+    def _layer(self, i: int, w: dict[str, torch.Tensor], h: torch.Tensor):
+        arch = self.arch
+        B, L, _ = h.shape
+        H, KV, D = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        eps = arch.rms_norm_eps
         p = f"model.layers.{i}"
         a = f"layers.{i}.attention"
         x = _rms(h, w[f"{p}.input_layernorm.weight"], eps)
@@ -156,14 +187,14 @@ def trace(weights: WeightSource, arch: Qwen3Arch, input_ids: torch.Tensor,
         yield f"{a}.q_norm", q
         k = _rms(k, w[f"{p}.self_attn.k_norm.weight"], eps)
         yield f"{a}.k_norm", k
-        q, k = rope_torch.apply_rope(q, cos, sin), rope_torch.apply_rope(k, cos, sin)
+        q, k = rope_torch.apply_rope(q, self.cos, self.sin), rope_torch.apply_rope(k, self.cos, self.sin)
         yield f"{a}.rope", (q, k)
         group = H // KV
         qt = q.transpose(1, 2)
         kt = k.transpose(1, 2).repeat_interleave(group, dim=1)
         vt = v.transpose(1, 2).repeat_interleave(group, dim=1)
         scores = (qt @ kt.transpose(-1, -2)) * D**-0.5
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        probs = torch.softmax(scores.masked_fill(~self.mask, float("-inf")), dim=-1)
         out = F.linear((probs @ vt).transpose(1, 2).reshape(B, L, H * D),
                        w[f"{p}.self_attn.o_proj.weight"])
         yield a, out
@@ -171,18 +202,12 @@ def trace(weights: WeightSource, arch: Qwen3Arch, input_ids: torch.Tensor,
         x = _rms(h, w[f"{p}.post_attention_layernorm.weight"], eps)
         yield f"layers.{i}.ffn_norm", x
         if arch.layer_is_moe(i):
-            m = yield from _moe(x, w, arch, p, f"layers.{i}.moe", expert_dtype)
+            m = yield from _moe(x, w, arch, p, f"layers.{i}.moe", self.expert_dtype)
         else:
             m = reference.swiglu(x, w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"],
                                  w[f"{p}.mlp.down_proj.weight"])
             yield f"layers.{i}.feed_forward", m
-        h = h + m
-        yield f"layers.{i}", h
-        del w
-    h = _rms(h, weights["model.norm.weight"], eps)
-    yield "norm", h
-    head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
-    yield "lm_head", F.linear(h, weights[head])
+        yield f"layers.{i}", h + m
 
 
 def _moe(x, w, arch: Qwen3Arch, p: str, name: str, expert_dtype):

@@ -495,6 +495,14 @@ def _scale_ffn_norm_backward_in_one_layer(model) -> None:
     norm.forward = lambda x: _ScaledBackward.apply(forward(x))
 
 
+def _scale_attention_norm_input_gradient_in_one_layer(model) -> None:
+    """Layer ``PLANTED_LAYER``'s attention_norm computes its output and its weight's gradient
+    exactly, but scales the gradient it sends back to its input (the layer's input)."""
+    norm = _planted_layer(model).attention_norm
+    forward = norm.forward
+    norm.forward = lambda x: forward(_ScaledBackward.apply(x))
+
+
 MORE_DIAGNOSIS_PLANTS = (
     Plant(f"hf_qk_norm_swap_layer{PLANTED_LAYER}", "model",
           f"the transformers backend's layer {PLANTED_LAYER} normalises q with k_norm and k with q_norm",
@@ -505,5 +513,10 @@ MORE_DIAGNOSIS_PLANTS = (
           f"gradient by {BACKWARD_SCALE}",
           (f"diagnosis: layers.{PLANTED_LAYER}.ffn_norm gradient",),
           patch=(DECODER, _after_decoder_init(_scale_ffn_norm_backward_in_one_layer))),
+    Plant(f"attention_norm_input_backward_layer{PLANTED_LAYER}", "model",
+          f"layer {PLANTED_LAYER}'s attention_norm: exact forward and weight gradient, the "
+          f"gradient it sends to its input scaled by {BACKWARD_SCALE}",
+          (f"diagnosis: layers.{PLANTED_LAYER} input gradient",),
+          patch=(DECODER, _after_decoder_init(_scale_attention_norm_input_gradient_in_one_layer))),
 )
 PATCH_PLANTS = PATCH_PLANTS + MORE_DIAGNOSIS_PLANTS

@@ -65,7 +65,7 @@ def diagnose_in_process(build, plants=(), tmp_path=None, workarounds=()):
         "weights_dir": str(model_dir), "run_dir": str(tmp_path), "nproc": 2, "device": "cpu",
         "plants": list(plants), "regime": regime, "workarounds": list(workarounds)})
     assert result["not_diagnosed"] is None, result
-    memory = result["divergence"]["streamed"]  # the model under test, one unit at a time
+    memory = result["divergence"]["memory"]["model"]  # the model under test, one unit at a time
     assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
     return result["divergence"]
 
@@ -76,6 +76,9 @@ def test_a_clean_model_has_no_divergent_module(build, tmp_path):
     found = diagnose_in_process(build, tmp_path=tmp_path)
     assert found["module"] is None, "\n".join(found["table"])
     assert found["compared"] > 10  # every module of the tiny model, not an empty walk
+    if build is MOE:  # the routed experts' weight gradients, per expert, in both generations
+        experts = [line for line in found["table"] if ".mlp.experts." in line]
+        assert len(experts) > 3 * 16, "\n".join(found["table"])  # most of 2 x 16 experts x 3
     known = " ".join(found["known"])
     if build is MOE and generation() == "spring2026":
         assert f"known issue {EXPERTS_NOT_LOADED}" in known, found
@@ -133,6 +136,29 @@ def test_a_backward_only_defect_is_named_by_the_gradient_comparison(build, tmp_p
     assert found["kind"] == "gradient" and "gradient" in found["line"], found["line"]
     assert "post_attention_layernorm" in found["quantity"], found["line"]
     assert found["before_max_rel"] < diagnosis_tolerance("gradients", build[3]).rtol, table
+
+
+@pytest.mark.parametrize("build", [DENSE, MOE], ids=["titan_native", "nki_moe"])
+def test_a_backward_defect_in_a_units_input_gradient_is_named_at_that_unit(build, tmp_path):
+    """Layer 1's attention_norm computes its output and weight gradient exactly and scales only
+    the gradient it sends to its input: every output and parameter gradient of layer 1 agrees,
+    and the layer's input gradient is the first to part, named at layer 1 (not at layer 0,
+    whose output gradient it is)."""
+    found = diagnose_in_process(build, ("attention_norm_input_backward_layer1",), tmp_path)
+    table = "\n".join(found["table"])
+    assert found["module"] == "layers.1", f"{found['line']}\n{table}"
+    assert found["kind"] == "gradient" and found["quantity"] == "layers.1 (input)", found["line"]
+    assert found["before_max_rel"] < diagnosis_tolerance("gradients", build[3]).rtol, table
+
+
+def test_a_transformers_backend_moe_is_not_diagnosed_and_says_why(tmp_path):
+    result = localize_request({
+        "backend": "hf_v5", "attention": "sdpa", "model_dir": str(paths.TINY_MOE),
+        "weights_dir": str(paths.TINY_MOE), "run_dir": str(tmp_path), "nproc": 2,
+        "device": "cpu", "regime": "bf16_experts"})
+    assert result["divergence"] is None, result["divergence"]
+    assert "the transformers backend's MoE" in result["not_diagnosed"], result
+    assert "build_and_swap_native_moe" in result["not_diagnosed"], result
 
 
 def test_random_init_loss_of_a_pretrained_run_says_the_weights_did_not_load():
@@ -265,19 +291,34 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _recorded(built):
     """Every module output, output gradient and HF parameter gradient of the model under test
-    on the run's first batch, as the diagnosis records them."""
+    on the run's first batch: the whole model in one forward and one backward, or the
+    streamed one as it hands them to the diagnosis, unit by unit (a tied weight's gradient
+    summed over its uses)."""
     from harness.diagnosis import localize
     from harness.diagnosis.trace import trace_names
 
     modules = built.modules if built.modules is not None else localize.native_modules(
         built.module, [n for n, _ in trace_names(built.arch)])
-    under_test = built.under_test or localize.WholeModel(built.run, built.model_grads)
-    outputs, logits = under_test.record(modules, True)
-    out_grads, param_grads = under_test.backward(built.labels, modules)
+    if built.under_test is None:
+        with localize.Recorder(modules, grads=True) as recorder, torch.enable_grad():
+            logits = built.run()
+        localize.run_loss(logits, built.labels).backward()
+        outputs, out_grads, param_grads = recorder.take(), recorder.out_grads, built.model_grads()
+    else:
+        outputs, out_grads, param_grads = {}, {}, {}
+
+        def backward_visit(_unit, grads, params, _input_grad):
+            for key, slots in grads.items():
+                out_grads.setdefault(key, {}).update(slots)
+            for key, g in params.items():
+                param_grads[key] = param_grads[key] + g if key in param_grads else g
+
+        built.under_test.forward(modules, lambda _unit, got: outputs.update(got))
+        built.under_test.backward(modules, built.labels, backward_visit)
     flat = {f"{k}[{i}]": t for k, ts in outputs.items() for i, t in enumerate(ts)}
     flat |= {f"∇ {k}[{i}]": t for k, slots in out_grads.items() for i, t in slots.items()}
     flat |= {f"∇ {k}": t for k, t in param_grads.items()}
-    return flat, under_test
+    return flat, built.under_test
 
 
 @pytest.mark.parametrize("build", [DENSE, MOE, HF_V5], ids=["titan_native", "nki_moe", "hf_v5"])
@@ -305,3 +346,76 @@ def test_the_streamed_model_computes_bitwise_what_the_whole_model_computes(build
     memory = runner.memory()
     assert memory["peak_live_parameter_bytes"] == memory["largest_unit_parameter_bytes"], memory
     assert memory["largest_unit_parameter_bytes"] < memory["model_parameter_bytes"] / 2, memory
+
+
+def _deeper_dense(layers: int, into):
+    """The tiny dense fixture with ``layers`` decoder layers, same width: layer i is the
+    fixture's layer i % 2, every other tensor (embedding, final norm) the fixture's own."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    into.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(paths.TINY_DENSE / name, into / name)
+    config = json.loads((paths.TINY_DENSE / "config.json").read_text())
+    kept = config["num_hidden_layers"]
+    config["num_hidden_layers"], config["layer_types"] = layers, [config["layer_types"][0]] * layers
+    (into / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(paths.TINY_DENSE / "model.safetensors")
+    deeper = {k: t for k, t in tensors.items() if not k.startswith("model.layers.")}
+    for i in range(layers):
+        prefix = f"model.layers.{i % kept}."
+        deeper |= {f"model.layers.{i}." + k[len(prefix):]: t.clone()
+                   for k, t in tensors.items() if k.startswith(prefix)}
+    save_file(deeper, into / "model.safetensors")
+    return into
+
+
+def _reference_memory(model_dir, tmp_path):
+    found = diagnose_in_process(("titan_native", "sdpa", model_dir, "float32"), tmp_path=tmp_path)
+    assert found["module"] is None and found["gradient_before"], found["line"]  # walked to the end
+    return found["memory"]["reference"]
+
+
+def _beyond_inputs(memory: dict) -> int:
+    """The reference's peak besides the unit inputs it keeps for the backward."""
+    return memory["peak_live_bytes"] - memory["saved_input_bytes"]
+
+
+def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monkeypatch):
+    """The comparison runs the float64 reference unit by unit beside the model under test
+    (forward, then backward from the loss): what it holds at its peak, besides the one input
+    per unit it keeps for the backward, is one unit's weights, outputs and graph, the same for
+    2 decoder layers as for 8; the unit inputs grow by one activation per layer. A walk that
+    keeps every unit's module outputs (as a whole-model record does) grows with depth and is
+    caught by the same measure."""
+    from harness.diagnosis import trace
+
+    shallow = _reference_memory(paths.TINY_DENSE, tmp_path)
+    deep_dir = _deeper_dense(8, tmp_path / "deep")
+    deep = _reference_memory(deep_dir, tmp_path)
+    print(f"2 layers: {shallow}\n8 layers: {deep}")
+    assert deep["model_weight_bytes"] > 2 * shallow["model_weight_bytes"], deep  # really deeper
+    # the inputs kept: the token ids (int64) and one float64 hidden state per unit after the
+    # embedding (2 + 2 layers: 4; 8 + 2: 10), 128 wide: the ids are 1/128 of a hidden state
+    grown = deep["saved_input_bytes"] - shallow["saved_input_bytes"]
+    hidden_state = grown // 6
+    assert grown == 6 * hidden_state, (shallow, deep)
+    assert shallow["saved_input_bytes"] == 4 * hidden_state + hidden_state // 128, shallow
+    assert _beyond_inputs(deep) == _beyond_inputs(shallow), (shallow, deep)
+    assert deep["largest_unit_weight_bytes"] == shallow["largest_unit_weight_bytes"]
+
+    kept = []
+    unit = trace.Reference.unit
+
+    def keeping_every_output(self, name, w, x):
+        for step in unit(self, name, w, x):
+            kept.append(step)
+            yield step
+
+    monkeypatch.setattr(trace.Reference, "unit", keeping_every_output)
+    keeping = _reference_memory(deep_dir, tmp_path)
+    print(f"8 layers, every module output kept: {keeping}")
+    assert _beyond_inputs(keeping) > 2 * _beyond_inputs(shallow), keeping
