@@ -33,8 +33,9 @@ def completed(run: RunResult, steps: int) -> Outcome:
     elif run.returncode != 0:
         problems.append(f"the launcher exited with code {run.returncode}")
     logged = [s.step for s in run.steps]
-    if logged != list(range(1, steps + 1)):
-        problems.append(f"logged steps {logged}, expected 1..{steps}")
+    first = run.first_planned_step
+    if logged != list(range(first, steps + 1)):
+        problems.append(f"logged steps {logged}, expected {first}..{steps}")
     observed = {"steps_logged": len(logged)}
     if problems:
         observed["error"] = run.first_error()

@@ -73,6 +73,26 @@ class RunResult:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
+    def _option(self, name: str) -> str | None:
+        command = list(self.command)
+        return command[command.index(name) + 1] if name in command[:-1] else None
+
+    @property
+    def planned_steps(self) -> int | None:
+        """The last step the run's own command asked for (``--training.steps``)."""
+        value = self._option("--training.steps")
+        return int(value) if value is not None else None
+
+    @property
+    def first_planned_step(self) -> int:
+        """1, or K + 1 for a run resumed from a full step-K checkpoint
+        (``--checkpoint.no-initial-load-model-only`` with ``initial_load_path`` .../step-K)."""
+        path = self._option("--checkpoint.initial_load_path")
+        if path is None or "--checkpoint.no-initial-load-model-only" not in self.command:
+            return 1
+        name = Path(path).name
+        return int(name[len("step-"):]) + 1 if name.startswith("step-") and name[5:].isdigit() else 1
+
     @property
     def losses(self) -> list[float]:
         return [s.loss for s in self.steps]

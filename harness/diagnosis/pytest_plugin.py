@@ -74,7 +74,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from harness.report import RunVerdict, results_document, write_report
 
     steps = session.config.getoption("--steps")
-    verdicts = [RunVerdict(run, checks.verdicts(run, steps)) for run in runs]
+    # each run is judged by the steps its own command asked for: the suite shortens some
+    # (harness/run_matrix.py RunCase.suite_steps) and resumes others from a checkpoint
+    verdicts = [RunVerdict(run, checks.verdicts(run, run.planned_steps or steps)) for run in runs]
     head = {"device": ", ".join(sorted(caches)), "steps": str(steps), **header()}
     base = session.config.stash.get(_BASELINE, None)
     compared = (baseline_module.compare(results_document(verdicts, head), base,

@@ -37,6 +37,24 @@ def test_catches_a_missing_step():
     assert _problem("completed", _run([1.0, 1.0]), 3) == "logged steps [1, 2], expected 1..3"
 
 
+RESUMED_FROM_STEP_1 = ["torchrun", "--training.steps", "3", "--checkpoint.initial_load_path",
+                       "/runs/first/dump/checkpoint/step-1", "--checkpoint.no-initial-load-model-only"]
+
+
+def test_a_run_resumed_from_step_k_is_complete_with_steps_k_plus_1_on():
+    resumed = replace(_run([1.0, 1.0]), command=RESUMED_FROM_STEP_1)
+    for i, step in enumerate(resumed.steps):
+        resumed.steps[i] = replace(step, step=i + 2)
+    assert (resumed.planned_steps, resumed.first_planned_step) == (3, 2)
+    assert _problem("completed", resumed, 3) is None
+    assert _problem("completed", replace(resumed, steps=resumed.steps[:1]), 3) == \
+        "logged steps [2], expected 2..3"
+    # a pretrained run's initial load (HF weights, model only) is no resume
+    pretrained = replace(_run([1.0, 1.0]), command=RESUMED_FROM_STEP_1[:-1])
+    assert pretrained.first_planned_step == 1
+    assert _problem("completed", pretrained, 2) is None
+
+
 def test_catches_a_crash_and_a_timeout():
     assert "exited with code 1" in _problem("completed", _run([1.0], returncode=1), 1)
     assert "timed out" in _problem("completed", _run([1.0], timed_out=True), 1)
