@@ -13,15 +13,15 @@ Specification:
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 
 import pytest
 
 from harness import paths, plants
-from harness.launch import BOOT_DIR, RunSpec
+from harness.launch import RunSpec
 from harness.plants import Plant
+from harness.upstream import probes
 
 TESTS = paths.REPO_ROOT / "tests"
 
@@ -95,9 +95,10 @@ ENCODE = "from torchtitan.components.tokenizer import HuggingFaceTokenizer as T;
 
 
 def _rank_like(names: str):
-    env = dict(os.environ, HARNESS_PLANTS=names, PYTHONPATH=os.pathsep.join([str(BOOT_DIR), str(paths.REPO_ROOT)]))
-    env.pop("HARNESS_SHIMS", None)
-    return subprocess.run([sys.executable, "-c", ENCODE], env=env, capture_output=True, text=True, timeout=120)
+    """A child started as a launched rank starts (the boot installs HARNESS_PLANTS): the
+    install at import is the behaviour under test, so it needs a process of its own."""
+    return subprocess.run([sys.executable, "-c", ENCODE], env=probes.child_environment(plants=(names,)),
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_ranks_install_the_named_patch_at_import():

@@ -2,46 +2,47 @@
 
 When one of the ``still_needed`` tests fails, upstream fixed the problem: delete the shim
 (harness/upstream/<name>.py and its entry in install.py) and this test.
+
+Every probe below runs in a child process that starts as a launched rank starts
+(harness/upstream/probes.py: the boot ``sitecustomize`` installs ``HARNESS_SHIMS`` as upstream
+imports, the child imports this tree's harness): under no shim, it shows what upstream does by
+itself; under the shims a CPU rank of this generation gets, what the shims change. A shim
+patches the whole process, so each shim configuration is one child, which runs all of that
+configuration's probes once per session (shared by the pytest-xdist workers); a probe that
+raises fails its own tests only.
 """
 
-import os
+from __future__ import annotations
+
+import hashlib
+import json
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 
-from harness import known_issues
+from harness import known_issues, titan_api
+from harness.devices import CPU_SHIMS
+from harness.run_cache import shared_folder
+from harness.upstream import probes
 import torch
 
-from harness.launch import BOOT_DIR
-from harness.paths import REPO_ROOT
 
-# The child imports this tree's harness, as a launched rank does (harness/launch.py
-# rank_environment), never whatever copy is pip-installed.
-CHILD_PYTHONPATH = os.pathsep.join((str(BOOT_DIR), str(REPO_ROOT)))
+class Probe(NamedTuple):
+    name: str
+    code: str  # prints what it observes
 
 
-def _python(code: str, shims: str = "") -> str:
-    env = dict(os.environ, HARNESS_SHIMS=shims, PYTHONPATH=CHILD_PYTHONPATH)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip()
+on_v0_3 = pytest.mark.skipif(titan_api.generation() != "v0_3",
+                             reason="torchtitan 0.3.0 only (the v0_3 generation)")
+on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
+                                   reason="torchtitan spring-2026 main only (scripts/make_titan_venv.sh)")
 
 
-DEVICE_TYPE = "import torchtitan.tools.utils as u; print(u.device_type)"
+DEVICE_TYPE = Probe("device_type", "import torchtitan.tools.utils as u; print(u.device_type)")
 
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="only meaningful without a GPU")
-def test_cpu_device_still_needed():
-    assert _python(DEVICE_TYPE) == "cuda", "torchtitan now picks the CPU itself: delete cpu_device"
-
-
-def test_cpu_device_shim_selects_cpu():
-    assert _python(DEVICE_TYPE, shims="cpu_device") == "cpu"
-
-
-FLEX_BACKWARD = """
+FLEX_BACKWARD = Probe("flex_backward", """
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 q = torch.randn(1, 2, 8, 16, requires_grad=True)
@@ -50,19 +51,9 @@ try:
     print("ok", q.grad.abs().sum().item() > 0)
 except NotImplementedError as error:
     print("refused")
-"""
+""")
 
-
-def test_flex_attention_cpu_still_needed():
-    assert _python(FLEX_BACKWARD) == "refused", "torch runs flex backward on CPU: delete the shim"
-
-
-def test_flex_attention_cpu_shim_allows_backward():
-    assert _python(FLEX_BACKWARD, shims="flex_attention_cpu") == "ok True"
-
-
-def test_flex_attention_cpu_shim_keeps_torchtitan_eager_under_determinism():
-    code = """
+FLEX_UNDER_DETERMINISM = Probe("flex_under_determinism", """
 import types
 import torch.nn.attention.flex_attention as fa
 from torchtitan.config import DebugConfig
@@ -71,57 +62,21 @@ from torchtitan.models.common.attention import FlexAttention
 single_rank = types.SimpleNamespace(world_size=1)
 utils.set_determinism(single_rank, "cpu", DebugConfig(seed=1, deterministic=True), [])
 print(FlexAttention._compiled_flex_attn is fa.flex_attention)
-"""
-    assert _python(code, shims="flex_attention_cpu") == "True"
+""")
 
-
-
-
-GRADIENT_FACTORS = """
+GRADIENT_FACTORS = Probe("gradient_factors", """
 import torch
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives as c
 class G:
     def size(self): return 2
 _, _, rs_op, _ = c._get_gradient_divide_factors(G(), None, torch.float32, "cpu", factor=4.0)
 print("SUM" if rs_op == c.ReduceOp.SUM else "not SUM")
-"""
-
-
-def test_gloo_reduce_op_still_needed():
-    assert _python(GRADIENT_FACTORS) == "not SUM", "FSDP2 reduces with SUM on CPU: delete the shim"
-
-
-def test_gloo_reduce_op_shim_uses_sum():
-    assert _python(GRADIENT_FACTORS, shims="gloo_reduce_op") == "SUM"
-
-
-def test_unknown_shim_is_a_clear_error():
-    env = dict(os.environ, HARNESS_SHIMS="no_such_shim", PYTHONPATH=CHILD_PYTHONPATH)
-    done = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True)
-    assert done.returncode != 0 and "unknown upstream shim(s) ['no_such_shim']" in done.stderr
-
+""")
 
 # --- API-generation shims (harness/titan_api): each is tested on the generation that needs it;
 # CI runs this file on both (.ci/run: the system env is v0_3, the spring venv spring2026).
 
-from harness import titan_api  # noqa: E402
-
-on_v0_3 = pytest.mark.skipif(titan_api.generation() != "v0_3",
-                             reason="torchtitan 0.3.0 only (the v0_3 generation)")
-on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
-                                   reason="torchtitan spring-2026 main only (scripts/make_titan_venv.sh)")
-
-
-def test_generation_names():
-    assert titan_api.generation_of("0.3.0") == "v0_3"
-    assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
-    assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026-neuron"  # its own (shares the API)
-    for unsupported in ("0.2.2", "0.3.1", "0.2.1+neuron.1"):
-        with pytest.raises(titan_api.UnsupportedTorchtitanError, match="Supported: v0_3"):
-            titan_api.generation_of(unsupported)
-
-
-SDPA_CONFIG = """
+SDPA_CONFIG = Probe("sdpa_config", """
 import torchtitan.models.qwen3 as qwen3
 try:
     spec = qwen3.model_registry("debugmodel", attn_backend="sdpa")
@@ -129,22 +84,11 @@ except ValueError as error:
     print("refused" if "sdpa is no longer supported" in str(error) else f"other: {error}")
 else:
     print(type(spec.model.layers[0].attention.inner_attention).__qualname__)
-"""
+""")
 
-
-@on_v0_3
-def test_titan_sdpa_attention_still_needed():
-    assert _python(SDPA_CONFIG) == "refused", (
-        "torchtitan builds attn_backend='sdpa' again: delete harness/upstream/titan_sdpa_attention.py"
-    )
-
-
-@on_v0_3
-def test_titan_sdpa_attention_builds_causal_sdpa():
-    assert _python(SDPA_CONFIG, shims="titan_sdpa_attention") == "ScaledDotProductAttention.Config"
-
-
-SDPA_POSITIONS = """
+# It patches the process itself (the real trainer; native_config_from_hf installs the sdpa
+# shim in-process), so it runs after every probe of its configuration.
+SDPA_POSITIONS = Probe("sdpa_positions", """
 import types, torch
 from harness.backends.native_qwen3 import native_config_from_hf, read_hf_config
 from harness import paths
@@ -166,16 +110,9 @@ for backend in ("sdpa", "flex"):
     trainer.name, trainer.model_config = backend, native_config_from_hf(hf, backend)
     trainer.post_dataloading_process(batch, None)
 print(seen["sdpa"], seen["flex"])
-"""
+""")
 
-
-@on_v0_3
-def test_titan_sdpa_attention_gives_sdpa_models_causal_positions():
-    """spring main feeds RoPE 0..L-1 for causal (SDPA) models; flex keeps per-document ones."""
-    assert _python(SDPA_POSITIONS) == "[[0, 1, 2, 3, 4]] [[0, 1, 0, 1, 2]]"
-
-
-HF_BACKEND_IMPORT = """
+HF_BACKEND_IMPORT = Probe("hf_backend_import", """
 import dataclasses
 try:
     from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
@@ -185,32 +122,12 @@ else:
     from transformers import PretrainedConfig
     leaked = [f.name for f in dataclasses.fields(PretrainedConfig) if f.kw_only]
     print("ok", leaked)
-"""
+""")
 
-
-@on_spring2026
-def test_hf_config_kw_only_still_needed():
-    # the upstream defect this shim works around, recorded in the one registry
-    assert known_issues.issue('spring2026-hf_v5-config-not-keyword-only').workaround.rank_shim == 'hf_config_kw_only'
-    assert _python(HF_BACKEND_IMPORT) == "refused", (
-        "the transformers backend imports with this transformers: delete "
-        "harness/upstream/hf_config_kw_only.py"
-    )
-
-
-@on_spring2026
-def test_hf_config_kw_only_imports_without_touching_transformers():
-    assert _python(HF_BACKEND_IMPORT, shims="hf_config_kw_only") == "ok []"
-
-
-TIED_FSDP = """
-import os, socket, torch, torch.nn as nn, torch.distributed as dist
+TIED_FSDP = Probe("tied_fsdp", """
+import torch, torch.nn as nn, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-with socket.socket() as s:  # a free port: parallel test processes never collide
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no port
 import torchtitan.experiments.transformers_modeling_backend.parallelize as par
 
 class Tied(nn.Module):  # the attribute names HFTransformerModel exposes to apply_fsdp
@@ -235,27 +152,9 @@ try:
     print("ok", model.tok_embeddings.weight is model.lm_head.weight)
 except ValueError as error:
     print("refused" if "already managed by another FSDP group" in str(error) else f"other: {error}")
-finally:
-    dist.destroy_process_group()
-"""
+""")
 
-
-@on_spring2026
-def test_hf_tied_fsdp_still_needed():
-    # the upstream defect this shim works around, recorded in the one registry
-    assert known_issues.issue('spring2026-hf_v5-tied-embedding-fsdp').workaround.rank_shim == 'hf_tied_fsdp'
-    assert _python(TIED_FSDP, shims="hf_config_kw_only") == "refused", (
-        "FSDP now groups tied embeddings in the transformers backend: delete "
-        "harness/upstream/hf_tied_fsdp.py"
-    )
-
-
-@on_spring2026
-def test_hf_tied_fsdp_shards_tied_embeddings_together():
-    assert _python(TIED_FSDP, shims="hf_config_kw_only,hf_tied_fsdp") == "ok True"
-
-
-HF_SHAPE = """
+HF_SHAPE = Probe("hf_shape", """
 import json
 from harness import paths
 from torchtitan.experiments.transformers_modeling_backend import model_registry
@@ -265,42 +164,14 @@ config = TransformersBackendConfig(hf_model=str(paths.TINY_DENSE), model_spec=mo
 model = config.model_spec.model.update_from_config(config=config)
 keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size")
 print({k: getattr(model, k) for k in keys} == {k: hf[k] for k in keys})
-"""
+""")
 
-
-@on_spring2026
-def test_hf_shape_from_config_still_needed():
-    # the upstream defect this shim works around, recorded in the one registry
-    assert known_issues.issue('spring2026-hf_v5-flavor-overrides-config-json').workaround.rank_shim == 'hf_shape_from_config'
-    assert _python(HF_SHAPE, shims="hf_config_kw_only") == "False", (
-        "the transformers backend builds config.json's shape itself: delete "
-        "harness/upstream/hf_shape_from_config.py"
-    )
-
-
-@on_spring2026
-def test_hf_shape_from_config_builds_the_checkpoint_shape():
-    assert _python(HF_SHAPE, shims="hf_config_kw_only,hf_shape_from_config") == "True"
-
-
-def test_dtensor_full_init_still_needed():
-    from harness.upstream import dtensor_full_init
-
-    assert known_issues.issue("torch-dtensor-random-init-identical-shards-on-cpu").workaround.rank_shim \
-        == "dtensor_full_init"
-    assert dtensor_full_init.needed_on("cpu"), (
-        "torch's DTensor RNG tracker now supports CPU meshes: delete harness/upstream/"
-        "dtensor_full_init.py and the known issue, and record the random-init expectations anew")
-
-
-WHOLE_INIT = """
-import os
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29400 + os.getpid() % 500), RANK="0", WORLD_SIZE="1")
+WHOLE_INIT = Probe("whole_init", """
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, Replicate, Shard
 from harness.upstream.dtensor_full_init import init_whole_then_shard
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no port
 mesh = init_device_mesh("cpu", (1,))
 param = distribute_tensor(torch.zeros(6, 3), mesh, [Shard(0)])
 torch.manual_seed(3); init_whole_then_shard("w", param, torch.nn.init.normal_)
@@ -313,9 +184,193 @@ try:
 except NotImplementedError as error:
     refused = "refused" if "'tp'" in str(error) and "pure FSDP" in str(error) else str(error)
 print(torch.equal(param.to_local(), plain), bool((kept.to_local() == 7).all()), refused)
-dist.destroy_process_group()
-"""
+""")
 
 
-def test_dtensor_full_init_draws_the_whole_tensor_keeps_skipped_values_and_refuses_other_placements():
-    assert _python(WHOLE_INIT) == "True True refused"
+# The shim configurations this file observes upstream under, and each one's probes, in the
+# order they run: no shim; the transformers backend made importable and nothing else
+# (spring2026); everything a CPU rank of this generation installs (the device profile's shims
+# and the generation's).
+NO_SHIMS: tuple[str, ...] = ()
+KW_ONLY = ("hf_config_kw_only",)
+GENERATION_SHIMS = {"v0_3": ("titan_sdpa_attention",),
+                    "spring2026": ("hf_config_kw_only", "hf_tied_fsdp", "hf_shape_from_config")}
+CPU_RANK = (*CPU_SHIMS, *GENERATION_SHIMS.get(titan_api.generation(), ()))
+OBSERVED: dict[tuple[str, ...], tuple[Probe, ...]] = {
+    "v0_3": {
+        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, WHOLE_INIT, SDPA_CONFIG,
+                   SDPA_POSITIONS),
+        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, SDPA_CONFIG,
+                   FLEX_UNDER_DETERMINISM),
+    },
+    "spring2026": {
+        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, WHOLE_INIT, HF_BACKEND_IMPORT),
+        KW_ONLY: (TIED_FSDP, HF_SHAPE),
+        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, HF_BACKEND_IMPORT, TIED_FSDP,
+                   HF_SHAPE, FLEX_UNDER_DETERMINISM),
+    },
+}.get(titan_api.generation(), {})
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory):
+    """``upstream(PROBE, shims)``: what PROBE printed in the child of that shim configuration
+    (its exception, if it raised). Each configuration's child runs once per session."""
+    seen: dict[tuple[str, ...], dict[str, probes.Observation]] = {}
+
+    def observe(shims: tuple[str, ...]) -> dict[str, probes.Observation]:
+        batch = {probe.name: probe.code for probe in OBSERVED[shims]}
+        digest = hashlib.sha1(json.dumps([shims, batch]).encode()).hexdigest()[:10]
+
+        def build(folder):
+            folder.mkdir(parents=True)
+            found = probes.observe(batch, shims)
+            (folder / "observed.json").write_text(json.dumps([o.to_json() for o in found.values()]))
+
+        folder = shared_folder(tmp_path_factory, f"upstream_probes-{digest}", build)
+        return {o["probe"]: probes.Observation.from_json(o)
+                for o in json.loads((folder / "observed.json").read_text())}
+
+    def printed(probe: Probe, shims: tuple[str, ...]) -> str:
+        if probe not in OBSERVED.get(shims, ()):
+            raise KeyError(f"probe {probe.name!r} under {shims} is not in OBSERVED: add it there")
+        if shims not in seen:
+            seen[shims] = observe(shims)
+        return seen[shims][probe.name].printed()
+
+    return printed
+
+
+def test_each_probe_fails_alone_whether_it_raises_or_kills_its_child():
+    found = probes.observe({"before": "print('seen')", "raises": "raise ValueError('wrong')",
+                            "kills": "import os; os._exit(3)", "after": "print('still seen')"})
+    assert found["before"].printed() == "seen" and found["after"].printed() == "still seen"
+    with pytest.raises(probes.ProbeError, match="ValueError: wrong"):
+        found["raises"].printed()
+    with pytest.raises(probes.ProbeError, match="exited with status 3"):
+        found["kills"].printed()
+    refused = probes.observe({"any": "print(1)"}, shims=("no_such_shim",))["any"]
+    with pytest.raises(probes.ProbeError, match=r"unknown upstream shim\(s\) \['no_such_shim'\]"):
+        refused.printed()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="only meaningful without a GPU")
+def test_cpu_device_still_needed(upstream):
+    assert upstream(DEVICE_TYPE, NO_SHIMS) == "cuda", "torchtitan now picks the CPU itself: delete cpu_device"
+
+
+def test_cpu_device_shim_selects_cpu(upstream):
+    assert upstream(DEVICE_TYPE, CPU_RANK) == "cpu"
+
+
+def test_flex_attention_cpu_still_needed(upstream):
+    assert upstream(FLEX_BACKWARD, NO_SHIMS) == "refused", "torch runs flex backward on CPU: delete the shim"
+
+
+def test_flex_attention_cpu_shim_allows_backward(upstream):
+    assert upstream(FLEX_BACKWARD, CPU_RANK) == "ok True"
+
+
+def test_flex_attention_cpu_shim_keeps_torchtitan_eager_under_determinism(upstream):
+    assert upstream(FLEX_UNDER_DETERMINISM, CPU_RANK) == "True"
+
+
+def test_gloo_reduce_op_still_needed(upstream):
+    assert upstream(GRADIENT_FACTORS, NO_SHIMS) == "not SUM", "FSDP2 reduces with SUM on CPU: delete the shim"
+
+
+def test_gloo_reduce_op_shim_uses_sum(upstream):
+    assert upstream(GRADIENT_FACTORS, CPU_RANK) == "SUM"
+
+
+def test_unknown_shim_is_a_clear_error():
+    """The boot refuses it before anything runs (its own child: the refusal is the start-up)."""
+    done = subprocess.run([sys.executable, "-c", "pass"], env=probes.child_environment(("no_such_shim",)),
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "unknown upstream shim(s) ['no_such_shim']" in done.stderr
+
+
+def test_generation_names():
+    assert titan_api.generation_of("0.3.0") == "v0_3"
+    assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
+    assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026-neuron"  # its own (shares the API)
+    for unsupported in ("0.2.2", "0.3.1", "0.2.1+neuron.1"):
+        with pytest.raises(titan_api.UnsupportedTorchtitanError, match="Supported: v0_3"):
+            titan_api.generation_of(unsupported)
+
+
+@on_v0_3
+def test_titan_sdpa_attention_still_needed(upstream):
+    assert upstream(SDPA_CONFIG, NO_SHIMS) == "refused", (
+        "torchtitan builds attn_backend='sdpa' again: delete harness/upstream/titan_sdpa_attention.py"
+    )
+
+
+@on_v0_3
+def test_titan_sdpa_attention_builds_causal_sdpa(upstream):
+    assert upstream(SDPA_CONFIG, CPU_RANK) == "ScaledDotProductAttention.Config"
+
+
+@on_v0_3
+def test_titan_sdpa_attention_gives_sdpa_models_causal_positions(upstream):
+    """spring main feeds RoPE 0..L-1 for causal (SDPA) models; flex keeps per-document ones."""
+    assert upstream(SDPA_POSITIONS, NO_SHIMS) == "[[0, 1, 2, 3, 4]] [[0, 1, 0, 1, 2]]"
+
+
+@on_spring2026
+def test_hf_config_kw_only_still_needed(upstream):
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-config-not-keyword-only').workaround.rank_shim == 'hf_config_kw_only'
+    assert upstream(HF_BACKEND_IMPORT, NO_SHIMS) == "refused", (
+        "the transformers backend imports with this transformers: delete "
+        "harness/upstream/hf_config_kw_only.py"
+    )
+
+
+@on_spring2026
+def test_hf_config_kw_only_imports_without_touching_transformers(upstream):
+    assert upstream(HF_BACKEND_IMPORT, CPU_RANK) == "ok []"
+
+
+@on_spring2026
+def test_hf_tied_fsdp_still_needed(upstream):
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-tied-embedding-fsdp').workaround.rank_shim == 'hf_tied_fsdp'
+    assert upstream(TIED_FSDP, KW_ONLY) == "refused", (
+        "FSDP now groups tied embeddings in the transformers backend: delete "
+        "harness/upstream/hf_tied_fsdp.py"
+    )
+
+
+@on_spring2026
+def test_hf_tied_fsdp_shards_tied_embeddings_together(upstream):
+    assert upstream(TIED_FSDP, CPU_RANK) == "ok True"
+
+
+@on_spring2026
+def test_hf_shape_from_config_still_needed(upstream):
+    # the upstream defect this shim works around, recorded in the one registry
+    assert known_issues.issue('spring2026-hf_v5-flavor-overrides-config-json').workaround.rank_shim == 'hf_shape_from_config'
+    assert upstream(HF_SHAPE, KW_ONLY) == "False", (
+        "the transformers backend builds config.json's shape itself: delete "
+        "harness/upstream/hf_shape_from_config.py"
+    )
+
+
+@on_spring2026
+def test_hf_shape_from_config_builds_the_checkpoint_shape(upstream):
+    assert upstream(HF_SHAPE, CPU_RANK) == "True"
+
+
+def test_dtensor_full_init_still_needed():
+    from harness.upstream import dtensor_full_init
+
+    assert known_issues.issue("torch-dtensor-random-init-identical-shards-on-cpu").workaround.rank_shim \
+        == "dtensor_full_init"
+    assert dtensor_full_init.needed_on("cpu"), (
+        "torch's DTensor RNG tracker now supports CPU meshes: delete harness/upstream/"
+        "dtensor_full_init.py and the known issue, and record the random-init expectations anew")
+
+
+def test_dtensor_full_init_draws_the_whole_tensor_keeps_skipped_values_and_refuses_other_placements(upstream):
+    assert upstream(WHOLE_INIT, NO_SHIMS) == "True True refused"
