@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 BATCHES = "harness_batches"
-STEP1_BATCH = "rank{rank}_step1.pt"
+BATCH_FILE = "rank{rank}_step{step}.pt"
 INITIAL = "harness_initial"
 NATIVE = "native_rank0_{unit}.pt"  # one file per unit (embedding, each layer, norm, head)
 MAX_PARAMS = 200_000_000  # a larger model is not dumped (a 4B random init would be 16 GB)
@@ -182,7 +182,9 @@ def _dump_initial(trainer) -> None:
 
 # ------------------------------------------------------------------ the step-1 batch
 
-def _dump_batch(trainer, input_dict, labels, processed) -> None:
+def dump_batch(trainer, input_dict, labels, processed) -> None:
+    """This rank's batch of the trainer's current step: as the dataloader gave it and as
+    ``post_dataloading_process`` made it (what the model and the loss are fed)."""
     import torch
 
     from harness import titan_api
@@ -198,7 +200,7 @@ def _dump_batch(trainer, input_dict, labels, processed) -> None:
         "model_input": plain(inputs),
         "model_labels": plain(model_labels),
         "model_positions": None if model_positions is None else plain(model_positions),
-    }, folder / STEP1_BATCH.format(rank=rank_of_process()))
+    }, folder / BATCH_FILE.format(rank=rank_of_process(), step=int(trainer.step)))
 
 
 # ------------------------------------------------------------------ the hook
@@ -227,7 +229,7 @@ def install(trainer_module) -> None:
                 _write_fingerprints(self)
             processed = post(input_dict, labels, *rest, **kw)
             if not getattr(type(self), "_harness_data_hooks", False):
-                _dump_batch(self, input_dict, labels, processed)
+                dump_batch(self, input_dict, labels, processed)
             return processed
 
         self.post_dataloading_process = step1

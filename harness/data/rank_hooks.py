@@ -34,8 +34,7 @@ from pathlib import Path
 
 import torch
 
-from harness import titan_api
-from harness.rank_step0 import plain as _plain, rank_of_process as _rank
+from harness.rank_step0 import dump_batch, rank_of_process as _rank
 
 DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
 
@@ -94,20 +93,8 @@ def install_trainer_hooks(trainer_module) -> None:
 
     def _dump(self, input_dict, labels, original_post):
         processed = original_post(input_dict, labels)
-        inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
         if self.step <= dump_steps:
-            folder = Path(self.config.dump_folder) / "harness_batches"
-            folder.mkdir(parents=True, exist_ok=True)
-            positions = input_dict.get("positions")
-            model_positions = extra.get("positions")
-            torch.save({
-                "input": input_dict["input"].detach().cpu().clone(),
-                "positions": None if positions is None else positions.detach().cpu().clone(),
-                "labels": labels.detach().cpu().clone(),
-                "model_input": _plain(inputs),
-                "model_labels": _plain(model_labels),
-                "model_positions": None if model_positions is None else _plain(model_positions),
-            }, folder / f"rank{_rank()}_step{self.step}.pt")
+            dump_batch(self, input_dict, labels, processed)
         return processed
 
     def __init__(self, *args, **kwargs):
