@@ -142,11 +142,13 @@ def _build_on_meta(config):
 
 
 def _eager_block_masks() -> None:
-    """Build flex BlockMasks with the same function, uncompiled (saves an inductor compile)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """Build flex BlockMasks with the same function, uncompiled (saves an inductor compile):
+    the CPU ranks' shim (harness/upstream/flex_attention_cpu.py)."""
     from torchtitan.models.common import attention
 
-    attention._compiled_create_block_mask = create_block_mask
+    from harness.upstream.flex_attention_cpu import build_block_masks_eagerly_on_cpu
+
+    build_block_masks_eagerly_on_cpu(attention)
 
 
 class Streamer:

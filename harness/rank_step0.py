@@ -239,33 +239,7 @@ def install(trainer_module) -> None:
 
 def install_in_rank() -> None:
     """``install`` right after ``torchtitan.trainer`` is imported, on top of whatever other
-    post-import patches (shims, plants) that module gets: the spec comes from the finders
-    after this one, whose loaders are wrapped, never replaced."""
-    import importlib.abc
-    import sys
+    post-import patches (shims, plants) that module gets (post-import hooks chain)."""
+    from harness.upstream.install import after_import
 
-    class ChainedPostImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path, target=None):
-            if fullname != "torchtitan.trainer":
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None and spec.loader is not None:
-                    break
-            else:
-                return None
-            exec_module = spec.loader.exec_module
-
-            def exec_and_install(module):
-                exec_module(module)
-                install(module)
-
-            spec.loader.exec_module = exec_and_install
-            return spec
-
-    if "torchtitan.trainer" in sys.modules:
-        install(sys.modules["torchtitan.trainer"])
-    else:
-        sys.meta_path.insert(0, ChainedPostImport())
+    after_import("torchtitan.trainer", install)

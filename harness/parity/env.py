@@ -3,8 +3,9 @@
 The parity checks build models in the pytest process (no torchrun). torchtitan 0.3.0 always
 routes attention through a ``torch.compile``-wrapped flex attention that refuses backward on
 CPU, so the same shims the launcher installs in each rank (``harness/upstream``) are applied
-here: flex attention runs eagerly and CPU autograd is allowed. They change no math (the eager
-flex HOP computes the same masked softmax attention densely).
+here: flex attention runs eagerly and CPU autograd is allowed, and block masks are built
+uncompiled. They change no math (the eager flex HOP computes the same masked softmax attention
+densely; the eager create_block_mask returns the same block indices).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ _DONE = False
 
 
 def prepare_in_process() -> None:
-    """Idempotent: offline Hub, eager CPU flex attention for torchtitan and transformers."""
+    """Idempotent: offline Hub, eager CPU flex attention (and block masks) for torchtitan and
+    transformers."""
     global _DONE
     if _DONE:
         return
@@ -32,6 +34,7 @@ def prepare_in_process() -> None:
     import torchtitan.models.common.attention as titan_attention
 
     shim.run_flex_eagerly(titan_attention)
+    shim.build_block_masks_eagerly_on_cpu(titan_attention)
 
     import transformers.integrations.flex_attention as hf_flex
 

@@ -18,6 +18,9 @@ ENV_VAR = "HARNESS_SHIMS"
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of whatever spec the finders after it give ``module_name``, so hooks
+    on one module chain: each patch runs, in the order they were registered."""
+
     def __init__(self, module_name: str, patch: Callable[[ModuleType], None]) -> None:
         self.module_name = module_name
         self.patch = patch
@@ -25,8 +28,14 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self.module_name:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        later = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+        for finder in later:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None:
             return None
         original_exec = spec.loader.exec_module
         patch = self.patch
@@ -58,6 +67,7 @@ def _install_flex_attention_cpu() -> None:
 
     after_import("torch.nn.attention.flex_attention", shim.allow_cpu_backward)
     after_import("torchtitan.models.common.attention", shim.run_flex_eagerly)
+    after_import("torchtitan.models.common.attention", shim.build_block_masks_eagerly_on_cpu)
     after_import("torchtitan.distributed.utils", shim.keep_flex_eager_under_determinism)
     after_import("transformers.integrations.flex_attention", shim.transformers_flex_eager_on_cpu)
 

@@ -53,6 +53,12 @@ except NotImplementedError as error:
     print("refused")
 """)
 
+FLEX_EAGER = Probe("flex_eager", """
+import torch.nn.attention.flex_attention as fa
+from torchtitan.models.common.attention import FlexAttention
+print(FlexAttention._compiled_flex_attn is fa.flex_attention)
+""")
+
 FLEX_UNDER_DETERMINISM = Probe("flex_under_determinism", """
 import types
 import torch.nn.attention.flex_attention as fa
@@ -62,6 +68,25 @@ from torchtitan.models.common.attention import FlexAttention
 single_rank = types.SimpleNamespace(world_size=1)
 utils.set_determinism(single_rank, "cpu", DebugConfig(seed=1, deterministic=True), [])
 print(FlexAttention._compiled_flex_attn is fa.flex_attention)
+""")
+
+# A per-document causal mask over two packed rows of 512 (full and partial blocks, documents
+# crossing block edges): how it was built (dynamo compiled a frame or not) and its blocks.
+BLOCK_MASK = Probe("block_mask", """
+import hashlib, torch
+from torch._dynamo.utils import counters
+from torchtitan.models.common import attention
+doc = torch.tensor([[0] * 100 + [1] * 250 + [2] * 162, [0] * 400 + [1] * 112])
+def document_causal(b, h, q_idx, kv_idx):
+    return (doc[b, q_idx] == doc[b, kv_idx]) & (q_idx >= kv_idx)
+frames = counters["frames"]["ok"]
+mask = attention.create_attention_mask(document_causal, 2, None, 512, 512, device="cpu")
+digest = hashlib.sha1(repr((mask.BLOCK_SIZE, mask.seq_lengths)).encode())
+for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+             "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+    t = getattr(mask, name)
+    digest.update(name.encode() + (b"-" if t is None else t.contiguous().numpy().tobytes()))
+print("compiled" if counters["frames"]["ok"] > frames else "eager", digest.hexdigest()[:16])
 """)
 
 GRADIENT_FACTORS = Probe("gradient_factors", """
@@ -198,16 +223,17 @@ GENERATION_SHIMS = {"v0_3": ("titan_sdpa_attention",),
 CPU_RANK = (*CPU_SHIMS, *GENERATION_SHIMS.get(titan_api.generation(), ()))
 OBSERVED: dict[tuple[str, ...], tuple[Probe, ...]] = {
     "v0_3": {
-        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, WHOLE_INIT, SDPA_CONFIG,
-                   SDPA_POSITIONS),
-        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, SDPA_CONFIG,
-                   FLEX_UNDER_DETERMINISM),
+        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, BLOCK_MASK, GRADIENT_FACTORS, WHOLE_INIT,
+                   SDPA_CONFIG, SDPA_POSITIONS),
+        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, FLEX_EAGER, BLOCK_MASK, GRADIENT_FACTORS,
+                   SDPA_CONFIG, FLEX_UNDER_DETERMINISM),
     },
     "spring2026": {
-        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, WHOLE_INIT, HF_BACKEND_IMPORT),
+        NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, BLOCK_MASK, GRADIENT_FACTORS, WHOLE_INIT,
+                   HF_BACKEND_IMPORT),
         KW_ONLY: (TIED_FSDP, HF_SHAPE),
-        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, GRADIENT_FACTORS, HF_BACKEND_IMPORT, TIED_FSDP,
-                   HF_SHAPE, FLEX_UNDER_DETERMINISM),
+        CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, FLEX_EAGER, BLOCK_MASK, GRADIENT_FACTORS,
+                   HF_BACKEND_IMPORT, TIED_FSDP, HF_SHAPE, FLEX_UNDER_DETERMINISM),
     },
 }.get(titan_api.generation(), {})
 
@@ -271,8 +297,25 @@ def test_flex_attention_cpu_shim_allows_backward(upstream):
     assert upstream(FLEX_BACKWARD, CPU_RANK) == "ok True"
 
 
+def test_flex_attention_cpu_shim_runs_torchtitan_flex_eagerly(upstream):
+    """As torchtitan's attention module is imported (the block-mask patch on the same module
+    must not displace it)."""
+    assert upstream(FLEX_EAGER, CPU_RANK) == "True"
+
+
 def test_flex_attention_cpu_shim_keeps_torchtitan_eager_under_determinism(upstream):
     assert upstream(FLEX_UNDER_DETERMINISM, CPU_RANK) == "True"
+
+
+def test_flex_attention_cpu_block_masks_still_needed(upstream):
+    assert upstream(BLOCK_MASK, NO_SHIMS).startswith("compiled "), (
+        "torchtitan builds block masks uncompiled: delete build_block_masks_eagerly_on_cpu "
+        "from harness/upstream/flex_attention_cpu.py")
+
+
+def test_flex_attention_cpu_shim_builds_the_same_block_masks_uncompiled(upstream):
+    compiled = upstream(BLOCK_MASK, NO_SHIMS).split()[-1]
+    assert upstream(BLOCK_MASK, CPU_RANK) == f"eager {compiled}"
 
 
 def test_gloo_reduce_op_still_needed(upstream):
@@ -281,6 +324,21 @@ def test_gloo_reduce_op_still_needed(upstream):
 
 def test_gloo_reduce_op_shim_uses_sum(upstream):
     assert upstream(GRADIENT_FACTORS, CPU_RANK) == "SUM"
+
+
+def test_post_import_patches_of_one_module_all_run_in_order(tmp_path, monkeypatch):
+    from harness.upstream.install import after_import
+
+    (tmp_path / "harness_hooked_module.py").write_text("seen = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the hooks go with the test
+    after_import("harness_hooked_module", lambda m: m.seen.append("first"))
+    after_import("harness_hooked_module", lambda m: m.seen.append("second"))
+    try:
+        import harness_hooked_module
+    finally:
+        sys.modules.pop("harness_hooked_module", None)
+    assert harness_hooked_module.seen == ["first", "second"]
 
 
 def test_unknown_shim_is_a_clear_error():
