@@ -6,6 +6,7 @@
     python scripts/benchmark.py xdist --paths tests/kernels tests/selftest/test_upstream_shims.py
     python scripts/benchmark.py threads --paths tests/parity/test_forward_parity.py
     python scripts/benchmark.py launches --basetemp DIR   # a session's launches (--basetemp=DIR)
+    python scripts/benchmark.py rank-import --backend hf_v5 --repeats 8   # a rank's start-up
 
 Each measurement runs its variants interleaved in one process, so ratios compare like with
 like on the same machine state; the script prints the raw times and the ratio. Every time is
@@ -131,6 +132,23 @@ def threads(paths: list[str], counts: list[int], repeats: int) -> None:
         print(_line(f"{n} thread(s)", runs[n]))
 
 
+def rank_import(backend: str, repeats: int) -> None:
+    """What a launched CPU rank of ``backend`` imports before torchtitan's trainer exists
+    (``torchtitan.train`` and the backend's config module, under the rank's shims), with the
+    rank's start-up collection setting (harness/rank_gc.py: ``LOCAL_RANK`` set, as torchrun
+    sets it) and without it, alternating."""
+    spec = RunSpec(backend=backend, steps=1)
+    env = {k: v for k, v in rank_environment(spec, detect("cpu")).items() if k != "LOCAL_RANK"}
+    command = [sys.executable, "-c", f"import torchtitan.train, harness.backends.{backend}"]
+    deferred, plain = [], []
+    for _ in range(repeats):
+        deferred.append(_measured(command, env=dict(env, LOCAL_RANK="0"), cwd=REPO))
+        plain.append(_measured(command, env=env, cwd=REPO))
+    print(_line("rank import, collection off until the trainer", deferred))
+    print(_line("rank import, Python's automatic collection", plain))
+    print(_ratio("deferred / automatic", deferred, plain))
+
+
 def xdist(paths: list[str], workers: int) -> None:
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths]
     serial = _timed(base + ["-n", "0"], cwd=REPO)
@@ -178,6 +196,9 @@ def main() -> None:
     t.add_argument("--repeats", type=int, default=2)
     ln = sub.add_parser("launches")
     ln.add_argument("--basetemp", type=Path, required=True)
+    ri = sub.add_parser("rank-import")
+    ri.add_argument("--backend", default="hf_v5")
+    ri.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
     if args.what == "overhead":
         overhead(args.repeats, args.backend, args.steps)
@@ -187,6 +208,8 @@ def main() -> None:
         launches(args.basetemp)
     elif args.what == "threads":
         threads(args.paths, args.counts, args.repeats)
+    elif args.what == "rank-import":
+        rank_import(args.backend, args.repeats)
     else:
         xdist(args.paths, args.workers)
 

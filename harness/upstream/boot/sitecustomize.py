@@ -3,10 +3,21 @@
 Python imports ``sitecustomize`` at start-up, before ``-m torchtitan.train`` runs, which is the
 only point early enough for shims that must act before torchtitan imports itself. It installs
 the shims named in ``HARNESS_SHIMS`` and the plants named in ``HARNESS_PLANTS`` (self-tests
-only, harness/plants), and nothing else; with both variables unset it does nothing.
+only, harness/plants), the step-0 records and the start-up collection setting of a rank, and
+nothing else; with both variables unset it does nothing.
 """
 
 import os
+
+# A launched rank imports with automatic garbage collection off, until torchtitan's Trainer is
+# built and manages collection itself (harness/rank_gc.py). Before the shims: they import torch.
+if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
+    try:
+        from harness.rank_gc import defer_until_trainer
+    except ImportError:  # another checkout's harness without it
+        defer_until_trainer = None
+    if defer_until_trainer is not None:
+        defer_until_trainer()
 
 for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNESS_PLANTS", "harness.plants")):
     if os.environ.get(variable):
