@@ -21,13 +21,9 @@ import os
 RANK_ENV = "LOCAL_RANK"  # torchrun sets it in each worker, not in its own process
 
 
-def is_launched_rank(environ=os.environ) -> bool:
-    return RANK_ENV in environ
-
-
 def defer_until_trainer() -> None:
     """In a launched rank: collection off now, on again when torchtitan's Trainer is built."""
-    if not is_launched_rank():
+    if RANK_ENV not in os.environ:
         return
     from harness.upstream.install import after_import
 

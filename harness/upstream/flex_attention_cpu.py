@@ -79,6 +79,8 @@ def build_block_masks_eagerly_on_cpu(attention_module: ModuleType) -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
     compiled = attention_module._compiled_create_block_mask
+    if getattr(compiled, "shim", None) == SHIM_NAME:
+        return  # installed already (torch.compile's own wrapper has a __wrapped__ too)
 
     def _create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, **kwargs):
         import torch
@@ -89,8 +91,6 @@ def build_block_masks_eagerly_on_cpu(attention_module: ModuleType) -> None:
             return create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=device, **kwargs)
         return compiled(mask_mod, B, H, Q_LEN, KV_LEN, device=device, **kwargs)
 
-    if getattr(compiled, "shim", None) == SHIM_NAME:
-        return  # installed already (torch.compile's own wrapper has a __wrapped__ too)
     _create_block_mask.__wrapped__ = compiled
     _create_block_mask.shim = SHIM_NAME
     attention_module._compiled_create_block_mask = _create_block_mask
