@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-from harness import known_issues
-from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status, profile_for,
-                             worker_threads, xdist_workers)
-from harness.launch import leftover_processes
-from harness.run_cache import RunCache, repeated_launches, session_root
+from harness import startup_gc
+
+# Collection off over this process's imports (torch, torchtitan, transformers: the suite's
+# collection), back on frozen once the tests are collected (harness/startup_gc.py).
+startup_gc.pause()
+
+from harness import known_issues  # noqa: E402
+from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status,  # noqa: E402
+                             profile_for, worker_threads, xdist_workers)
+from harness.launch import leftover_processes  # noqa: E402
+from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis.
 pytest_plugins = ("harness.diagnosis.pytest_plugin",)
@@ -87,7 +93,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.pluginmanager.has_plugin("dsession"):  # xdist's controller collects nothing
+        startup_gc.resume_frozen()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
+    startup_gc.resume_frozen()
     if session.config.getoption("--trn2-runner") and not session.items:
         raise pytest.UsageError("--trn2-runner: the selection collected no test")
 

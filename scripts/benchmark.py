@@ -133,19 +133,24 @@ def threads(paths: list[str], counts: list[int], repeats: int) -> None:
 
 
 def rank_import(backend: str, repeats: int) -> None:
-    """What a launched CPU rank of ``backend`` imports before torchtitan's trainer exists
-    (``torchtitan.train`` and the backend's config module, under the rank's shims), with the
-    rank's start-up collection setting (harness/rank_gc.py: ``LOCAL_RANK`` set, as torchrun
-    sets it) and without it, alternating."""
+    """A launched CPU rank of ``backend`` up to torchtitan's first collection: what it imports
+    before the trainer exists (``torchtitan.train`` and the backend's config module, under the
+    rank's shims), then what ``Trainer.__init__`` does first (the start-up collection setting
+    resumed, torchtitan's ``GarbageCollection``: ``gc.disable()`` and ``gc.collect(1)``). With
+    the rank's start-up collection setting (harness/startup_gc.py: ``LOCAL_RANK`` set, as
+    torchrun sets it) and without it, alternating."""
     spec = RunSpec(backend=backend, steps=1)
     env = {k: v for k, v in rank_environment(spec, detect("cpu")).items() if k != "LOCAL_RANK"}
-    command = [sys.executable, "-c", f"import torchtitan.train, harness.backends.{backend}"]
+    command = [sys.executable, "-c",
+               f"import gc, torchtitan.train, harness.backends.{backend}, harness.startup_gc as s\n"
+               "if not gc.isenabled(): s.resume_frozen()  # as the hook on Trainer.__init__ does\n"
+               "gc.disable(); gc.collect(1)  # torchtitan's GarbageCollection.__init__"]
     deferred, plain = [], []
     for _ in range(repeats):
         deferred.append(_measured(command, env=dict(env, LOCAL_RANK="0"), cwd=REPO))
         plain.append(_measured(command, env=env, cwd=REPO))
-    print(_line("rank import, collection off until the trainer", deferred))
-    print(_line("rank import, Python's automatic collection", plain))
+    print(_line("rank start-up, collection off until the trainer, then frozen", deferred))
+    print(_line("rank start-up, Python's automatic collection", plain))
     print(_ratio("deferred / automatic", deferred, plain))
 
 

@@ -10,10 +10,10 @@ nothing else; with both variables unset it does nothing.
 import os
 
 # A launched rank imports with automatic garbage collection off, until torchtitan's Trainer is
-# built and manages collection itself (harness/rank_gc.py). Before the shims: they import torch.
+# built and manages collection itself (harness/startup_gc.py). Before the shims: they import torch.
 if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
     try:
-        from harness.rank_gc import defer_until_trainer
+        from harness.startup_gc import defer_until_trainer
     except ImportError:  # another checkout's harness without it
         defer_until_trainer = None
     if defer_until_trainer is not None:
