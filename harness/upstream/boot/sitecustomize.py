@@ -10,7 +10,8 @@ nothing else; with both variables unset it does nothing.
 import os
 
 # A launched rank imports with automatic garbage collection off, until torchtitan's Trainer is
-# built and manages collection itself (harness/startup_gc.py). Before the shims: they import torch.
+# built and manages collection itself, the imports' objects frozen (harness/startup_gc.py).
+# Before the shims: they import torch.
 if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
     try:
         from harness.startup_gc import defer_until_trainer
