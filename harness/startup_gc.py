@@ -4,8 +4,9 @@ torchtitan's Trainer is built; a pytest process, until its tests are collected.
 
 A CPU-tier rank spends about 7 CPU s importing torch and torchtitan (transformers too, for
 hf_v5) before its trainer exists, and a pytest worker about as much collecting the suite.
-Python's automatic collections over those imports are about a tenth of it
-(``scripts/benchmark.py rank-import``) and free nothing either process needs.
+Python's automatic collections over those imports free nothing either process needs, and
+cost about 3 of a rank's 10 CPU s up to torchtitan's first collection
+(``scripts/benchmark.py rank-import``: 7 s deferred and frozen, median of 5).
 
 Turning collection back on first freezes what the imports allocated (``gc.freeze``, as a
 pre-fork server does before it forks). Without that, the imports' objects (about 0.9 million)

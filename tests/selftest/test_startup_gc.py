@@ -1,6 +1,7 @@
 """A launched rank imports with automatic garbage collection off, and torchtitan's trainer
-finds it on, the imports' objects frozen (harness/startup_gc.py): a rank's start-up is cheaper,
-and what the trainer does with the collector is what it does without the harness."""
+finds it on, the imports' objects frozen; a pytest process collects the suite with it off and
+runs its tests with it on, frozen likewise (harness/startup_gc.py). Start-up is cheaper, and
+what the trainer does with the collector is what it does without the harness."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def test_xdist_s_controller_resumes_collection_as_its_session_starts(pytestconfi
         manager = types.SimpleNamespace(has_plugin=lambda name: name in plugins)
         return types.SimpleNamespace(config=types.SimpleNamespace(pluginmanager=manager))
 
-    was, frozen_before = gc.isenabled(), gc.get_freeze_count()
+    was = gc.isenabled()
     seen = []
     try:
         for plugins in ((), ("dsession",)):
@@ -103,4 +104,3 @@ def test_xdist_s_controller_resumes_collection_as_its_session_starts(pytestconfi
     finally:
         gc.enable() if was else gc.disable()
     assert seen == [False, True]
-    assert gc.get_freeze_count() >= frozen_before
