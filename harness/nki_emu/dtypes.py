@@ -1,55 +1,76 @@
-"""NKI dtypes as the emulator knows them: each with its byte size and the torch dtype that
-holds its values exactly (``None`` for the packed/exotic ones, which raise when used)."""
+"""NKI dtypes as the emulator knows them. NKI's dtypes are NumPy dtypes (``ml_dtypes`` for
+bfloat16 and the float8 formats), so ``np.random.randn(4).astype(nl.bfloat16)`` works, as
+nki-library's tests build their inputs. The three packed x4 formats and ``tfloat32``, which
+have no NumPy twin, are distinct structured dtypes of the documented size, named by their one
+field; they raise ``NotImplementedError`` when a kernel computes with them.
+
+Every dtype has its byte size (``np.dtype.itemsize``), whether it is a float, and the torch
+dtype that holds its values exactly (``torch_of``; ``None`` for the exotic ones).
+Source: the Supported Data Types table, https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/nki/api/nki.api.shared.html
+"""
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import torch
 
+_PACKED = ("tfloat32", "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
+_PACKED_SIZE = {"tfloat32": 4, "float8_e5m2_x4": 4, "float8_e4m3fn_x4": 4, "float4_e2m1fn_x4": 2}
 
-class DType:
-    """An NKI data type (``nl.float32``, ``nl.bfloat16``, ...). Compared by identity."""
-
-    def __init__(self, name: str, itemsize: int, torch_dtype: torch.dtype | None, is_float: bool):
-        self.name, self.itemsize, self.torch_dtype, self.is_float = name, itemsize, torch_dtype, is_float
-
-    def __repr__(self) -> str:
-        return f"nl.{self.name}"
-
-    __str__ = __repr__
-
-    def require_torch(self) -> torch.dtype:
-        if self.torch_dtype is None:
-            raise NotImplementedError(f"nki emulator: dtype nki.language.{self.name} is not implemented")
-        return self.torch_dtype
-
-
-_TABLE = (
-    ("bool_", 1, torch.bool, False),
-    ("int8", 1, torch.int8, False),
-    ("int16", 2, torch.int16, False),
-    ("int32", 4, torch.int32, False),
-    ("uint8", 1, torch.uint8, False),
-    ("uint16", 2, torch.uint16, False),
-    ("uint32", 4, torch.uint32, False),
-    ("float16", 2, torch.float16, True),
-    ("float32", 4, torch.float32, True),
-    ("bfloat16", 2, torch.bfloat16, True),
-    ("tfloat32", 4, None, True),
-    ("float8_e4m3", 1, None, True),  # trn2's legacy e4m3 (with inf) has no torch twin
-    ("float8_e4m3fn", 1, torch.float8_e4m3fn, True),
-    ("float8_e5m2", 1, torch.float8_e5m2, True),
-    ("float8_e5m2_x4", 4, None, True),
-    ("float8_e4m3fn_x4", 4, None, True),
-    ("float8_e8m0fnu", 1, None, True),
-    ("float4_e2m1fn_x4", 2, None, True),
-)
-DTYPES: dict[str, DType] = {name: DType(name, size, td, fl) for name, size, td, fl in _TABLE}
-DTYPES["bool"] = DTYPES["bool_"]
-
-_FROM_TORCH = {d.torch_dtype: d for d in DTYPES.values() if d.torch_dtype is not None}
+# name -> (NumPy dtype, torch twin or None, is float)
+_TABLE = {
+    "bool_": (np.dtype(np.bool_), torch.bool, False),
+    "int8": (np.dtype(np.int8), torch.int8, False),
+    "int16": (np.dtype(np.int16), torch.int16, False),
+    "int32": (np.dtype(np.int32), torch.int32, False),
+    "uint8": (np.dtype(np.uint8), torch.uint8, False),
+    "uint16": (np.dtype(np.uint16), torch.uint16, False),
+    "uint32": (np.dtype(np.uint32), torch.uint32, False),
+    "float16": (np.dtype(np.float16), torch.float16, True),
+    "float32": (np.dtype(np.float32), torch.float32, True),
+    "bfloat16": (np.dtype(ml_dtypes.bfloat16), torch.bfloat16, True),
+    "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3), None, True),  # trn2's legacy e4m3 (with inf): no torch twin
+    "float8_e4m3fn": (np.dtype(ml_dtypes.float8_e4m3fn), torch.float8_e4m3fn, True),
+    "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), torch.float8_e5m2, True),
+    "float8_e8m0fnu": (np.dtype(ml_dtypes.float8_e8m0fnu), None, True),
+    **{name: (np.dtype([(name, f"V{_PACKED_SIZE[name]}")]), None, True) for name in _PACKED},
+}
+DTYPES: dict[str, np.dtype] = {name: entry[0] for name, entry in _TABLE.items()}
+_BY_KEY = {entry[0]: (name, entry[1], entry[2]) for name, entry in _TABLE.items()}
+_FROM_TORCH = {entry[1]: entry[0] for entry in _TABLE.values() if entry[1] is not None}
+globals().update(DTYPES)  # nki.language.dtypes.bfloat16, ...
+INTEGER_RANGE = {name: (int(np.iinfo(DTYPES[name]).min), int(np.iinfo(DTYPES[name]).max))
+                 for name in ("int8", "int16", "int32", "uint8", "uint16", "uint32")}
+INTEGER_RANGE["bool_"] = INTEGER_RANGE["uint8"]  # "boolean stored as uint8"
 
 
-def from_torch(dtype: torch.dtype) -> DType:
+def name_of(dtype) -> str:
+    """The NKI name of a dtype (``"bfloat16"``, ``"bool_"``, ``"tfloat32"``)."""
+    return _entry(dtype)[0]
+
+
+def is_float(dtype) -> bool:
+    return _entry(dtype)[2]
+
+
+def torch_of(dtype) -> torch.dtype:
+    """The torch dtype that holds ``dtype``'s values exactly; NotImplementedError for the ones
+    with none (trn2's legacy float8_e4m3, float8_e8m0fnu, tfloat32, the packed x4 formats)."""
+    name, twin, _ = _entry(dtype)
+    if twin is None:
+        raise NotImplementedError(f"nki emulator: computing with dtype nki.language.{name} is not implemented")
+    return twin
+
+
+def _entry(dtype):
+    try:
+        return _BY_KEY[dtype]
+    except (KeyError, TypeError):
+        return _BY_KEY[resolve(dtype)]
+
+
+def from_torch(dtype: torch.dtype) -> np.dtype:
     if dtype == torch.float64:
         raise TypeError("nki emulator: NKI has no float64; pass float32 or bfloat16 arrays to a kernel")
     try:
@@ -58,19 +79,20 @@ def from_torch(dtype: torch.dtype) -> DType:
         raise TypeError(f"nki emulator: no NKI dtype for torch {dtype}") from None
 
 
-def resolve(dtype) -> DType:
-    """An NKI dtype from an NKI dtype, a torch dtype or a NumPy dtype (``ml_dtypes.bfloat16`` too)."""
-    if isinstance(dtype, DType):
-        return dtype
+def resolve(dtype) -> np.dtype:
+    """An NKI dtype (a NumPy dtype) from an NKI dtype, a torch dtype, a NumPy dtype or scalar
+    type (``ml_dtypes.bfloat16`` too) or a dtype name."""
     if isinstance(dtype, torch.dtype):
         return from_torch(dtype)
-    import numpy as np
-
-    name = np.dtype(dtype).name
-    if name in DTYPES:
-        return DTYPES[name]
-    if name == "bool":
-        return DTYPES["bool_"]
-    if name == "float64":
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    try:
+        key = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"nki emulator: {dtype!r} is not a dtype; use an nki.language dtype (nl.float32, "
+                        f"nl.bfloat16, ...)") from None
+    if key in _BY_KEY:
+        return _BY_KEY[key] and DTYPES[_BY_KEY[key][0]]
+    if key == np.float64:
         return from_torch(torch.float64)
     raise TypeError(f"nki emulator: no NKI dtype for {dtype!r}")

@@ -22,9 +22,11 @@ _depth = [0]
 
 
 def _emulator_modules() -> dict[str, object]:
-    from harness.nki_emu import isa, isa_constants, language, nki_module
+    from harness.nki_emu import nki_module
 
-    return {"nki": nki_module, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa_constants}
+    return {"nki": nki_module, **{f"nki.{name}": getattr(nki_module, name)
+                                  for name in ("language", "isa", "typing", "compiler", "tensor", "builtin")},
+            "nki.isa.constants": nki_module.isa.constants, "nki.language.dtypes": nki_module.language.dtypes}
 
 
 def _is_nki(name: str) -> bool:

@@ -1,27 +1,34 @@
 """``nki.language`` (NKI 0.7) as the emulator implements it. Installed as
-``sys.modules["nki.language"]`` by ``harness.nki_emu.installed()``; any other name raises
-``NotImplementedError`` naming itself."""
+``sys.modules["nki.language"]`` by ``harness.nki_emu.installed()``. Its dtypes are NumPy
+dtypes (``harness.nki_emu.dtypes``). A documented name outside the implemented subset raises
+``NotImplementedError`` naming itself when called; any other name is an ``AttributeError``
+(so ``hasattr`` and ``getattr(nl, name, default)`` work)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from harness.nki_emu import cost
+from harness.nki_emu import cost, dtypes
 from harness.nki_emu.dtypes import DTYPES
 from harness.nki_emu.ops import OPS
-from harness.nki_emu.tensors import HBM, PRIVATE_HBM, PSUM, SBUF, SHARED_HBM, NkiTensor, allocate
+from harness.nki_emu.tensors import (HBM, PRIVATE_HBM, PSUM, PSUM_BANK_BYTES, PSUM_BANKS, SBUF, SBUF_BYTES_PER_PARTITION,
+                                     SHARED_HBM, NkiTensor, allocate, numpy_to_torch)
 
 __emulator__ = True
 
 globals().update(DTYPES)
+globals()["bool"] = DTYPES["bool_"]  # nki.language.bool, NumPy's name for bool_
 globals().update(OPS)
 sbuf, psum, hbm, private_hbm, shared_hbm = SBUF, PSUM, HBM, PRIVATE_HBM, SHARED_HBM
+dtype = np.dtype  # nl.dtype: the type of every NKI dtype
 
 
 class NKIObject:
     """Base class of NKI kernel dataclasses and configuration objects: fields are the class
-    annotations, set from positional or keyword arguments (class attributes are defaults),
-    then ``__post_init__`` if defined -- a dataclass at trace time."""
+    annotations, set from positional or keyword arguments (class attributes are defaults; a
+    field given no value stays unset, for ``__post_init__`` or a later method to derive), then
+    ``__post_init__`` if defined -- a dataclass at trace time."""
 
     def __init__(self, *args, **kwargs):
         names = list(dict.fromkeys(n for klass in reversed(type(self).__mro__)
@@ -34,9 +41,6 @@ class NKIObject:
             if name not in names:
                 raise TypeError(f"{type(self).__name__} has no field {name!r}")
             setattr(self, name, value)
-        missing = [n for n in names if not hasattr(self, n)]
-        if missing:
-            raise TypeError(f"{type(self).__name__} missing fields {missing}")
         if hasattr(self, "__post_init__"):
             self.__post_init__()
 
@@ -46,21 +50,23 @@ class NKIObject:
 
 
 class _TileSize:
+    """``nl.tile_size``: trn2's (NeuronCore-v3) tile limits."""
+
     pmax = 128
     psum_fmax = 512
     psum_bank_fmax = 512
-    psum_bank_fmax_bytes = 2048
-    psum_num_banks = 8
+    psum_bank_fmax_bytes = PSUM_BANK_BYTES
+    psum_num_banks = PSUM_BANKS
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512  # trn2; trn3 allows more (nki.isa.nc_matmul, Tile size)
     bn_stats_fmax = 512
-    sbuf_fmax_bytes = 192 * 1024
+    sbuf_fmax_bytes = SBUF_BYTES_PER_PARTITION
     sbuf_fmax = sbuf_fmax_bytes // 4
     total_available_sbuf_size = sbuf_fmax_bytes
     sbuf_size_bytes = 128 * sbuf_fmax_bytes
 
     def __getattr__(self, name):
-        raise NotImplementedError(f"nki emulator: nki.language.tile_size.{name} is not implemented")
+        raise AttributeError(f"nki emulator: nki.language.tile_size has no attribute {name!r}")
 
 
 tile_size = _TileSize()
@@ -80,13 +86,36 @@ class ndarray(metaclass=_TensorType):
         return allocate(shape, dtype, buffer, name)
 
 
-NkiTensorType = ndarray
+NkiTensorType = tensor = ndarray
 
 
 def zeros(shape, dtype, buffer=SBUF, name: str = ""):
-    tensor = allocate(shape, dtype, buffer, name, fill=0)
-    cost.active().instruction("memset", "vector", tensor.size)
-    return tensor
+    return full(shape, 0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=SBUF, name: str = ""):
+    return full(shape, 1, dtype, buffer, name)
+
+
+def full(shape, fill_value, dtype, buffer=SBUF, name: str = ""):
+    """A tensor filled with ``fill_value`` (one memset on chip)."""
+    tensor_ = allocate(shape, dtype, buffer, name)
+    if buffer.on_chip:
+        from harness.nki_emu import isa
+
+        isa.memset(tensor_, fill_value)
+    elif tensor_.storage.data is not None:
+        tensor_.storage.data.fill_(fill_value)
+    return tensor_
+
+
+def load(src, dtype=None):
+    """``nl.load(src)``: a new SBUF tile holding ``src`` (one DMA)."""
+    from harness.nki_emu import isa
+
+    tile = allocate(src.shape, dtype if dtype is not None else src.dtype, SBUF)
+    isa.dma_copy(dst=tile, src=src)
+    return tile
 
 
 def ds(start, size):
@@ -102,6 +131,15 @@ def affine_range(start, stop=None, step=1):
 sequential_range = static_range = affine_range
 
 
+def dynamic_range(start, stop=None, step=1):
+    """A loop with runtime bounds: the emulator knows the registers' values, so it is a range."""
+    if stop is None:
+        start, stop = 0, start
+    if not cost.active().numerics:
+        raise NotImplementedError("nki emulator: nl.dynamic_range in a shape-only trace (its bounds are data)")
+    return range(int(start), int(stop), int(step))
+
+
 def program_ndim() -> int:
     return len(cost.active().grid)
 
@@ -114,17 +152,29 @@ def num_programs(axes=0) -> int:
 
 
 def program_id(axis=0) -> int:
-    trace = cost.active()
-    return trace.program[axis] if trace.grid else 0
+    program = cost.active()
+    return program.id[axis] if program.grid else 0
 
 
 def shared_identity_matrix(n, dtype=DTYPES["uint8"], dst=None):
     if dst is not None:
         raise NotImplementedError("nki emulator: nl.shared_identity_matrix(dst=...) is not implemented")
-    tensor = allocate((n, n), dtype, SBUF, "identity", fill=0)
-    if tensor.storage.data is not None:
-        tensor.write(torch.eye(n, dtype=torch.float32))
-    return tensor
+    tensor_ = allocate((n, n), dtype, SBUF, "identity", fill=0)
+    if tensor_.storage.data is not None:
+        tensor_.storage.data.copy_(torch.eye(n).reshape(-1).to(tensor_.storage.data.dtype))
+    return tensor_
+
+
+def shared_constant(constant):
+    """A shared-HBM tensor holding ``constant`` (a NumPy array or a .npy path)."""
+    if isinstance(constant, str):
+        constant = np.load(constant)
+    constant = np.asarray(constant)
+    values = numpy_to_torch(constant)
+    tensor_ = allocate(constant.shape or (1,), dtypes.resolve(constant.dtype), SHARED_HBM, "constant", fill=0)
+    if tensor_.storage.data is not None:
+        tensor_.storage.data.copy_(values.reshape(-1).to(tensor_.storage.data.dtype))
+    return tensor_
 
 
 def is_hbm(buffer) -> bool:
@@ -144,11 +194,9 @@ def is_on_chip(buffer) -> bool:
 
 
 DOCUMENTED_UNIMPLEMENTED = (
-    "bitwise_and bitwise_or bitwise_xor invert left_shift right_shift logical_and logical_or logical_xor logical_not "
-    "gelu_dx gelu_apprx_sigmoid_dx silu_dx erf_dx tan arctan fmod mod sum max min mean prod var all softmax rms_norm "
-    "where dropout ones full zeros_like empty_like random_seed expand_dims broadcast_to transpose matmul no_reorder "
-    "load_transpose2d gather_flattened dynamic_range fori_loop while_loop load store shared_constant device_print "
-    "rand").split()
+    "sum max min mean prod var all softmax rms_norm where dropout zeros_like empty_like random_seed expand_dims "
+    "broadcast_to transpose matmul no_reorder load_transpose2d gather_flattened fori_loop while_loop store "
+    "device_print rand").split()
 
 
 def _unimplemented(name: str):
@@ -161,6 +209,4 @@ globals().update({name: _unimplemented(name) for name in DOCUMENTED_UNIMPLEMENTE
 
 
 def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise NotImplementedError(f"nki emulator: nki.language.{name} is not implemented")
+    raise AttributeError(f"nki emulator: module nki.language has no attribute {name!r} (not an NKI 0.7 name)")

@@ -1,5 +1,6 @@
-"""Running a kernel on the emulator: ``nki.jit`` kernels, SPMD grids, argument and result
-conversion, and the cost report of the launch."""
+"""Running a kernel on the emulator: ``nki.jit`` kernels, SPMD grids (their programs run
+together, ``programs.py``), argument and result conversion, the on-chip capacity check of each
+program, and the cost report of the launch."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import itertools
 
 import torch
 
-from harness.nki_emu import cost, tensors
+from harness.nki_emu import cost, programs, races, tensors
 from harness.nki_emu.cost import CostReport
+from harness.nki_emu.rules import RuleViolation
 
 
 def _to_torch_argument(value):
     if isinstance(value, torch.Tensor):
         return value
-    if type(value).__module__ == "numpy":  # NumPy arrays (ml_dtypes bfloat16 included)
-        from harness.ops.nki.simulation import numpy_to_torch
-
-        return numpy_to_torch(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return tensors.numpy_to_torch(value)  # NumPy arrays (ml_dtypes bfloat16 included)
     return None
 
 
@@ -36,30 +36,64 @@ def _body(kernel):
     return kernel.func if isinstance(kernel, JitKernel) else kernel
 
 
+def check_capacity(program: cost.Program) -> None:
+    """trn2's SBUF and PSUM hold what is live at each instruction (rules sbuf-/psum-capacity):
+    the live tiles' bytes, over all their partitions, within 128 partitions x the capacity."""
+    report = program.report
+    for kind, (peak, at, live) in program.live_peaks().items():
+        key = f"peak_{kind}_bytes_per_partition"
+        setattr(report, key, max(getattr(report, key), -(-peak // tensors.PMAX)))
+        capacity = tensors.PMAX * tensors.CAPACITY[kind]
+        if peak > capacity:
+            tiles = ", ".join(f"{s.name or 'unnamed'}{list(s.shape)} {tensors.dtypes.name_of(s.dtype)}" for s, _ in
+                              sorted(live, key=lambda t: -t[1])[:8])
+            where = f" of program {program.id}" if program.grid else ""
+            raise RuleViolation(f"{kind}-capacity", f"at instruction {at}{where} the live {kind.upper()} tiles hold "
+                                f"{peak} B > {capacity} B ({tensors.PMAX} partitions x {tensors.CAPACITY[kind]} B; "
+                                f"{len(live)} tiles, largest first: {tiles})")
+
+
 def launch(kernel, args, kwargs, grid=(), numerics: bool = True) -> tuple[object, CostReport]:
     """Run ``kernel`` (an emulator ``nki.jit`` kernel or its body) on torch arguments: tensors
-    are copied into HBM, everything else is passed as is. Returns (results as torch tensors,
-    the launch's cost report). ``numerics=False``: tensors may be meta tensors, nothing is
-    computed, results are meta tensors, the report is complete."""
+    are copied into HBM (shared by every program), everything else is passed as is. Returns
+    (results as torch tensors, the launch's cost report); with several programs, the results
+    of the last program that returned any. ``numerics=False``: tensors may be meta tensors,
+    nothing is computed, results are meta tensors, the report is complete."""
     func = _body(kernel)
-    trace = cost.Trace(numerics=numerics, grid=tuple(grid))
-    cost.push(trace)
+    grid = tuple(grid)
+    trace = cost.Trace(numerics=numerics, grid=grid)
+    ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
+    launch_programs = [cost.Program(trace, i) for i in ids]
+    for index, program in enumerate(launch_programs):
+        program.index = index
+    trace.program_ids = ids
+    trace.concurrent = len(ids) > 1
+    trace.report.programs = len(ids)
+    previous = cost.set_active(launch_programs[0])
     try:
-        def convert(value, name):
-            tensor = _to_torch_argument(value)
-            return tensors.from_torch(tensor, name) if tensor is not None else value
-
-        hbm_args = [convert(a, f"arg{i}") for i, a in enumerate(args)]
-        hbm_kwargs = {k: convert(v, k) for k, v in kwargs.items()}
-        programs = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
-        trace.report.programs = len(programs)
-        result = None
-        for program in programs:
-            trace.program, trace.shared_counter = program, 0
-            result = func(*hbm_args, **hbm_kwargs)
-        return _results(result), trace.report
+        hbm_args = [_argument(a, f"arg{i}") for i, a in enumerate(args)]
+        hbm_kwargs = {k: _argument(v, k) for k, v in kwargs.items()}
     finally:
-        cost.pop()
+        cost.set_active(previous)
+
+    def body(program):
+        result = func(*hbm_args, **hbm_kwargs)
+        races.settle(program)
+        check_capacity(program)
+        return result
+
+    results = programs.run(launch_programs, body)
+    returned = [results[i] for i in sorted(results) if results[i] is not None]
+    previous = cost.set_active(launch_programs[0])
+    try:
+        return _results(returned[-1] if returned else None), trace.report
+    finally:
+        cost.set_active(previous)
+
+
+def _argument(value, name):
+    tensor = _to_torch_argument(value)
+    return tensors.from_torch(tensor, name) if tensor is not None else value
 
 
 class JitKernel:
@@ -75,7 +109,7 @@ class JitKernel:
         return JitKernel(self.func, grid, **self.options)
 
     def __call__(self, *args, **kwargs):
-        if cost._active:  # a kernel calling a kernel: trace its body inline
+        if cost.running():  # a kernel calling a kernel: trace its body inline
             return self.func(*args, **kwargs)
         return launch(self, args, kwargs, self.grid)[0]
 

@@ -30,12 +30,16 @@ RULES = {
     for r in (
         _rule("partition-dim", "an SBUF/PSUM tile's partition dimension (dim 0) is at most 128 (nl.tile_size.pmax)",
               "api/generated/nki.language.ndarray.html; nki.language.tile_size.pmax"),
-        _rule("partition-access", "an on-chip view's dim 0 walks whole partitions and its free dims stay inside one "
-              "partition", "api/generated/nki.language.NkiTensor.html (Partition dimension)"),
-        _rule("sbuf-capacity", "one SBUF tile holds at most 192 KiB per partition on trn2 (24 MiB / 128)",
-              "arch/trainium2_arch.html (SBUF); nki.language.tile_size.sbuf_fmax_bytes"),
-        _rule("psum-capacity", "one PSUM tile holds at most 16 KiB per partition (8 banks of 2 KiB)",
-              "arch/trainium2_arch.html (PSUM); nki.language.tile_size.psum_num_banks"),
+        _rule("partition-access", "an on-chip view's dim 0 steps exactly one partition (the access on the partition "
+              "dimension must be contiguous: reading every other partition is illegal) and its free dims stay inside "
+              "one partition", "deep-dives/nki-aps.html (Restriction on SBUF/PSUM Tensors)"),
+        _rule("sbuf-capacity", "trn2's SBUF holds 128 partitions of 224 KiB (NeuronCore-v3: 28 MiB): one tile at "
+              "most 224 KiB per partition, and the tiles live at any instruction at most 28 MiB (partitions x bytes "
+              "per partition); a tile's contents are live from a write to the last read of what it wrote", "guides/architecture/trainium2_arch.html (NeuronCore-v3 SBUF capacity)"),
+        _rule("psum-capacity", "PSUM holds 128 partitions of 16 KiB (2 MiB: 8 banks of 2 KiB per partition): one "
+              "tile at most 16 KiB per partition, and the tiles live at any instruction at most 2 MiB; a PSUM tile "
+              "is live from its first write to its last (its accumulation groups; an eviction may run right after)", "guides/architecture/trainium2_arch.html (PSUM capacity remains "
+              "2MiB); nki.language.tile_size.psum_num_banks"),
         _rule("matmul-memory", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
               f"{_ISA}.nc_matmul.html (Memory types)"),
         _rule("matmul-contraction", "stationary and moving have the same partition size, at most 128",
@@ -52,6 +56,10 @@ RULES = {
         _rule("matmul-accumulate-init", "accumulate=True is valid only after a matmul with accumulate=False started "
               "the PSUM location; onto PSUM a non-matmul instruction wrote it is undefined on trn2",
               f"{_ISA}.nc_matmul.html (Accumulation mode)"),
+        _rule("matmul-transpose", "an nc_matmul in transpose mode (is_transpose=True) transposes its stationary tile "
+              "through an identity moving tile", f"{_ISA}.nc_matmul.html (Transpose mode); {_ISA}.nc_transpose.html"),
+        _rule("matmul-tiling", "tile_position and tile_size are set together; row and column tiles are 32, 64 or 128 "
+              "and start at a multiple of their size inside the 128x128 array", f"{_ISA}.nc_matmul.html (Tiling mode)"),
         _rule("matmul-shape", "dst is [stationary free, moving free]", f"{_ISA}.nc_matmul.html (Layout)"),
         _rule("transpose-memory", "Tensor Engine nc_transpose reads SBUF and writes PSUM",
               f"{_ISA}.nc_transpose.html (Memory types)"),
@@ -77,8 +85,20 @@ RULES = {
               f"{_ISA}.dma_copy.html (oob_mode)"),
         _rule("stream-shuffle", "nc_stream_shuffle: a 32-entry mask, dst and src of one dtype and per-partition size, "
               "start partitions 0 (96/128 active), 0/64 (64) or 0/32/64/96 (32)", f"{_ISA}.nc_stream_shuffle.html"),
-        _rule("float-to-int", "a float-to-integer cast of a non-integral value has no documented rounding mode; the "
-              "emulator refuses to guess", "api/nki.language.html#nki-dtype"),
+        _rule("alu-op", "an ALU instruction's op is in the Supported Math Operators table (bitvec operators need "
+              "integer tiles; tensor_reduce's op is a Legal Reduction op)", "api/nki.api.shared.html (Supported Math "
+              "Operators for NKI ISA)"),
+        _rule("activation-op", "nki.isa.activation's op is in the Supported Activation Functions table",
+              "api/nki.api.shared.html (Supported Activation Functions for NKI ISA)"),
+        _rule("trn3-only", "abs_max and abs_min are available only on NeuronCore-v4 (trn3) and newer; the emulator is "
+              "trn2", "api/generated/nki.language.abs_max.html; api/generated/nki.language.abs_min.html"),
+        _rule("dma-rmw", "nki.isa.dma_copy has no dst_rmw_op in NKI 0.7 (removed in NKI 0.3): a read-modify-write "
+              "DMA is not an NKI 0.7 instruction", f"{_ISA}.dma_copy.html (signature)"),
+        _rule("core-barrier", "nki.isa.core_barrier synchronizes cores=(0, 1): every program of the launch named in "
+              "cores reaches the same sequence of barriers", f"{_ISA}.core_barrier.html"),
+        _rule("lnc-race", "programs of an LNC=2 launch that read what the other wrote, or write different values to "
+              "the same HBM element, are ordered by an nki.isa.core_barrier between the accesses",
+              f"{_ISA}.core_barrier.html (the use case: disjoint writes, a barrier, then reads)"),
     )
 }
 

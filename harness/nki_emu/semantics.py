@@ -18,6 +18,13 @@ class Semantics:
     cast_at_destination: bool = True
     # fresh nl.ndarray memory is garbage: the emulator fills it with NaN so that a read poisons results
     poison_uninitialised: bool = True
+    # integers are exact: same-dtype DMA and copies move the bits (nki.isa.dma_copy, nki.isa.tensor_copy),
+    # int32/uint32 tensor_tensor runs in integer arithmetic (nki.isa.tensor_tensor), memset writes the integer
+    integers_exact: bool = True
+    # float32 results written to an integer tile round to nearest even and saturate (2.32's simulator)
+    float_to_int_saturates: bool = True
+    # abs_max / abs_min return the signed input of larger / smaller magnitude (nki.language.abs_max)
+    abs_max_signed: bool = True
 
 
 DOCUMENTED = Semantics()

@@ -1,29 +1,35 @@
 """Memory spaces and tensors: ``nl.ndarray`` storage and the views kernels index.
 
 A tensor is a view (shape, strides, offset in elements) over one flat storage, as the NKI
-docs describe ``NkiTensor`` (``.ap()`` is ``torch.as_strided``). Floating storage holds
-float32 values that are exactly representable in the tensor's own dtype (each write rounds
-to it: "cast at the destination"); integer storage holds int64. Fresh storage is NaN
-(integers: a garbage sentinel) so that reading memory nothing wrote poisons the result. On-
-chip tensors (SBUF, PSUM) have the partition dimension at dim 0; their views are checked
-against the partition rules. With ``numerics=False`` (shape-only traces) storage holds no
-data: instructions check rules and count, and compute nothing.
+docs describe ``NkiTensor`` (``.ap()`` is ``torch.as_strided``). Floating storage is a torch
+tensor of the tensor's own dtype (each write rounds to it: "cast at the destination"; engines
+read it through float32); integer storage holds the exact integers (int64). Fresh
+storage is NaN (integers: a garbage sentinel) so that reading memory nothing wrote poisons the
+result. On-chip tensors (SBUF, PSUM) have the partition dimension at dim 0; their views are
+checked against the partition rules. With ``numerics=False`` (shape-only traces) storage holds
+no data: instructions check rules and count, and compute nothing.
+
+Conversions (the Supported Data Types and instruction pages of the NKI docs): a write of
+float32 results into an integer tile rounds to nearest even and saturates at the type's range
+(NaN, which only poisoned memory produces, becomes the garbage sentinel); a same-dtype copy
+moves the stored values untouched (``write_raw``).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from harness.nki_emu import cost, semantics
-from harness.nki_emu.dtypes import DType, resolve
+from harness.nki_emu import cost, dtypes, races, semantics
 from harness.nki_emu.rules import check
 
 PMAX = 128
-SBUF_BYTES_PER_PARTITION = 192 * 1024  # trn2: 24 MiB SBUF / 128 partitions
+SBUF_BYTES_PER_PARTITION = 224 * 1024  # trn2 (NeuronCore-v3): 28 MiB SBUF / 128 partitions
 PSUM_BANK_BYTES = 2 * 1024
 PSUM_BANKS = 8
+PSUM_BYTES_PER_PARTITION = PSUM_BANK_BYTES * PSUM_BANKS  # 2 MiB / 128 partitions
 INT_GARBAGE = -(2**31) + 7  # what an uninitialised integer reads as
 
 
@@ -46,28 +52,60 @@ PSUM = Buffer("psum", "psum")
 PRIVATE_HBM = Buffer("private_hbm", "hbm")
 SHARED_HBM = Buffer("shared_hbm", "hbm")
 HBM = PRIVATE_HBM  # the docs: "nl.hbm - Alias of private_hbm"
+CAPACITY = {"sbuf": SBUF_BYTES_PER_PARTITION, "psum": PSUM_BYTES_PER_PARTITION}
 
 
-def _holder(dtype: DType) -> torch.dtype:
-    return torch.float32 if dtype.is_float else torch.int64
+def _holder(dtype) -> torch.dtype:
+    if not dtypes.is_float(dtype):
+        return torch.int64
+    if not semantics.current().cast_at_destination:
+        return torch.float32  # planted: float32 storage that keeps what instructions computed unrounded
+    return dtypes.torch_of(dtype)
 
 
 class Storage:
-    def __init__(self, shape: tuple[int, ...], dtype: DType, buffer: Buffer, trace: cost.Trace, name: str = "",
-                 fill=None, argument: bool = False):
-        dtype.require_torch()
+    def __init__(self, shape: tuple[int, ...], dtype, buffer: Buffer, program: cost.Program, name: str = "",
+                 fill=None, argument: bool = False, data: torch.Tensor | None = None):
+        dtypes.torch_of(dtype)
         self.shape, self.dtype, self.buffer, self.name = shape, dtype, buffer, name
+        self.is_float = dtypes.is_float(dtype)
         self.numel = math.prod(shape)
         self.partitions = shape[0] if buffer.on_chip else 1
         self.partition_stride = math.prod(shape[1:]) if buffer.on_chip else self.numel
-        self.data = None
-        if trace.numerics:
+        self.live: list[list[int]] = []  # on chip: [write, last read] clock intervals its values are live
+        self.owner = program
+        self.races = None  # HBM shared by concurrent programs: harness.nki_emu.races.Writes
+        self.data = data
+        if program.numerics and data is None:
             if fill is None:
                 poison = semantics.current().poison_uninitialised
-                fill = (math.nan if dtype.is_float else INT_GARBAGE) if poison else 0
+                fill = (math.nan if self.is_float else INT_GARBAGE) if poison else 0
             self.data = torch.full((self.numel,), fill, dtype=_holder(dtype))
         per_partition = self.partition_stride * dtype.itemsize
-        trace.allocated(self, "argument" if argument else buffer.kind, per_partition, self.numel * dtype.itemsize)
+        program.allocated(self, "argument" if argument else buffer.kind, per_partition, self.numel * dtype.itemsize)
+
+    def touch(self, write: bool) -> None:
+        """An instruction reads or writes this storage now: its live spans (``cost.Program``).
+        SBUF: a value is live from the write that produces it to its last read, in the kernel's
+        order (a later partial write does not extend what it did not overwrite). PSUM: a tile is
+        live from its first write to its last (its matmul accumulation groups, in the kernel's
+        order); reading it out does not extend it: the scheduler may move an eviction up to right
+        after the last matmul (the compiler reorders independent instructions unless told not to:
+        nl.no_reorder), as nki-library's bwmm_shard_on_I needs (12 accumulation groups filled
+        one after the other, evicted after all of them)."""
+        if not self.buffer.on_chip:
+            return
+        clock = cost.active().clock
+        if self.buffer is PSUM:
+            if not self.live:
+                self.live.append([clock, clock])
+            elif write:
+                self.live[-1][1] = clock
+        elif write or not self.live:
+            if not self.live or self.live[-1][1] < clock:
+                self.live.append([clock, clock])
+        else:
+            self.live[-1][1] = clock
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -78,50 +116,89 @@ def _shape(shape) -> tuple[int, ...]:
 
 
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None) -> "NkiTensor":
-    shape, dtype = _shape(shape), resolve(dtype)
+    shape, dtype = _shape(shape), dtypes.resolve(dtype)
     if not isinstance(buffer, Buffer):
         raise TypeError(f"nki emulator: buffer must be nl.sbuf/nl.psum/nl.hbm/nl.shared_hbm/nl.private_hbm, got {buffer!r}")
-    trace = cost.active()
+    program = cost.active()
     if buffer.on_chip:
-        check(shape[0] <= PMAX, "partition-dim", f"nl.ndarray{shape} in {buffer!r} has {shape[0]} partitions")
+        check(shape[0] <= PMAX, "partition-dim", lambda: f"nl.ndarray{shape} in {buffer!r} has {shape[0]} partitions")
         per_partition = math.prod(shape[1:]) * dtype.itemsize
-        if buffer is SBUF:
-            check(per_partition <= SBUF_BYTES_PER_PARTITION, "sbuf-capacity",
-                  f"nl.ndarray{shape} {dtype} needs {per_partition} B per partition")
-        else:
-            check(per_partition <= PSUM_BANK_BYTES * PSUM_BANKS, "psum-capacity",
-                  f"nl.ndarray{shape} {dtype} needs {per_partition} B per partition")
-    if buffer is SHARED_HBM and trace.grid:
+        rule = "sbuf-capacity" if buffer is SBUF else "psum-capacity"
+        check(per_partition <= CAPACITY[buffer.kind], rule,
+              f"nl.ndarray{shape} {dtypes.name_of(dtype)} alone needs {per_partition} B per partition")
+    if buffer is SHARED_HBM and program.grid:
         # one shared tensor for all programs of an SPMD launch: the i-th allocation of every program
-        key = trace.shared_counter
-        trace.shared_counter += 1
-        if key < len(trace.shared):
-            return NkiTensor.whole(trace.shared[key])
-        storage = Storage(shape, dtype, buffer, trace, name, fill)
-        trace.shared.append(storage)
+        key = program.shared_counter
+        program.shared_counter += 1
+        if key < len(program.shared):
+            return NkiTensor.whole(program.shared[key])
+        storage = Storage(shape, dtype, buffer, program, name, fill)
+        program.shared.append(storage)
         return NkiTensor.whole(storage)
-    return NkiTensor.whole(Storage(shape, dtype, buffer, trace, name, fill))
+    return NkiTensor.whole(Storage(shape, dtype, buffer, program, name, fill))
 
 
 def from_torch(value: torch.Tensor, name: str = "") -> "NkiTensor":
-    """A kernel argument: a torch tensor (meta tensors in shape-only traces) copied into HBM."""
-    trace = cost.active()
-    storage = Storage(_shape(value.shape), resolve(value.dtype), HBM, trace, name, fill=0, argument=True)
-    if storage.data is not None:
+    """A kernel argument: a torch tensor (meta tensors in shape-only traces) copied into HBM
+    (shared by every program of an SPMD launch)."""
+    program = cost.active()
+    dtype = dtypes.resolve(value.dtype)
+    data = None
+    if program.numerics:
         if value.device.type == "meta":
             raise ValueError("nki emulator: a meta tensor argument needs a shape-only trace (numerics=False)")
-        storage.data.copy_(value.detach().reshape(-1).to(storage.data.dtype))
-    return NkiTensor.whole(storage)
+        data = value.detach().reshape(-1).to(_holder(dtype), copy=True)  # the one copy: the kernel may write it
+    return NkiTensor.whole(Storage(_shape(value.shape), dtype, SHARED_HBM, program, name, argument=True, data=data))
 
 
 def to_torch(tensor: "NkiTensor") -> torch.Tensor:
-    torch_dtype = tensor.dtype.require_torch()
+    torch_dtype = dtypes.torch_of(tensor.dtype)
     if tensor.storage.data is None:
         return torch.empty(tensor.shape, dtype=torch_dtype, device="meta")
-    values = tensor.read()
-    if not semantics.current().cast_at_destination and tensor.dtype.is_float:
+    values = tensor.peek()
+    if values.dtype != torch_dtype and tensor.storage.is_float:
         return values.clone()  # planted: the values were never rounded to the tensor's dtype
-    return values.to(torch_dtype)
+    return values.to(torch_dtype, copy=True)
+
+
+def numpy_to_torch(array) -> torch.Tensor:
+    """A NumPy array (``ml_dtypes`` bfloat16 and float8 included) as a torch tensor, bits unchanged."""
+    array = np.ascontiguousarray(array)
+    dtype = dtypes.resolve(array.dtype)
+    twin = dtypes.torch_of(dtype)
+    if array.dtype.kind in "biuf" and array.dtype.name not in ("bfloat16", "float8_e5m2"):
+        return torch.from_numpy(array)  # shares the array's memory: copy before writing
+    bits = {1: np.uint8, 2: np.int16}[array.dtype.itemsize]
+    return torch.from_numpy(array.view(bits)).view(twin)
+
+
+def torch_to_numpy(tensor: torch.Tensor, dtype=None) -> np.ndarray:
+    """A torch tensor as a NumPy array of its NKI dtype (``ml_dtypes`` for bfloat16 and float8)."""
+    dtype = dtypes.resolve(dtype if dtype is not None else tensor.dtype)
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        bits = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.uint16)}[tensor.element_size()]
+        return tensor.view(bits[0]).numpy().view(bits[1]).view(dtype)
+    return tensor.numpy()
+
+
+def float_to_integer(values: torch.Tensor, dtype) -> torch.Tensor:
+    """float32 results written to an integer tile: round to nearest even, saturate at the
+    type's range; NaN (poison) stays poison (the garbage sentinel)."""
+    low, high = dtypes.INTEGER_RANGE[dtypes.name_of(dtype)]
+    nan = torch.isnan(values)
+    if not semantics.current().float_to_int_saturates:  # planted: truncate and wrap
+        wrapped = values.nan_to_num(0).trunc().to(torch.int64)
+        span = high - low + 1
+        return torch.where(nan, INT_GARBAGE, (wrapped - low) % span + low)
+    rounded = values.to(torch.float64).round().clamp(low, high).nan_to_num(0).to(torch.int64)
+    return torch.where(nan, INT_GARBAGE, rounded)
+
+
+def wrap_integer(values: torch.Tensor, dtype) -> torch.Tensor:
+    """Exact integer results (int64) as the dtype's bits hold them (two's complement wrap)."""
+    low, high = dtypes.INTEGER_RANGE[dtypes.name_of(dtype)]
+    return (values - low) % (high - low + 1) + low
 
 
 class NkiTensor:
@@ -138,11 +215,7 @@ class NkiTensor:
 
     @classmethod
     def whole(cls, storage: Storage) -> "NkiTensor":
-        strides, step = [], 1
-        for size in reversed(storage.shape):
-            strides.append(step)
-            step *= size
-        return cls(storage, storage.shape, tuple(reversed(strides)), 0)
+        return cls(storage, storage.shape, cls._row_major(storage.shape), 0)
 
     # ---------------------------------------------------------------- attributes
     dtype = property(lambda self: self.storage.dtype)
@@ -159,12 +232,18 @@ class NkiTensor:
     def free_size(self) -> int:
         return math.prod(self.shape[1:])
 
+    @property
+    def start_partition(self) -> int:
+        return self.offset // self.storage.partition_stride if self.buffer.on_chip else 0
+
     def __repr__(self) -> str:
-        return f"NkiTensor({self.shape}, {self.dtype}, {self.buffer!r}, strides={self.strides}, offset={self.offset})"
+        name = f" {self.name!r}" if self.name else ""
+        return (f"NkiTensor{name}({self.shape}, {dtypes.name_of(self.dtype)}, {self.buffer!r}, strides={self.strides}, "
+                f"offset={self.offset})")
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or name not in DOCUMENTED_METHODS:
+            raise AttributeError(f"nki emulator: NkiTensor has no attribute {name!r}")
         raise NotImplementedError(f"nki emulator: NkiTensor.{name} is not implemented")
 
     def __bool__(self):
@@ -175,14 +254,18 @@ class NkiTensor:
         return 0 in self.shape
 
     def _check_partitions(self) -> None:
+        """On-chip views: dim 0 steps exactly one partition (the docs' NKI access patterns page:
+        "the access on the partition dimension must be contiguous"), the partitions exist, and
+        the free dims stay inside one partition."""
         pstride, where = self.storage.partition_stride, self
         if not self.shape or self.empty:
             return
         if self.shape[0] > 1:
-            check(self.strides[0] > 0 and self.strides[0] % pstride == 0, "partition-access",
-                  lambda: f"{where!r}: dim 0 stride {self.strides[0]} does not step whole partitions of {pstride} elements")
+            check(self.strides[0] == pstride, "partition-access",
+                  lambda: f"{where!r}: dim 0 stride {self.strides[0]} is not one partition ({pstride} elements): "
+                          f"the access on the partition dimension must be contiguous")
         first = self.offset // pstride
-        last = first + (self.shape[0] - 1) * (self.strides[0] // pstride if self.shape[0] > 1 else 0)
+        last = first + self.shape[0] - 1
         check(0 <= first and last < self.storage.partitions, "partition-access",
               lambda: f"{where!r}: partitions {first}..{last} outside the tile's {self.storage.partitions}")
         extent = self.offset % pstride + sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:]))
@@ -199,6 +282,7 @@ class NkiTensor:
             key = key[:i] + (slice(None),) * (self.ndim - len(key) + 1) + key[i + 1:]
         if len(key) > self.ndim:
             raise IndexError(f"nki emulator: {len(key)} indices for a {self.ndim}-d tensor {self.shape}")
+        on_chip = self.buffer.on_chip
         shape, strides, offset = [], [], self.offset
         for dim, (size, stride) in enumerate(zip(self.shape, self.strides)):
             k = key[dim] if dim < len(key) else slice(None)
@@ -206,7 +290,7 @@ class NkiTensor:
                 raise NotImplementedError("nki emulator: indexing a tensor with a tensor (dynamic select)")
             if isinstance(k, slice):
                 start, stop, step = k.indices(size)
-                check(step > 0, "bounds", f"negative slice step on {self!r}")
+                check(step > 0, "bounds", lambda: f"negative slice step on {self!r}")
                 count = len(range(start, stop, step))  # 0: an empty access, which instructions skip
                 shape.append(count)
                 strides.append(stride * step)
@@ -214,9 +298,14 @@ class NkiTensor:
             else:
                 index = int(k)
                 index = index + size if index < 0 else index
-                check(0 <= index < size, "bounds", f"index {k} out of range for dim {dim} of size {size} of {self!r}")
+                check(0 <= index < size, "bounds", lambda: f"index {k} out of range for dim {dim} of size {size} of {self!r}")
                 offset += index * stride
-        if not shape:  # a single element keeps one dim, as a [1] tile
+                if on_chip and dim == 0:  # the docs: on-chip, an integer on dim 0 is a size-1 slice
+                    shape.append(1)
+                    strides.append(stride)
+        if on_chip and len(shape) < 2:  # on-chip results are at least 2D
+            shape, strides = shape + [1] * (2 - len(shape)), strides + [1] * (2 - len(strides))
+        if not shape:  # an HBM element keeps one dim, as a [1] tensor
             shape, strides = [1], [1]
         return NkiTensor(self.storage, shape, strides, offset)
 
@@ -242,12 +331,12 @@ class NkiTensor:
         if -1 in shape:
             known = math.prod(s for s in shape if s != -1)
             shape[shape.index(-1)] = self.size // known
-        check(math.prod(shape) == self.size, "bounds", f"reshape {self.shape} -> {tuple(shape)} changes the size")
+        check(math.prod(shape) == self.size, "bounds", lambda: f"reshape {self.shape} -> {tuple(shape)} changes the size")
         if not self.is_contiguous() or self.dynamic is not None:
             raise NotImplementedError(f"nki emulator: reshape of a non-contiguous view {self!r}")
         if self.buffer.on_chip:
             check(shape[0] == self.shape[0], "partition-access",
-                  f"reshape {self.shape} -> {tuple(shape)} changes the partition dimension")
+                  lambda: f"reshape {self.shape} -> {tuple(shape)} changes the partition dimension")
             inner = NkiTensor._row_major(shape[1:])
             return NkiTensor(self.storage, shape, (self.strides[0], *inner), self.offset)
         return NkiTensor(self.storage, shape, NkiTensor._row_major(shape), self.offset)
@@ -262,7 +351,7 @@ class NkiTensor:
 
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> "NkiTensor":
         """``[[stride, count], ...]`` over the storage from this view's offset (+ ``offset``)."""
-        if dtype is not None and resolve(dtype) is not self.dtype:
+        if dtype is not None and dtypes.resolve(dtype) != self.dtype:
             raise NotImplementedError("nki emulator: .ap(dtype=...) reinterpreting to another dtype is not implemented")
         if scalar_offset is not None and vector_offset is not None:
             raise ValueError("nki emulator: .ap() takes scalar_offset or vector_offset, not both (nki.isa.dma_copy)")
@@ -283,60 +372,94 @@ class NkiTensor:
         return low, high
 
     def addresses(self) -> torch.Tensor:
-        index = torch.full(self.shape, self.offset, dtype=torch.int64)
+        """The flat storage index of every element of the view (dynamic offsets included)."""
+        base, low, high = self.offset, self.offset, self.offset
+        parts = []
+        vector = self.dynamic is not None and self.dynamic[0] == "vector"
         for dim, (size, stride) in enumerate(zip(self.shape, self.strides)):
+            if vector and dim == 0:
+                continue  # per-partition rows come from the index tensor
             view = [1] * self.ndim
             view[dim] = size
-            if self.dynamic is not None and self.dynamic[0] == "vector" and dim == 0:
-                continue  # per-partition rows come from the index tensor
-            index = index + (torch.arange(size, dtype=torch.int64) * stride).view(view)
+            parts.append((torch.arange(size, dtype=torch.int64) * stride).view(view))
+            low, high = low + min(0, (size - 1) * stride), high + max(0, (size - 1) * stride)
         if self.dynamic is not None:
             kind, idx, stride = self.dynamic
             values = idx.read().reshape(-1)
             if kind == "scalar":
-                index = index + int(values[0].item()) * stride
+                shift = int(values[0].item()) * stride
+                base, low, high = base + shift, low + shift, high + shift
             else:
                 check(values.numel() >= self.shape[0], "bounds", "vector_offset has fewer rows than the view's partitions")
-                index = index + (values[: self.shape[0]].to(torch.int64) * stride).view([-1] + [1] * (self.ndim - 1))
-        check(int(index.min()) >= 0 and int(index.max()) < self.storage.numel, "bounds",
-              lambda: f"{self!r} reaches elements {int(index.min())}..{int(index.max())} of {self.storage.numel}")
+                rows = values[: self.shape[0]].to(torch.int64) * stride
+                parts.append(rows.view([-1] + [1] * (self.ndim - 1)))
+                low, high = low + int(rows.min()), high + int(rows.max())
+        check(low >= 0 and high < self.storage.numel, "bounds",
+              lambda: f"{self!r} reaches elements {low}..{high} of {self.storage.numel}")
+        index = torch.full(self.shape, base, dtype=torch.int64)
+        for part in parts:
+            index += part
         return index
 
-    def check_static_bounds(self) -> None:
+    def check_static_bounds(self, write: bool = False) -> None:
+        self.storage.touch(write)
         if self.dynamic is None and not self.empty:
             low, high = self.static_bounds()
             check(low >= 0 and high < self.storage.numel, "bounds",
                   lambda: f"{self!r} reaches elements {low}..{high} of {self.storage.numel}")
 
+    def _view(self, data: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided(data, self.shape, self.strides, self.offset)
+
+    def peek(self) -> torch.Tensor:
+        """The stored values, outside any instruction (a launch's results)."""
+        if self.empty:
+            return torch.empty(self.shape, dtype=self.storage.data.dtype)
+        if self.dynamic is None:
+            return self._view(self.storage.data)
+        return self.storage.data[self.addresses()]
+
     def read(self) -> torch.Tensor | None:
-        """The view's values (float32 for float dtypes, int64 otherwise); None in shape-only traces."""
+        """The view's stored values (float32 for float dtypes, exact int64 otherwise); None in
+        shape-only traces."""
         self.check_static_bounds()
         if self.storage.data is None:
             return None
         if self.empty:
             return torch.empty(self.shape, dtype=self.storage.data.dtype)
+        if self.storage.races is not None:
+            self.storage.races.read(self)
         if self.dynamic is None:
-            return torch.as_strided(self.storage.data, self.shape, self.strides, self.offset)
+            return self._view(self.storage.data)
         return self.storage.data[self.addresses()]
 
     def write(self, values: torch.Tensor | None) -> None:
-        """Store ``values`` (any shape with this view's element count), cast to the view's dtype."""
-        self.check_static_bounds()
+        """Store float32 results (any shape with this view's element count), converted to the
+        view's dtype: rounded for floats, rounded to nearest even and saturated for integers."""
+        if values is not None and self.storage.data is not None and not self.empty:
+            values = values.reshape(self.shape)
+            if self.storage.is_float:
+                values = values.to(torch.float32).to(self.storage.data.dtype)  # rounds to nearest even
+            elif values.is_floating_point():
+                values = float_to_integer(values, self.dtype)
+        self.write_raw(values)
+
+    def write_raw(self, values: torch.Tensor | None) -> None:
+        """Store values already in this dtype's holder form (a same-dtype copy: bits unchanged)."""
+        self.check_static_bounds(write=True)
         if self.storage.data is None or values is None or self.empty:
             return
         values = values.reshape(self.shape)
-        data = self.storage.data
-        if self.dtype.is_float:
-            values = values.to(torch.float32)
-            if semantics.current().cast_at_destination:
-                values = values.to(self.dtype.torch_dtype).to(torch.float32)
-        else:
-            if values.is_floating_point():
-                finite = values[torch.isfinite(values)]
-                check(bool(torch.isfinite(values).all()) and bool((finite == finite.round()).all()), "float-to-int",
-                      lambda: f"writing non-integral values to {self.dtype} {self!r}")
-            values = values.to(torch.int64)
+        if self.storage.races is None and self.buffer is SHARED_HBM and cost.active().trace.concurrent:
+            self.storage.races = races.Writes(self.storage.numel)
+        if self.storage.races is not None:
+            self.storage.races.write(self, values)
         if self.dynamic is None:
-            torch.as_strided(data, self.shape, self.strides, self.offset).copy_(values)
+            self._view(self.storage.data).copy_(values)
         else:
-            data[self.addresses()] = values
+            self.storage.data[self.addresses()] = values.to(self.storage.data.dtype)
+
+
+DOCUMENTED_METHODS = frozenset(
+    "is_indirect permute broadcast expand_dim squeeze_dim reshape_dim flatten_dims rearrange slice select "
+    "vector_select view reinterpret_cast indirect".split())

@@ -1,8 +1,9 @@
 """Plants in the NKI emulator's semantics (harness/nki_emu/semantics.py): each turns one
 documented rule of NKI 0.7 wrong, as a patch of ``harness.nki_emu.semantics`` applied in-process
 with ``plants.planted(name)``. tests/kernels/test_nki_emu_validation.py shows each caught by
-the emulator's validation against nki-library (or, for PSUM accumulation and poisoning, which
-no validated nki-library path exercises, by the emulator's own tests and the kernel suite).
+the emulator's validation against nki-library (or, for PSUM accumulation, poisoning and the
+semantics of issue 29 -- exact integers, saturating float-to-integer writes, signed abs_max --
+by the emulator's own tests and the kernel suite).
 """
 
 from __future__ import annotations
@@ -40,4 +41,18 @@ EMULATOR_PLANTS = (
           "fresh nl.ndarray memory reads as zeros instead of poison (NaN)",
           ("emulator uninitialised-read test",),
           patch=_override(poison_uninitialised=False)),
+    Plant("nki_emu_integers_through_float32", "kernel",
+          "every read goes through float32, as before issue 29: int32 16777217 copies as 16777216, int32 "
+          "tensor_tensor and memset of an integer tile round through float32",
+          ("emulator exact-integer tests (tests/kernels/test_nki_emu_semantics.py)",),
+          patch=_override(integers_exact=False)),
+    Plant("nki_emu_float_to_int_wraps", "kernel",
+          "float32 results written to an integer tile truncate and wrap instead of rounding to nearest even "
+          "and saturating",
+          ("emulator float-to-integer test (tests/kernels/test_nki_emu_semantics.py)",),
+          patch=_override(float_to_int_saturates=False)),
+    Plant("nki_emu_abs_max_magnitudes", "kernel",
+          "abs_max / abs_min return the magnitude instead of the signed input of larger / smaller magnitude",
+          ("emulator abs_max test (tests/kernels/test_nki_emu_semantics.py)",),
+          patch=_override(abs_max_signed=False)),
 )

@@ -1,0 +1,155 @@
+"""nki-library's own integration tests, run in their simulation mode on the harness's NKI
+emulator: the emulator's acceptance test (issue 29).
+
+    python3 scripts/nkilib_tests.py             # every file below, prints the table, exits 1 on a failure
+    python3 scripts/nkilib_tests.py core/cumsum/test_cumsum.py   # some files (paths under test/integration/nkilib)
+
+What it does, each run:
+
+1. extracts ``../shared/nki-library/nki-library-d2ad3a5-tests.tar.gz`` (checked against its
+   sha256; its files are never changed) into ``build/nkilib-tests/`` (git-ignored);
+2. builds, or reuses, ``build/nkilib-tests/venv``: a venv on top of the system packages with
+   the packages nki-library's test tree imports, pinned in ``constraints/nkilib_tests.txt``;
+3. runs pytest in the extracted tree as nki-library's README says (``--test-mode simulation``),
+   with ``-p harness.nki_emu.cpu_simulator.pytest_plugin`` (the emulator installed as
+   ``nki_cpu_simulator``, which nki-library's ``simulation_setup.py`` installs as ``nki``),
+   nki-library's default selection (its large shapes skip unless NKILIB_SIMULATION_RUN_ALL=1),
+   ``-n 2``, ``--force-local-cleanup`` and NEURON_PYTHONHASHSEED=0 (the sampled
+   parametrisations are fixed);
+4. prints the table (file, collected, passed, failed, skipped, deselected) and the time, and
+   writes it to ``build/nkilib-tests/summary.md``.
+
+nki-library's default selection still holds cross-entropy cases of 10^8 to 2*10^9 logits and
+blockwise-MoE cases of 64 experts (0.8*10^9 weight elements): a 2-core 24 GiB machine holds
+them neither in memory (the inputs, the golden and the emulator's copy: about 16 bytes an
+element) nor in the CI budget, so the plugin deselects the cases whose largest input exceeds
+``MAX_ELEMENTS`` (``--nki-emu-max-elements``), by name, and the table counts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARBALL = REPO.parent / "shared" / "nki-library" / "nki-library-d2ad3a5-tests.tar.gz"
+SHA256 = "184141b8ab41c51eb5d57d4b1f8ac91f8145bc41e4f966781f405053324877f0"
+WORK = REPO / "build" / "nkilib-tests"
+TREE = WORK / "nki-library"
+VENV = WORK / "venv"
+REQUIREMENTS = REPO / "constraints" / "nkilib_tests.txt"
+PLUGIN = "harness.nki_emu.cpu_simulator.pytest_plugin"
+TESTS = "test/integration/nkilib"
+FILES = (
+    "core/embeddings/test_rope.py",
+    "core/embeddings/test_rope_hf.py",
+    "core/cumsum/test_cumsum.py",
+    "core/router_topk/test_router_topk.py",
+    "core/max/test_cascaded_max.py",
+    "core/topk/test_topk.py",
+    "core/moe/moe_cte/test_moe_cte.py",
+    "experimental/moe/test_bwmm_bwd.py",
+    "experimental/loss/test_cross_entropy_forward.py",
+    "experimental/loss/test_cross_entropy_backward.py",
+)
+MAX_ELEMENTS = 2**28  # the largest input of a case run here (268M elements: ~4 GiB of the test's and emulator's copies)
+
+
+def extract() -> None:
+    if not TARBALL.is_file():
+        sys.exit(f"nkilib_tests: {TARBALL} is missing: it holds nki-library's source and tests "
+                 "(../shared/nki-library/README.md)")
+    digest = hashlib.sha256(TARBALL.read_bytes()).hexdigest()
+    if digest != SHA256:
+        sys.exit(f"nkilib_tests: {TARBALL} has sha256 {digest}, not {SHA256} (the d2ad3a5 tree the emulator "
+                 "is checked against); restore it or update SHA256 here with the reason")
+    if TREE.exists():
+        subprocess.run(["rm", "-rf", str(TREE)], check=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(TARBALL) as tar:
+        tar.extractall(WORK, filter="data")
+
+
+def venv_python() -> Path:
+    python = VENV / "bin" / "python"
+    stamp = VENV / "requirements.txt"
+    if python.exists() and stamp.is_file() and stamp.read_text() == REQUIREMENTS.read_text():
+        return python
+    subprocess.run(["rm", "-rf", str(VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r",
+                    str(REQUIREMENTS)], check=True)
+    stamp.write_text(REQUIREMENTS.read_text())
+    return python
+
+
+def run(files, workers: int = 2) -> tuple[int, Path, float]:
+    python = venv_python()
+    junit = WORK / "junit.xml"
+    for stale in (junit, junit.with_name("deselected.txt")):
+        stale.unlink(missing_ok=True)
+    env = {**os.environ, "NEURON_PYTHONHASHSEED": "0", "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env.pop("NKILIB_SIMULATION_RUN_ALL", None)  # nki-library's default selection
+    command = [str(python), "-m", "pytest", "-p", PLUGIN, *(f"{TESTS}/{f}" for f in files), "--test-mode",
+               "simulation", "--force-local-cleanup", "-p", "no:cacheprovider", "-q", "-rfE", "-n", str(workers),
+               f"--nki-emu-max-elements={MAX_ELEMENTS}", f"--nki-emu-deselected={junit.with_name('deselected.txt')}",
+               f"--junitxml={junit}", "--durations=15"]
+    start = time.monotonic()
+    status = subprocess.run(command, cwd=TREE, env=env).returncode
+    return status, junit, time.monotonic() - start
+
+
+def table(junit: Path, files, seconds: float) -> str:
+    counts: dict[str, Counter] = {f: Counter() for f in files}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        path = "/".join(module[3:module.index(next(p for p in module if p.startswith("test_"))) + 1]) + ".py"
+        outcome = ("failed" if case.find("failure") is not None or case.find("error") is not None
+                   else "skipped" if case.find("skipped") is not None else "passed")
+        counts.setdefault(path, Counter())[outcome] += 1
+    deselected = _deselected(junit)
+    lines = ["| file | collected | passed | failed | skipped | deselected (size) |", "|---|---|---|---|---|---|"]
+    total = Counter()
+    for f in files:
+        c = counts.get(f, Counter())
+        c["deselected"] = deselected.get(f, 0)
+        c["collected"] = c["passed"] + c["failed"] + c["skipped"] + c["deselected"]
+        total.update(c)
+        lines.append(f"| {f} | {c['collected']} | {c['passed']} | {c['failed']} | {c['skipped']} | {c['deselected']} |")
+    lines.append(f"| all | {total['collected']} | {total['passed']} | {total['failed']} | {total['skipped']} | "
+                 f"{total['deselected']} |")
+    return "\n".join(lines) + f"\n\n{seconds:.0f} s wall, 2 workers, nki-library d2ad3a5 on the harness NKI emulator\n"
+
+
+def _deselected(junit: Path) -> dict[str, int]:
+    record = junit.with_name("deselected.txt")
+    counts: Counter = Counter()
+    if record.is_file():
+        for line in record.read_text().splitlines():
+            counts[line.split("::")[0].split("integration/nkilib/")[-1]] += 1
+    return counts
+
+
+def main(argv: list[str]) -> int:
+    files = tuple(argv) or FILES
+    extract()
+    status, junit, seconds = run(files)
+    if not junit.is_file():
+        print(f"nkilib_tests: pytest exited {status} before writing {junit}", file=sys.stderr)
+        return status or 1
+    summary = table(junit, files, seconds)
+    (WORK / "summary.md").write_text(summary)
+    print(summary)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
