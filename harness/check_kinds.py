@@ -102,8 +102,12 @@ KINDS: tuple[CheckKind, ...] = (
                KERNELS + "test_neuron.py::test_nki_kernels_are_registered_for_the_neuron_device",
                KERNELS + "test_nki_emu.py::test_seam_installs_the_emulator_as_nki_and_restores_what_was_there",
                KERNELS + "test_nki_emu_validation.py::test_nki_library_kernel_on_the_emulator_matches_its_own_reference",
+               KERNELS + "test_nki_emu_semantics.py::test_same_dtype_copies_are_bit_exact_for_int32",
+               KERNELS + "test_nki_emu_lnc.py::test_the_same_kernel_without_its_barrier_is_a_race",
+               KERNELS + "test_nkilib_suite.py::test_the_cpu_simulator_package_holds_what_simulation_setup_imports",
                KERNELS + "test_moe_blockwise.py::test_layout_puts_every_row_in_a_block_of_its_expert",
-               KERNELS + "test_moe_blockwise_cost.py::test_the_kernel_at_the_source_shape_keeps_every_bound")),
+               KERNELS + "test_moe_blockwise_cost.py::test_the_kernel_at_the_source_shape_keeps_every_bound"),
+              (KERNELS + "test_nkilib_suite.py::test_nki_librarys_rope_hf_tests_pass_on_the_emulator",)),
     CheckKind("known_issues", "the checks fail on broken results; a known issue excuses only its "
               "own signature",
               (SELF + "test_checks_catch_defects.py::test_known_issue_is_accepted_only_with_its_recorded_signature",

@@ -2,14 +2,22 @@
 
 It is not the Neuron SDK's ``nki`` nor its simulator (``nki.simulate``): ``nki.__emulator__``
 is True, ``nki.__version__`` says emulator, and ``harness.ops.neuron.nki_available()``
-never reports it as the real package. Semantics come from the NKI 0.7 docs (Neuron 2.33):
-memory spaces HBM / SBUF / PSUM, ``nc_matmul`` = ``stationary.T @ moving`` accumulated in
-float32 PSUM (``accumulate`` flag), engines computing in float32 and rounding at the
-destination's dtype, uninitialised memory that poisons results (NaN). trn2's rules are
-enforced (``harness.nki_emu.rules``: partition dim <= 128, matmul free sizes 128 / 512, PSUM
-bank 2 KiB x 8, operand memories, dtypes): each violation raises ``RuleViolation`` naming
-the rule and the docs page. An API outside the implemented subset raises
-``NotImplementedError("nki emulator: nki.isa.foo is not implemented")``.
+never reports it as the real package. Semantics come from the NKI 0.7 docs (Neuron 2.33),
+each with its page in ``rules.SEMANTICS``: memory spaces HBM / SBUF / PSUM, NKI dtypes that
+are NumPy dtypes, ``nc_matmul`` = ``stationary.T @ moving`` accumulated in float32 PSUM
+(``accumulate`` flag), engines computing arithmetic in float32 and rounding at the
+destination's dtype, integers exact where the docs make them exact (same-dtype copies, int32
+``tensor_tensor``, bitvec operators, ``memset``), float-to-integer writes rounding to nearest
+even and saturating, uninitialised memory that poisons results (NaN), and the two programs of
+an LNC=2 launch running together (``programs.py``, races: ``races.py``). trn2's rules are
+enforced (``rules.RULES``: partition dim and access, matmul tiles, SBUF 224 KiB and PSUM
+16 KiB per partition over the live tiles, operand memories, dtypes, the docs' operator
+tables, barriers and races): each violation raises ``RuleViolation`` naming the rule and the
+docs page. A documented API outside the implemented subset raises
+``NotImplementedError("nki emulator: nki.isa.foo is not implemented")`` when called; any other
+name is an ``AttributeError``. ``harness.nki_emu.cpu_simulator`` is the same emulator as the
+``nki_cpu_simulator`` package nki-library's own tests run their simulation mode on
+(``scripts/nkilib_tests.py``).
 
 API
 ---
@@ -24,7 +32,8 @@ API
     Run an emulator kernel (or its undecorated body) on torch tensors (NumPy arrays,
     ``ml_dtypes`` bfloat16 included, are accepted); tensor arguments are copied into HBM,
     results come back as torch tensors in their NKI dtype. ``grid`` launches an SPMD grid
-    (``kernel[2]`` does the same).
+    (``kernel[2]`` does the same; ``(2,)`` is LNC=2). ``nki.cpu_simulate(kernel)[lnc](**numpy)``
+    is the same with NumPy in and out.
 ``trace(kernel, numerics=True, grid=())(*args, **kwargs) -> (results, CostReport)``
     The same, with the launch's cost report. ``numerics=False`` is a shape-only trace:
     arguments may be meta tensors (``meta(shape, dtype)``), nothing is allocated or
@@ -34,9 +43,9 @@ API
     ``opcodes`` (Counter by nki.isa name), ``instruction_count``, ``dma_bytes``,
     ``dma_transfers``, ``matmul_flops`` (2*K*M*N per nc_matmul), ``other_flops`` (one per
     output element of other compute instructions), ``flops``,
-    ``peak_sbuf_bytes_per_partition``, ``peak_psum_bytes_per_partition`` (live tensors,
-    Python lifetime), ``hbm_argument_bytes``, ``hbm_allocated_bytes``, ``hbm_bytes``,
-    ``programs``, ``summary()``.
+    ``peak_sbuf_bytes_per_partition``, ``peak_psum_bytes_per_partition`` (the peak bytes of
+    the live tiles over 128 partitions, liveness in the kernel's order: ``cost.py``),
+    ``hbm_argument_bytes``, ``hbm_allocated_bytes``, ``hbm_bytes``, ``programs``, ``summary()``.
 ``RuleViolation``, ``RULES``
     The trn2 rules and their violations.
 ``Semantics`` / ``semantics.overridden(...)``

@@ -30,15 +30,18 @@ _TABLE = {
     "float16": (np.dtype(np.float16), torch.float16, True),
     "float32": (np.dtype(np.float32), torch.float32, True),
     "bfloat16": (np.dtype(ml_dtypes.bfloat16), torch.bfloat16, True),
-    "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3), None, True),  # trn2's legacy e4m3 (with inf): no torch twin
+    "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3), torch.float32, True),  # trn2's e4m3 (inf, max 240): held in float32
     "float8_e4m3fn": (np.dtype(ml_dtypes.float8_e4m3fn), torch.float8_e4m3fn, True),
     "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), torch.float8_e5m2, True),
-    "float8_e8m0fnu": (np.dtype(ml_dtypes.float8_e8m0fnu), None, True),
+    "float8_e8m0fnu": (np.dtype(ml_dtypes.float8_e8m0fnu), torch.float32, True),  # held in float32
     **{name: (np.dtype([(name, f"V{_PACKED_SIZE[name]}")]), None, True) for name in _PACKED},
 }
 DTYPES: dict[str, np.dtype] = {name: entry[0] for name, entry in _TABLE.items()}
 _BY_KEY = {entry[0]: (name, entry[1], entry[2]) for name, entry in _TABLE.items()}
-_FROM_TORCH = {entry[1]: entry[0] for entry in _TABLE.values() if entry[1] is not None}
+_FROM_TORCH = {entry[1]: entry[0] for name, entry in _TABLE.items() if entry[1] is not None and name not in
+               ("float8_e4m3", "float8_e8m0fnu")}
+IN_FLOAT32 = {"float8_e4m3", "float8_e8m0fnu"}  # no torch twin: float32 storage, rounded through ml_dtypes
+__emulator__ = True  # it is also nki.language.dtypes
 globals().update(DTYPES)  # nki.language.dtypes.bfloat16, ...
 INTEGER_RANGE = {name: (int(np.iinfo(DTYPES[name]).min), int(np.iinfo(DTYPES[name]).max))
                  for name in ("int8", "int16", "int32", "uint8", "uint16", "uint32")}
@@ -55,12 +58,21 @@ def is_float(dtype) -> bool:
 
 
 def torch_of(dtype) -> torch.dtype:
-    """The torch dtype that holds ``dtype``'s values exactly; NotImplementedError for the ones
-    with none (trn2's legacy float8_e4m3, float8_e8m0fnu, tfloat32, the packed x4 formats)."""
+    """The torch dtype that holds ``dtype``'s values exactly (float32 for float8_e4m3 and
+    float8_e8m0fnu, which have no torch twin); NotImplementedError for tfloat32 and the packed
+    x4 formats."""
     name, twin, _ = _entry(dtype)
     if twin is None:
         raise NotImplementedError(f"nki emulator: computing with dtype nki.language.{name} is not implemented")
     return twin
+
+
+def rounded(values: torch.Tensor, dtype) -> torch.Tensor:
+    """float32 ``values`` rounded to ``dtype`` (to nearest even), in its torch holder."""
+    name = name_of(dtype)
+    if name in IN_FLOAT32:
+        return torch.from_numpy(values.contiguous().numpy().astype(DTYPES[name]).astype(np.float32))
+    return values.to(torch_of(dtype))
 
 
 def _entry(dtype):

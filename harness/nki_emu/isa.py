@@ -197,12 +197,27 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     for t, what in ((dst, "dst"), (src, "src")):
         if t.buffer.on_chip:
             check(t.partitions <= PMAX, "partition-dim", lambda: f"nki.isa.dma_copy: {what} spans {t.partitions} partitions")
-    if oob_mode is not globals()["oob_mode"].error:
-        raise NotImplementedError("nki emulator: nki.isa.dma_copy(oob_mode=skip) is not implemented")
     program = cost.active()
     program.instruction("dma_copy", "dma")
     program.dma(dst.size * dst.dtype.itemsize)
+    if oob_mode is globals()["oob_mode"].skip and (dst.dynamic is not None or src.dynamic is not None):
+        _copy_in_bounds(dst, src)
+        return
     _copy(dst, src)  # through float32 only when the dtypes differ (nki.isa.dma_copy, Data types)
+
+
+def _copy_in_bounds(dst: NkiTensor, src: NkiTensor) -> None:
+    """An indirect DMA with oob_mode=skip: the rows whose dynamic offset leaves the tensor are
+    not moved (the matching rows of the other side stay as they were)."""
+    if dst.storage.data is None or src.storage.data is None:
+        src.storage.touch(False)
+        dst.storage.touch(True)
+        return
+    ok = src.in_bounds().reshape(-1) & dst.in_bounds().reshape(-1)
+    values = src.read_where(ok.reshape(src.shape)).reshape(-1)
+    if dst.dtype != src.dtype or not semantics.current().integers_exact:
+        values = _converted(dst, values.to(torch.float32))
+    dst.write_where(values.reshape(dst.shape), ok.reshape(dst.shape))
 
 
 def tensor_copy(dst, src, engine=engine.unknown, name=None):

@@ -22,13 +22,13 @@ def _to_torch_argument(value):
     return None
 
 
-def _results(value):
+def _results(value, convert=tensors.to_torch):
     if isinstance(value, tensors.NkiTensor):
-        return tensors.to_torch(value)
+        return convert(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_results(v) for v in value)
+        return type(value)(_results(v, convert) for v in value)
     if isinstance(value, dict):
-        return {k: _results(v) for k, v in value.items()}
+        return {k: _results(v, convert) for k, v in value.items()}
     return value
 
 
@@ -53,12 +53,13 @@ def check_capacity(program: cost.Program) -> None:
                                 f"{len(live)} tiles, largest first: {tiles})")
 
 
-def launch(kernel, args, kwargs, grid=(), numerics: bool = True) -> tuple[object, CostReport]:
+def launch(kernel, args, kwargs, grid=(), numerics: bool = True, convert=tensors.to_torch) -> tuple[object, CostReport]:
     """Run ``kernel`` (an emulator ``nki.jit`` kernel or its body) on torch arguments: tensors
     are copied into HBM (shared by every program), everything else is passed as is. Returns
     (results as torch tensors, the launch's cost report); with several programs, the results
-    of the last program that returned any. ``numerics=False``: tensors may be meta tensors,
-    nothing is computed, results are meta tensors, the report is complete."""
+    of the last program that returned any (``convert``: tensors.to_numpy for NumPy results).
+    ``numerics=False``: tensors may be meta tensors, nothing is computed, results are meta
+    tensors, the report is complete."""
     func = _body(kernel)
     grid = tuple(grid)
     trace = cost.Trace(numerics=numerics, grid=grid)
@@ -86,14 +87,16 @@ def launch(kernel, args, kwargs, grid=(), numerics: bool = True) -> tuple[object
     returned = [results[i] for i in sorted(results) if results[i] is not None]
     previous = cost.set_active(launch_programs[0])
     try:
-        return _results(returned[-1] if returned else None), trace.report
+        return _results(returned[-1] if returned else None, convert), trace.report
     finally:
         cost.set_active(previous)
 
 
 def _argument(value, name):
     tensor = _to_torch_argument(value)
-    return tensors.from_torch(tensor, name) if tensor is not None else value
+    if tensor is None:
+        return value
+    return tensors.from_torch(tensor, name, getattr(value, "dtype", None) if type(value).__module__ == "numpy" else None)
 
 
 class JitKernel:

@@ -17,7 +17,7 @@ import numpy as np
 from harness.nki_emu import dtypes, isa, isa_constants, language
 from harness.nki_emu.launch import JitKernel, jit, launch  # noqa: F401
 from harness.nki_emu.rules import RuleViolation  # noqa: F401
-from harness.nki_emu.tensors import NkiTensor, torch_to_numpy
+from harness.nki_emu.tensors import NkiTensor, to_numpy
 
 __emulator__ = True
 __version__ = "0.7.0+nki-emu (harness NKI emulator, not the Neuron SDK)"
@@ -45,14 +45,6 @@ isa.constants = isa_constants
 language.dtypes = dtypes
 
 
-def _to_numpy(value):
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_numpy(v) for v in value)
-    if hasattr(value, "dtype") and hasattr(value, "shape") and not isinstance(value, np.ndarray):
-        return torch_to_numpy(value)
-    return value
-
-
 class _Simulation:
     def __init__(self, kernel):
         self.kernel = kernel
@@ -62,7 +54,7 @@ class _Simulation:
         if lnc not in (1, 2):
             raise ValueError(f"nki emulator: cpu_simulate(kernel)[{lnc}]: trn2's logical NeuronCore has 1 or 2 cores")
         grid = (lnc,) if lnc > 1 else ()
-        return lambda *args, **kwargs: _to_numpy(launch(self.kernel, args, kwargs, grid)[0])
+        return lambda *args, **kwargs: launch(self.kernel, args, kwargs, grid, convert=to_numpy)[0]
 
     def __call__(self, *args, **kwargs):
         return self[1](*args, **kwargs)

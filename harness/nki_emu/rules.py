@@ -103,6 +103,53 @@ RULES = {
 }
 
 
+# The documented semantics the emulator computes by (not rules a kernel can break), each with the
+# page that states it: a behaviour the emulator follows and where to check it.
+SEMANTICS = {
+    "cast-at-destination": ("engines compute arithmetic in float32 and round at dst's dtype",
+                            f"{DOCS}/api/nki.api.shared.html (Supported Math Operators: arithmetic operators convert "
+                            f"to float32); {DOCS}/{_ISA}.tensor_tensor.html (Data types)"),
+    "same-dtype-copies": ("dma_copy and tensor_copy between one dtype move the values untouched (through float32 only "
+                          "when the dtypes differ)", f"{DOCS}/{_ISA}.dma_copy.html (Data types); "
+                          f"{DOCS}/{_ISA}.tensor_copy.html (bit-accurate copy when input and output types are the same)"),
+    "int32-tensor-tensor": ("tensor_tensor with every tile int32/uint32 runs on GpSimd in native integer arithmetic "
+                            "(exact), unless an operand is in PSUM or engine=vector", f"{DOCS}/{_ISA}.tensor_tensor.html"),
+    "bitvec-operators": ("bitvec operators treat integer tiles as bit patterns, no cast",
+                         f"{DOCS}/api/nki.api.shared.html (Supported Math Operators, Bitvec)"),
+    "integer-memset": ("memset supports every NKI dtype: an integer constant into an integer tile is that integer",
+                       f"{DOCS}/{_ISA}.memset.html"),
+    "float-to-integer": ("a float32 result written to an integer tile rounds to nearest even and saturates at the "
+                         "type's range (Neuron 2.32's nki.simulate, as issue 29 measured; the docs name the float32 "
+                         "intermediate but no rounding mode)", f"{DOCS}/api/nki.api.shared.html (Type Casting)"),
+    "signed-abs-max": ("abs_max / abs_min return the original signed value of larger / smaller magnitude; "
+                       "NeuronCore-v4 (trn3) only", f"{DOCS}/api/generated/nki.language.abs_max.html"),
+    "numpy-dtypes": ("nki.language dtypes are NumPy dtypes (ml_dtypes for bfloat16 and the float8 formats)",
+                     f"{DOCS}/api/nki.api.shared.html (Supported Data Types); nki-library's tests build inputs "
+                     "with np.random.randn(...).astype(nl.bfloat16)"),
+    "partition-slice": ("on an on-chip tensor an integer index on dim 0 is a size-1 slice; results stay at least 2-d",
+                        f"{DOCS}/api/generated/nki.language.NkiTensor.html (__getitem__)"),
+    "ap-pattern": (".ap(pattern, offset) reads [[stride, count], ...] of the storage", f"{DOCS}/deep-dives/nki-aps.html"),
+    "transpose-mode": ("Tensor Engine transposes (nc_matmul is_transpose=True, nc_transpose) are bit-accurate from "
+                       "NeuronCore-v3 (NaN and Inf included)", f"{DOCS}/{_ISA}.nc_matmul.html (Transpose mode); "
+                       f"{DOCS}/guides/architecture/trainium2_arch.html"),
+    "max8-find-replace": ("max8: the 8 largest per partition, descending; nc_find_index8: first occurrences, repeated "
+                          "vals in ascending slots, missing ones all-ones; nc_match_replace8: vals taken i = 7..0",
+                          f"{DOCS}/{_ISA}.max8.html; {DOCS}/{_ISA}.nc_find_index8.html; "
+                          f"{DOCS}/{_ISA}.nc_match_replace8.html"),
+    "scan": ("tensor_tensor_scan: result[:, i] = op1(op0(data0[:, i], result[:, i-1]), data1[:, i]) in float32",
+             f"{DOCS}/{_ISA}.tensor_tensor_scan.html"),
+    "reduce-registers": ("activation's reduce_regs: reset / reduce / reset_reduce / idle, read out by reduce_res",
+                         f"{DOCS}/{_ISA}.activation.html"),
+    "oob-skip": ("an indirect DMA with oob_mode=skip skips the transfers whose dynamic index is out of bounds",
+                 f"{DOCS}/{_ISA}.dma_copy.html (oob_mode)"),
+    "lnc-programs": ("at LNC=2 the two cores run the kernel together; shared HBM is ordered by core_barrier "
+                     "(cores=(0, 1)) and sendrecv exchanges SBUF tiles", f"{DOCS}/{_ISA}.core_barrier.html; "
+                     f"{DOCS}/{_ISA}.sendrecv.html"),
+    "reordering": ("the compiler's scheduler may reorder independent instructions (so a PSUM eviction can run right "
+                   "after its last matmul)", f"{DOCS}/api/generated/nki.language.no_reorder.html"),
+}
+
+
 class RuleViolation(Exception):
     """A kernel broke a trn2 rule the compiler (or the hardware) enforces."""
 

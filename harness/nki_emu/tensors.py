@@ -58,6 +58,7 @@ CAPACITY = {"sbuf": SBUF_BYTES_PER_PARTITION, "psum": PSUM_BYTES_PER_PARTITION}
 def _holder(dtype) -> torch.dtype:
     if not dtypes.is_float(dtype):
         return torch.int64
+    dtypes.torch_of(dtype)  # the packed formats and tfloat32 raise here
     if not semantics.current().cast_at_destination:
         return torch.float32  # planted: float32 storage that keeps what instructions computed unrounded
     return dtypes.torch_of(dtype)
@@ -138,11 +139,12 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None) -> "NkiTen
     return NkiTensor.whole(Storage(shape, dtype, buffer, program, name, fill))
 
 
-def from_torch(value: torch.Tensor, name: str = "") -> "NkiTensor":
+def from_torch(value: torch.Tensor, name: str = "", dtype=None) -> "NkiTensor":
     """A kernel argument: a torch tensor (meta tensors in shape-only traces) copied into HBM
-    (shared by every program of an SPMD launch)."""
+    (shared by every program of an SPMD launch); ``dtype`` when the NKI dtype is not the
+    tensor's (float8_e4m3 values held in float32)."""
     program = cost.active()
-    dtype = dtypes.resolve(value.dtype)
+    dtype = dtypes.resolve(value.dtype if dtype is None else dtype)
     data = None
     if program.numerics:
         if value.device.type == "meta":
@@ -161,11 +163,21 @@ def to_torch(tensor: "NkiTensor") -> torch.Tensor:
     return values.to(torch_dtype, copy=True)
 
 
+def to_numpy(tensor: "NkiTensor") -> np.ndarray:
+    """A launch's result as a NumPy array of its NKI dtype."""
+    values = to_torch(tensor)
+    if dtypes.name_of(tensor.dtype) in dtypes.IN_FLOAT32:
+        return values.numpy().astype(tensor.dtype)
+    return torch_to_numpy(values, tensor.dtype)
+
+
 def numpy_to_torch(array) -> torch.Tensor:
     """A NumPy array (``ml_dtypes`` bfloat16 and float8 included) as a torch tensor, bits unchanged."""
     array = np.ascontiguousarray(array)
     dtype = dtypes.resolve(array.dtype)
     twin = dtypes.torch_of(dtype)
+    if dtypes.name_of(dtype) in dtypes.IN_FLOAT32:
+        return torch.from_numpy(array.astype(np.float32))
     if array.dtype.kind in "biuf" and array.dtype.name not in ("bfloat16", "float8_e5m2"):
         return torch.from_numpy(array)  # shares the array's memory: copy before writing
     bits = {1: np.uint8, 2: np.int16}[array.dtype.itemsize]
@@ -245,9 +257,6 @@ class NkiTensor:
         if name.startswith("__") or name not in DOCUMENTED_METHODS:
             raise AttributeError(f"nki emulator: NkiTensor has no attribute {name!r}")
         raise NotImplementedError(f"nki emulator: NkiTensor.{name} is not implemented")
-
-    def __bool__(self):
-        raise NotImplementedError("nki emulator: the truth value of an NKI tensor is not defined at trace time")
 
     @property
     def empty(self) -> bool:
@@ -371,8 +380,9 @@ class NkiTensor:
         high = self.offset + sum(max(0, (n - 1) * s) for n, s in zip(self.shape, self.strides))
         return low, high
 
-    def addresses(self) -> torch.Tensor:
-        """The flat storage index of every element of the view (dynamic offsets included)."""
+    def addresses(self, checked: bool = True) -> torch.Tensor:
+        """The flat storage index of every element of the view (dynamic offsets included); out
+        of the storage is a 'bounds' violation unless ``checked`` is False."""
         base, low, high = self.offset, self.offset, self.offset
         parts = []
         vector = self.dynamic is not None and self.dynamic[0] == "vector"
@@ -394,12 +404,34 @@ class NkiTensor:
                 rows = values[: self.shape[0]].to(torch.int64) * stride
                 parts.append(rows.view([-1] + [1] * (self.ndim - 1)))
                 low, high = low + int(rows.min()), high + int(rows.max())
-        check(low >= 0 and high < self.storage.numel, "bounds",
+        check(not checked or (low >= 0 and high < self.storage.numel), "bounds",
               lambda: f"{self!r} reaches elements {low}..{high} of {self.storage.numel}")
         index = torch.full(self.shape, base, dtype=torch.int64)
         for part in parts:
             index += part
         return index
+
+    def in_bounds(self) -> torch.Tensor:
+        """Per element: is its whole row (dim 0) inside the storage? An indirect DMA with
+        oob_mode=skip moves only those (nki.isa.dma_copy)."""
+        index = self.addresses(checked=False)
+        inside = (index >= 0) & (index < self.storage.numel)
+        rows = inside.reshape(self.shape[0], -1).all(dim=1) if self.dynamic is not None else inside.reshape(-1).all()
+        return (rows.view([-1] + [1] * (self.ndim - 1)) if rows.dim() else rows).expand(self.shape)
+
+    def read_where(self, ok: torch.Tensor) -> torch.Tensor:
+        """The stored values where ``ok`` (elsewhere zeros: nothing is read there)."""
+        self.check_static_bounds() if self.dynamic is None else self.storage.touch(False)
+        index = self.addresses(checked=False).clamp(0, self.storage.numel - 1)
+        return torch.where(ok, self.storage.data[index], torch.zeros((), dtype=self.storage.data.dtype))
+
+    def write_where(self, values: torch.Tensor, ok: torch.Tensor) -> None:
+        """Store holder-form ``values`` where ``ok``; the other elements are left untouched."""
+        self.storage.touch(True)
+        if self.storage.data is None:
+            return
+        index = self.addresses(checked=False)
+        self.storage.data[index[ok]] = values.reshape(self.shape)[ok].to(self.storage.data.dtype)
 
     def check_static_bounds(self, write: bool = False) -> None:
         self.storage.touch(write)
@@ -439,7 +471,9 @@ class NkiTensor:
         if values is not None and self.storage.data is not None and not self.empty:
             values = values.reshape(self.shape)
             if self.storage.is_float:
-                values = values.to(torch.float32).to(self.storage.data.dtype)  # rounds to nearest even
+                values = values.to(torch.float32)
+                if self.storage.data.dtype != torch.float32 or dtypes.name_of(self.dtype) in dtypes.IN_FLOAT32:
+                    values = dtypes.rounded(values, self.dtype)  # to nearest even
             elif values.is_floating_point():
                 values = float_to_integer(values, self.dtype)
         self.write_raw(values)

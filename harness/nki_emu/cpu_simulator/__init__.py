@@ -15,6 +15,7 @@ import sys
 import types
 
 PACKAGE = "nki_cpu_simulator"
+__emulator__ = True
 
 
 def modules() -> dict[str, types.ModuleType]:

@@ -2,8 +2,8 @@
 (``pytest -p harness.nki_emu.cpu_simulator.pytest_plugin --test-mode simulation``, from an
 unchanged copy of nki-library's source and tests; ``scripts/nkilib_tests.py`` runs it).
 
-Loaded before nki-library's ``test/conftest.py``, it puts in place what that tree expects of
-the machine it runs on, and nothing else:
+Before nki-library's ``test/conftest.py`` is imported (``pytest_load_initial_conftests``), it
+puts in place what that tree expects of the machine it runs on, and nothing else:
 
 - ``nki_cpu_simulator`` (``harness.nki_emu.cpu_simulator.install``), which its
   ``simulation_setup.py`` installs as ``nki``; and the emulator as ``nki`` already, because
@@ -35,6 +35,8 @@ import re
 import sys
 import types
 from pathlib import Path
+
+import pytest
 
 from harness.nki_emu import cpu_simulator, install
 
@@ -83,7 +85,11 @@ def _install() -> None:
         sys.modules.setdefault(name, _absent_module(name))
 
 
-_install()
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    """Before nki-library's test/conftest.py is imported (and only in a session that loads
+    this plugin: importing the module installs nothing)."""
+    _install()
 
 
 def pytest_addoption(parser) -> None:

@@ -1,0 +1,135 @@
+"""nki-library's own tests on the NKI emulator (scripts/nkilib_tests.py, .ci/run): the pieces
+that make it run, cheaply, and, in the slow tier, one of its test files run for real.
+
+Specification:
+- the ``nki_cpu_simulator`` package (harness/nki_emu/cpu_simulator) holds every module
+  nki-library's ``test/utils/simulation_setup.py`` imports, read from the tarball the run uses,
+  and its ``nki.cpu_simulate(kernel)[lnc](**numpy)`` runs a kernel on LNC=1 and LNC=2;
+- the plugin deselects, by the largest input in the test id, only the cross-entropy and
+  blockwise-MoE cases above the limit; the private modules nki-library does not publish raise,
+  naming themselves, when used;
+- ``neuron_dtypes`` (Neuron SDK, not on PyPI) casts as NumPy and ml_dtypes round;
+- the script's table counts each file's outcomes from pytest's JUnit XML.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import subprocess
+import sys
+import tarfile
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from harness import paths
+from harness.nki_emu import cpu_simulator
+from harness.nki_emu import isa as nisa
+from harness.nki_emu import language as nl
+from harness.nki_emu.cpu_simulator import neuron_dtypes, pytest_plugin
+
+SCRIPT = paths.REPO_ROOT / "scripts" / "nkilib_tests.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("nkilib_tests", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _simulation_setup_imports() -> list[str]:
+    script = _script()
+    if not script.TARBALL.is_file():
+        pytest.skip(f"{script.TARBALL} is missing (../shared/nki-library): nothing to read the imports from")
+    with tarfile.open(script.TARBALL) as tar:
+        source = tar.extractfile("nki-library/test/utils/simulation_setup.py").read().decode()
+    return sorted({alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+                   for alias in node.names if alias.name.startswith("nki_cpu_simulator")}
+                  | {node.module for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nki_cpu_simulator")})
+
+
+def test_the_cpu_simulator_package_holds_what_simulation_setup_imports():
+    names = _simulation_setup_imports()
+    assert "nki_cpu_simulator.nki.isa.constants" in names and len(names) >= 9
+    cpu_simulator.install()
+    assert [importlib.import_module(name).__emulator__ for name in names] == [True] * len(names)
+
+
+def _halves(x):
+    """Each program of an LNC=2 launch doubles its half of x."""
+    rows = x.shape[0] // nl.num_programs(0)
+    start = nl.program_id(0) * rows
+    t = nl.ndarray((rows, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[start:start + rows, :])
+    nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out[start:start + rows, :], src=t)
+    return out
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_cpu_simulate_runs_a_kernel_on_numpy_by_keyword(lnc):
+    cpu_simulator.install()
+    nki = importlib.import_module("nki_cpu_simulator.nki")
+    x = np.arange(16, dtype=np.float32).reshape(4, 4).astype(ml_dtypes.bfloat16)
+    out = nki.cpu_simulate(_halves)[lnc](x=x)
+    assert out.dtype == ml_dtypes.bfloat16 and np.array_equal(out.astype(np.float32), 2 * x.astype(np.float32))
+
+
+@pytest.mark.parametrize("nodeid, size", [
+    ("integration/nkilib/experimental/loss/test_cross_entropy_forward.py::T::t[_manual_ce_config__B-4_T-2048_V-32128_"
+     "dtype-bfloat16_PB-64_CS-32128]", 4 * 2048 * 32128),
+    ("integration/nkilib/core/moe/moe_cte/test_moe_cte.py::T::t[BWMMFunc.SHARD_ON_INTERMEDIATE-3072-1024-64-512-8-2048-"
+     "dtype1-0-True]", 64 * 3072 * 2 * 2048),
+    ("integration/nkilib/core/topk/test_topk.py::T::test_topk_sweep[1024-5-4058-2048-2]", None),
+    ("integration/nkilib/core/embeddings/test_rope_hf.py::T::t[B-4_T-2048_V-32128_]", None),  # not a loss test
+])
+def test_the_plugin_reads_the_largest_input_from_the_test_id(nodeid, size):
+    assert pytest_plugin.largest_input(nodeid) == size
+
+
+def test_the_private_modules_nki_library_does_not_publish_raise_naming_themselves():
+    module = pytest_plugin._absent_module("test.utils.perf_analysis_private")
+    with pytest.raises(NotImplementedError, match="perf_analysis_private.analyze_trace: nki-library's private"):
+        module.analyze_trace("trace.json")
+    assert not hasattr(module, "__file__")  # tools that walk sys.modules see a plain module
+
+
+def test_neuron_dtypes_casts_as_numpy_and_ml_dtypes_round():
+    x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, 300.7], dtype=np.float64)
+    assert neuron_dtypes.static_cast(x, ml_dtypes.bfloat16).astype(np.float64).tolist() == [1.0, 1.015625, 300.0]
+    assert neuron_dtypes.is_float_type(nl.bfloat16) and not neuron_dtypes.is_float_type(np.int32)
+
+
+def test_the_table_counts_each_files_outcomes(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel" name="a"/>'
+        '<testcase classname="integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel" name="b"><skipped/></testcase>'
+        '<testcase classname="integration.nkilib.experimental.loss.test_cross_entropy_forward.T" name="c"><failure/></testcase>'
+        '</testsuite></testsuites>')
+    (tmp_path / "deselected.txt").write_text(
+        "test/integration/nkilib/experimental/loss/test_cross_entropy_forward.py::T::d\t9\n")
+    files = ("core/cumsum/test_cumsum.py", "experimental/loss/test_cross_entropy_forward.py")
+    lines = _script().table(junit, files, 12.0).splitlines()
+    assert lines[2] == "| core/cumsum/test_cumsum.py | 2 | 1 | 0 | 1 | 0 |"
+    assert lines[3] == "| experimental/loss/test_cross_entropy_forward.py | 2 | 0 | 1 | 0 | 1 |"
+    assert lines[4] == "| all | 4 | 1 | 1 | 1 | 1 |"
+
+
+@pytest.mark.slow
+def test_nki_librarys_rope_hf_tests_pass_on_the_emulator():
+    """nki-library's test_rope_hf.py, unchanged, in its simulation mode on the emulator
+    (minutes: the venv with the test tree's packages is built once, build/nkilib-tests)."""
+    if not _script().TARBALL.is_file():
+        pytest.skip("../shared/nki-library's tarball is missing")
+    run = subprocess.run([sys.executable, str(SCRIPT), "core/embeddings/test_rope_hf.py"], capture_output=True,
+                         text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "| core/embeddings/test_rope_hf.py | 21 | 21 | 0 | 0 | 0 |" in run.stdout
