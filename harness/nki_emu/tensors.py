@@ -368,8 +368,8 @@ class NkiTensor:
         dynamic = None
         index = scalar_offset if scalar_offset is not None else vector_offset
         if index is not None:
-            if not isinstance(index, NkiTensor):
-                raise NotImplementedError("nki emulator: .ap() offsets other than SBUF tensors (VirtualRegister)")
+            if not isinstance(index, NkiTensor) and not (scalar_offset is not None and hasattr(index, "__index__")):
+                raise TypeError(f"nki emulator: .ap() offset {index!r}: an SBUF tensor, or a register for scalar_offset")
             dynamic = ("scalar" if scalar_offset is not None else "vector", index, self.strides[indirect_dim])
         return NkiTensor(self.storage, [n for _, n in pattern], [s for s, _ in pattern],
                          self.offset + (offset or 0), dynamic)
@@ -395,7 +395,7 @@ class NkiTensor:
             low, high = low + min(0, (size - 1) * stride), high + max(0, (size - 1) * stride)
         if self.dynamic is not None:
             kind, idx, stride = self.dynamic
-            values = idx.read().reshape(-1)
+            values = idx.read().reshape(-1) if isinstance(idx, NkiTensor) else torch.tensor([int(idx)])
             if kind == "scalar":
                 shift = int(values[0].item()) * stride
                 base, low, high = base + shift, low + shift, high + shift
