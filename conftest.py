@@ -7,6 +7,8 @@ checks in tests/.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness import startup_gc
@@ -16,13 +18,17 @@ from harness import startup_gc
 startup_gc.pause()
 
 from harness import known_issues  # noqa: E402
-from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status,  # noqa: E402
-                             profile_for, worker_threads, xdist_workers)
+from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
+                             standin_for, tier_status, worker_threads, xdist_workers)
 from harness.launch import leftover_processes  # noqa: E402
 from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
-# --baseline and --run-report (tonight against a previous report): harness/diagnosis.
-pytest_plugins = ("harness.diagnosis.pytest_plugin",)
+# --baseline and --run-report (tonight against a previous report): harness/diagnosis; tests
+# marked own_process run in a child process (harness/own_process.py).
+pytest_plugins = ("harness.diagnosis.pytest_plugin", "harness.own_process")
+# The fixtures through which a test reads launched runs; a tier test without any of them runs
+# on its device in the pytest process itself.
+RUN_FIXTURES = ("launched_run", "published_run", "device_runs", "backend_runs")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,20 +54,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="folder holding the --subject modules, repeatable")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
+    group.addoption("--c4-path", default=os.environ.get("HARNESS_C4_PATH"), metavar="DIR",
+                    help="a local copy of allenai/c4 (its README.md and en/ shards, harness/data/"
+                    "c4.py) for the full-size runs; default $HARNESS_C4_PATH, else the Hub (the "
+                    "CPU twin reads fixtures/c4). Fetch one with scripts/nightly/fetch_data.py")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, pyproject.toml): harness.devices.xdist_workers decides."""
-    import os
-
     return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker's torch, and the processes its tests start, get the worker's
     share of the cores (harness.devices.worker_threads)."""
-    import os
-
     threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
     if threads is not None:
         import torch
@@ -84,13 +90,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fnmatch.fnmatch(item.nodeid, pattern):
                 item.add_marker(skip)
     for kind in TIER_MARKERS.values():
-        available, reason = device_status(kind)
+        in_process = [i for i in items if i.get_closest_marker(kind) and _on_device_in_process(i)]
+        if standin_for(kind):
+            _deselect(config, items, in_process, f"{kind} tier on a stand-in ({tier_status(kind)[1]}): "
+                      f"in-process tests of the '{kind}' torch device have no stand-in")
+        for item in in_process:
+            # The device's runtime lives and dies with the process that first touches it (the
+            # Neuron runtime reserves every NeuronCore for it): never the pytest process, which
+            # launches the runs (harness/own_process.py).
+            item.add_marker(pytest.mark.own_process)
+        available, reason = tier_status(kind)
         if available:
             continue
         skip = pytest.mark.skip(reason=f"{kind} tier: {reason}")
         for item in items:
             if item.get_closest_marker(kind):
                 item.add_marker(skip)
+
+
+def _on_device_in_process(item: pytest.Item) -> bool:
+    return not set(RUN_FIXTURES) & set(getattr(item, "fixturenames", ()))
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item],
+              why: str) -> None:
+    if not dropped:
+        return
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = [i for i in items if i not in dropped]
+    config.stash.setdefault(DESELECTED, []).append(f"{len(dropped)} test(s) deselected: {why}")
+
+
+DESELECTED = pytest.StashKey[list]()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    standins = [f"{kind} tier: {tier_status(kind)[1]}" for kind in TIER_MARKERS if standin_for(kind)]
+    return standins
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    for line in config.stash.get(DESELECTED, []):
+        terminalreporter.write_line(f"harness: {line}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -163,9 +204,6 @@ def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
     caches: dict[str, RunCache] = {}
     rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
     root = session_root(tmp_path_factory)
-    from harness.diagnosis.pytest_plugin import RUN_CACHES
-
-    pytestconfig.stash[RUN_CACHES] = caches  # the session's report (--run-report)
 
     def get(kind: str) -> RunCache:
         if kind not in caches:

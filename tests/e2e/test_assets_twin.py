@@ -127,13 +127,42 @@ def test_fork_is_its_own_generation():
     assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026-neuron"
     assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
     assert titan_api.api_generation_of("spring2026-neuron") == "spring2026"
+    assert titan_api.base_of("spring2026-neuron") == "spring2026" and titan_api.base_of("v0_3") is None
     assert titan_api.fork_note("0.2.2+neuron.1") is None
     assert "not a release the harness knows" in titan_api.fork_note("0.2.2+neuron.9")
-    context = dict(backend="hf_v5", size="full", init="pretrained", device="neuron")
-    on_main = known_issues.applicable("completed", generation="spring2026", **context)
-    assert [i.name for i in on_main] == ["spring2026-hf_v5-no-hf-state-dict-adapter"]
-    assert known_issues.applicable("completed", generation="spring2026-neuron", **context) == []
-    assert not known_issues.applicable("hf_save", backend="hf_v5", generation="spring2026-neuron")
+
+
+FORK = dict(backend="hf_v5", size="full", init="pretrained", device="neuron",
+            attention="causal", generation="spring2026-neuron")
+NO_ADAPTER = "spring2026-hf_v5-no-hf-state-dict-adapter"
+
+
+def test_the_fork_inherits_its_base_s_known_issues():
+    on_main = known_issues.applicable("completed", **{**FORK, "generation": "spring2026"})
+    assert [i.name for i in on_main] == [NO_ADAPTER]
+    assert [i.name for i in known_issues.applicable("completed", **FORK)] == [NO_ADAPTER]
+    assert known_issues.applicable("hf_save", backend="hf_v5", generation="spring2026-neuron"), (
+        "the base's save defect would crash the fork's runs: they are launched without the save")
+    assert not known_issues.applicable("completed", **{**FORK, "generation": "v0_3"})
+
+
+def test_an_inherited_issue_that_reproduces_is_expected_and_named_inherited():
+    verdict = known_issues.judge("completed", "the launcher exited with code 1",
+                                 {"error": "AssertionError: ... but sd_adapter is not provided."}, **FORK)
+    assert (verdict.status, verdict.inherited_from) == ("known", "spring2026"), verdict
+    assert verdict.message.startswith("inherited from spring2026: known issue(s) " + NO_ADAPTER)
+
+
+def test_a_fork_that_does_not_show_an_inherited_issue_passes_and_says_so():
+    verdict = known_issues.judge("completed", None, {}, **FORK)
+    assert (verdict.status, verdict.inherited_from) == ("pass", "spring2026"), verdict
+    assert f"does not show known issue(s) {NO_ADAPTER} of spring2026" in verdict.message
+
+
+def test_a_fork_failure_that_matches_no_inherited_signature_fails():
+    verdict = known_issues.judge("completed", "the launcher exited with code 1",
+                                 {"error": "RuntimeError: NRT init failed"}, **FORK)
+    assert verdict.status == "fail" and "a different failure" in verdict.message, verdict
 
 
 def test_fork_expectations_are_the_spring_api_s():
