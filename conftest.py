@@ -23,12 +23,9 @@ from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_f
 from harness.launch import leftover_processes  # noqa: E402
 from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
-# --baseline and --run-report (tonight against a previous report): harness/diagnosis; tests
-# marked own_process run in a child process (harness/own_process.py).
+# --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's
+# in-process device tests in child processes, or deselected on a stand-in: harness/own_process.py.
 pytest_plugins = ("harness.diagnosis.pytest_plugin", "harness.own_process")
-# The fixtures through which a test reads launched runs; a tier test without any of them runs
-# on its device in the pytest process itself.
-RUN_FIXTURES = ("launched_run", "published_run", "device_runs", "backend_runs")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -90,15 +87,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fnmatch.fnmatch(item.nodeid, pattern):
                 item.add_marker(skip)
     for kind in TIER_MARKERS.values():
-        in_process = [i for i in items if i.get_closest_marker(kind) and _on_device_in_process(i)]
-        if standin_for(kind):
-            _deselect(config, items, in_process, f"{kind} tier on a stand-in ({tier_status(kind)[1]}): "
-                      f"in-process tests of the '{kind}' torch device have no stand-in")
-        for item in in_process:
-            # The device's runtime lives and dies with the process that first touches it (the
-            # Neuron runtime reserves every NeuronCore for it): never the pytest process, which
-            # launches the runs (harness/own_process.py).
-            item.add_marker(pytest.mark.own_process)
         available, reason = tier_status(kind)
         if available:
             continue
@@ -108,30 +96,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-def _on_device_in_process(item: pytest.Item) -> bool:
-    return not set(RUN_FIXTURES) & set(getattr(item, "fixturenames", ()))
-
-
-def _deselect(config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item],
-              why: str) -> None:
-    if not dropped:
-        return
-    config.hook.pytest_deselected(items=dropped)
-    items[:] = [i for i in items if i not in dropped]
-    config.stash.setdefault(DESELECTED, []).append(f"{len(dropped)} test(s) deselected: {why}")
-
-
-DESELECTED = pytest.StashKey[list]()
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    standins = [f"{kind} tier: {tier_status(kind)[1]}" for kind in TIER_MARKERS if standin_for(kind)]
-    return standins
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    for line in config.stash.get(DESELECTED, []):
-        terminalreporter.write_line(f"harness: {line}")
+    return [f"{kind} tier: {tier_status(kind)[1]}" for kind in TIER_MARKERS if standin_for(kind)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -28,6 +28,10 @@ TIER_SIZES = {"cpu": ("tiny", "full"), "cuda": ("tiny",), "neuron": ("tiny", "fu
 UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
 # The pytest marker of each accelerator tier; the CPU tier runs unmarked, on every commit.
 TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
+# Tiers whose device runtime belongs to the first process that initialises it: the Neuron
+# runtime reserves every NeuronCore for it, so an in-process test of the device runs in a child
+# of its own, never in the pytest process that launches the runs (harness/own_process.py).
+EXCLUSIVE_RUNTIME = ("neuron",)
 # The trn2 night rehearsed on CPU (scripts/nightly/rehearse.py, in .ci/run): with
 # HARNESS_NEURON_STANDIN=cpu the neuron tier runs its launched runs, test for test, on the cpu
 # profile (gloo, 2 ranks, the CPU shims); every consequence (the full size from the assets twin,

@@ -41,6 +41,41 @@ CHILD_TIMEOUT_PER_TEST_S = 3 * 60
 _REPORTS = pytest.StashKey[dict]()  # nodeid -> the reports a child gave for it
 
 
+# The fixtures through which a test reads launched runs; a tier test without any of them runs
+# on its device in the pytest process itself.
+RUN_FIXTURES = ("launched_run", "published_run", "device_runs", "backend_runs")
+_DESELECTED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The in-process tests of a tier whose runtime is exclusive (harness/devices.py
+    ``EXCLUSIVE_RUNTIME``) run in a child; on a stand-in (the rehearsal) they are deselected,
+    and the session's summary says why: the stand-in is a profile for launches, not a device."""
+    from harness import devices
+
+    for kind in devices.TIER_MARKERS:
+        in_process = [i for i in items if i.get_closest_marker(kind)
+                      and not set(RUN_FIXTURES) & set(getattr(i, "fixturenames", ()))]
+        if not in_process:
+            continue
+        if devices.standin_for(kind):
+            config.hook.pytest_deselected(items=in_process)
+            items[:] = [i for i in items if i not in in_process]
+            config.stash.setdefault(_DESELECTED, []).append(
+                f"{len(in_process)} in-process test(s) of the '{kind}' device deselected: the "
+                f"{kind} tier runs on a stand-in ({devices.tier_status(kind)[1]}), which has no "
+                f"'{kind}' torch device")
+        elif kind in devices.EXCLUSIVE_RUNTIME and devices.tier_status(kind)[0]:
+            for item in in_process:
+                item.add_marker(pytest.mark.own_process)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    for line in config.stash.get(_DESELECTED, []):
+        terminalreporter.write_line(f"harness: {line}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: runs in a child pytest process of its own "
                             "(harness/own_process.py)")
@@ -73,7 +108,7 @@ def harness_options(config: pytest.Config) -> list[str]:
     """The command-line form of every harness option given a value other than its default."""
     args: list[str] = []
     for option in config._parser.getgroup("harness").options:
-        value, default = config.getoption(option.dest), option.default
+        value, default = config.getoption(option.dest), option.attrs().get("default")
         if value == default or value is None:
             continue
         flag = option.names()[-1]

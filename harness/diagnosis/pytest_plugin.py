@@ -69,27 +69,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = session.config.getoption("--run-report")
     if not out or hasattr(session.config, "workerinput"):
         return
-    from harness import checks
-    from harness.diagnosis import baseline as baseline_module
-    from harness.report import RunVerdict, results_document, write_report
     from harness.run_cache import session_root, stored_results
 
     runs = stored_results(session_root(session.config._tmp_path_factory))
-    if not runs:
-        return
-    # The verdicts the tests computed (harness/checks.py record), never judged again here: by
-    # now a full-size run's checkpoints are gone, and a check the session did not select has no
-    # verdict (the report says so).
+    if runs:
+        write_session_report(runs, Path(out).resolve(), session.config.getoption("--steps"),
+                             session.config.stash.get(_BASELINE, None),
+                             session.config.getoption("--baseline"))
+
+
+def write_session_report(runs, out: Path, steps: int, base: dict | None = None,
+                         base_source: str | None = None) -> Path:
+    """The report folder of ``runs`` with the verdicts their tests recorded (harness/checks.py
+    ``record``), never judged again here: by now a full-size run's checkpoints are gone, and a
+    check the session did not select has no verdict (the report says so). Then the session is
+    over for every checkpoint too."""
+    from harness import checks
+    from harness.diagnosis import baseline as baseline_module
+    from harness.report import RunVerdict, results_document, write_report
+
     verdicts = [RunVerdict(run, checks.recorded(run)) for run in runs]
-    head = {"device": ", ".join(sorted({_device(run) for run in runs})),
-            "steps": str(session.config.getoption("--steps")), **header()}
-    base = session.config.stash.get(_BASELINE, None)
-    compared = (baseline_module.compare(results_document(verdicts, head), base,
-                                        session.config.getoption("--baseline"))
+    head = {"device": ", ".join(sorted({_device(run) for run in runs})), "steps": str(steps),
+            **header()}
+    compared = (baseline_module.compare(results_document(verdicts, head), base, base_source or "")
                 if base is not None else None)
-    write_report(verdicts, Path(out).resolve(), head, compared, base)
+    write_report(verdicts, out, head, compared, base)
     for run in runs:
         checks.release_checkpoints(run, readers_done=True)
+    return out
 
 
 def _device(run) -> str:

@@ -16,7 +16,8 @@ root="${NEURON_OPT_ROOT:-/opt}"
 GLOBS=("aws_neuronx_venv_torch_neuronx_*" "aws_neuronx_venv_pytorch_*")
 
 newest() {  # the newest folder under $root matching $1 (version order), or nothing
-    find "$root" -maxdepth 1 -type d -name "$1" 2>/dev/null | sort -V | tail -n 1
+    [[ -d "$root" ]] || return 0
+    find "$root" -maxdepth 1 -type d -name "$1" | sort -V | tail -n 1
 }
 
 venv="${NEURON_VENV:-}"

@@ -375,6 +375,22 @@ def tail(night: Night, lines: int = 60) -> str:
     return "\n".join(out)
 
 
+def report_problems(workspace: Path) -> list[str]:
+    """A night whose tests passed has a run report that says so: every verdict in it is the one
+    a test computed (a report that judged again after the clean-up would find the full-size
+    checkpoints gone)."""
+    import json
+
+    results = workspace / "reports" / "run-report" / "results.json"
+    if not results.is_file():
+        return [f"no run report at {results}"]
+    return [f"the run report says {run['name']} {check} failed "
+            f"({(verdict.get('message') or '').splitlines()[0] if verdict.get('message') else ''}), "
+            f"though pytest passed"
+            for run in json.loads(results.read_text())["runs"]
+            for check, verdict in run.get("checks", {}).items() if verdict["status"] == "fail"]
+
+
 def second_night_problems(night: Night) -> list[str]:
     """What the second night must show: it read the first night's report as its baseline."""
     import json
@@ -398,7 +414,14 @@ def main() -> int:
     parser.add_argument("--root", default=None, help="a new folder for the rehearsal (default: a "
                         "temporary one, removed afterwards unless --keep)")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--differences", action="store_true",
+                        help="print what the rehearsal swaps (a markdown table) and exit")
     args = parser.parse_args()
+    if args.differences:
+        print("| what | on trn2 | in the rehearsal | why |\n|---|---|---|---|")
+        for row in DIFFERENCES:
+            print("| " + " | ".join(row) + " |")
+        return 0
     root = Path(args.root or tempfile.mkdtemp(prefix="rehearsal-"))
     root.mkdir(parents=True, exist_ok=True)
     print("The trn2 night, rehearsed on CPU. What differs from trn2 (and why):")
@@ -417,7 +440,8 @@ def main() -> int:
             if not night.succeeded:
                 print(f"night {number} FAILED:\n{tail(night)}")
                 return 1
-        problems = second_night_problems(nights[1]) if len(nights) > 1 else []
+        problems = [f"night {n.number}: {p}" for n in nights for p in report_problems(n.workspace)]
+        problems += second_night_problems(nights[1]) if len(nights) > 1 else []
         for problem in problems:
             print(f"rehearsal FAILED: {problem}")
         if not problems:

@@ -25,7 +25,6 @@ from harness.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, de
                                  full_size_assets_dir)
 from harness.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
 from harness.expectations import independent_first_step_loss, run_data
-from harness.launch import data_flags
 from harness.tolerances import loss_band
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
@@ -199,14 +198,7 @@ def test_rank_environment_drops_inherited_core_visibility(monkeypatch):
     assert "NEURON_RT_VISIBLE_CORES" not in env and env["NEURON_CC_FLAGS"] == "--auto-cast=none"
 
 
-def test_c4_data_flags(tmp_path):
-    assert data_flags("fixture", None) == []
-    assert data_flags("c4", None) == ["--dataloader.dataset", "c4"]
-    with pytest.raises(FileNotFoundError, match="no en/ folder"):
-        data_flags("c4", str(tmp_path))
-    (tmp_path / "en").mkdir()
-    assert data_flags("c4", str(tmp_path))[-1] == str(tmp_path)
-
+def test_run_data_is_read_from_the_command():
     class Run:
         command = ["torchrun", "--dataloader.dataset", "c4"]
 

@@ -80,3 +80,67 @@ def test_marked_tests_run_each_in_a_child_and_report_as_it_saw_them(pytester, tm
             "test_suite.py::test_dies") in text
     marked_one, marked_two, session = [int(line) for line in pids.read_text().split()]
     assert marked_one == marked_two != session, (marked_one, marked_two, session)
+
+
+TIER_SUITE = '''
+import os
+
+import pytest
+
+
+@pytest.fixture
+def launched_run():
+    return "a run"
+
+
+def _note(kind):
+    with open(os.environ["PIDS_FILE"], "a") as f:
+        f.write(f"{kind} {os.getpid()}\\n")
+
+
+@pytest.mark.neuron
+def test_on_the_device_in_process():
+    _note("in_process")
+
+
+@pytest.mark.neuron
+def test_reads_a_launched_run(launched_run):
+    _note("launch")
+'''
+
+
+def _tier_session(pytester, tmp_path, monkeypatch):
+    import os
+
+    from harness import devices
+
+    pids = tmp_path / "tier_pids.txt"
+    monkeypatch.setenv("PIDS_FILE", str(pids))
+    monkeypatch.setattr(devices, "tier_status", lambda kind: (kind == "neuron", "patched"))
+    pytester.makeini("[pytest]\nmarkers =\n    neuron: the neuron tier\n")
+    pytester.makeconftest('pytest_plugins = ("harness.own_process",)\n')
+    pytester.makepyfile(test_tier=TIER_SUITE)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
+    seen = dict(line.split() for line in pids.read_text().splitlines()) if pids.is_file() else {}
+    return result, {k: int(v) for k, v in seen.items()}, os.getpid()
+
+
+def test_a_neuron_test_on_the_device_in_process_runs_in_a_child_and_one_reading_runs_does_not(
+        pytester, tmp_path, monkeypatch):
+    from harness import devices
+
+    monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
+    result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)
+    result.assert_outcomes(passed=2)
+    assert pids["launch"] == session and pids["in_process"] != session, (pids, session)
+
+
+def test_on_a_stand_in_the_in_process_neuron_tests_are_deselected_and_named(
+        pytester, tmp_path, monkeypatch):
+    from harness import devices
+
+    monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
+    result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)
+    result.assert_outcomes(passed=1, deselected=1)
+    assert list(pids) == ["launch"]
+    result.stdout.fnmatch_lines(["harness: 1 in-process test(s) of the 'neuron' device deselected:*"])
