@@ -163,3 +163,30 @@ def test_a_night_whose_tests_passed_has_no_failing_verdict_in_its_report(tmp_pat
     assert rehearse.report_problems(tmp_path) == [
         "the run report says titan_native-full-pretrained hf_checkpoint_complete failed (no HF "
         "checkpoint under .../dump/checkpoint), though pytest passed"]
+
+
+def test_a_full_size_run_may_wait_on_a_collective_as_long_as_it_may_run():
+    """torchtitan lowers the collective timeout after step 1 through torch's set_timeout, which
+    a backend may ignore (then the init timeout stays): both are the run's own timeout."""
+    from harness.run_matrix import RunCase
+
+    for case in (RunCase("neuron", "titan_native", "full", "pretrained", "sdpa"),
+                 RunCase("cpu", "titan_native", "full", "pretrained", "sdpa")):
+        overrides = list(case.run_spec(10, assets_root="/assets").overrides)
+        seconds = str(int(case.timeout_s))
+        for flag in ("--comm.init_timeout_seconds", "--comm.train_timeout_seconds"):
+            assert overrides[overrides.index(flag) + 1] == seconds, (case.id, overrides)
+        assert overrides[overrides.index("--checkpoint.export_dtype") + 1] == "bfloat16"
+    tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", "sdpa").run_spec(10)
+    assert "--comm.init_timeout_seconds" not in tiny.overrides
+
+
+def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
+    rehearse = _nightly("rehearse")
+    listed = " ".join(" ".join(row) for row in rehearse.DIFFERENCES)
+    source = (NIGHTLY / "rehearse.py").read_text()
+    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES"):
+        assert swapped in source, swapped
+    for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
+                 "scripts/nightly/rehearsal/hf", "scripts/nightly/rehearsal/gh"):
+        assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
