@@ -20,7 +20,7 @@ startup_gc.pause()
 from harness import known_issues  # noqa: E402
 from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
                              standin_for, tier_status, worker_threads, xdist_workers)
-from harness.launch import leftover_processes  # noqa: E402
+from harness.children import leftover_processes  # noqa: E402
 from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's

@@ -3,15 +3,14 @@
 A ``DeviceProfile`` is everything that differs between neuron, cuda and cpu runs of the same
 backend: the process-group backend, how many ranks a node holds, the environment each rank
 needs, and the upstream shims it must install. Nothing downstream branches on the device
-name; it reads the profile.
+name; it reads the profile. torch is imported where a device is asked about, not with this
+module: the tiers' names, stand-ins and markers cost a child process nothing.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-
-import torch
 
 KINDS = ("neuron", "cuda", "cpu")
 # The logical-NeuronCore configuration ranks run at unless the environment says otherwise:
@@ -127,6 +126,8 @@ def neuron_status() -> tuple[bool, str]:
     importable, reason = probe_module("torch_neuronx")
     if not importable:
         return False, reason
+    import torch
+
     if torch._C._get_privateuse1_backend_name() != "neuron":
         return False, "torch-neuronx imported but no 'neuron' PrivateUse1 device is registered"
     count = torch.neuron.device_count()  # type: ignore[attr-defined]
@@ -136,6 +137,8 @@ def neuron_status() -> tuple[bool, str]:
 
 
 def cuda_status() -> tuple[bool, str]:
+    import torch
+
     if not torch.cuda.is_available():
         return False, "torch.cuda.is_available() is False (no CUDA GPU or driver)"
     return True, f"{torch.cuda.device_count()} CUDA device(s)"
@@ -214,6 +217,8 @@ def profile_for(kind: str) -> DeviceProfile:
     available, reason = device_status(kind)
     if not available:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")
+    import torch
+
     if kind == "neuron":
         count = torch.neuron.device_count()  # type: ignore[attr-defined]
         return neuron_profile(count, dict(os.environ))

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from harness import known_issues
 from harness.backends import BackendSpec, backend
 from harness import paths, plants
 from harness.assets_twin import FULL_ASSETS_ENV
+from harness.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
 from harness.data import c4
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
@@ -35,10 +35,6 @@ from harness.versions import package_versions  # also the name cli and the repor
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
-# Every process a launch starts inherits this marker: at the end of a session, exactly the
-# processes this harness process launched can be found (``leftover_processes``), and no other.
-SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
-SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 DATA_SOURCES = ("fixture", "c4")
 
 
@@ -274,19 +270,6 @@ def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
-
-
-def leftover_processes(session_id: str = SESSION_ID) -> list[psutil.Process]:
-    """Processes still running that a launch of this harness session started (found by the
-    marker every launched process inherits; unrelated processes are never matched)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(SESSION_ENV) == session_id:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def find_rank_logs(run_dir: Path) -> dict[int, list[Path]]:

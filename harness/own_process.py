@@ -12,8 +12,8 @@ The marked tests of one module run together in one child, started when the first
 reached (a child costs an import of torch and the device's stack; the nightly's 73 kernel cells
 would pay it 73 times); under pytest-xdist each test gets its own. The child runs with the
 parent's harness options (the "harness" option group, as given), under a time limit of
-``CHILD_TIMEOUT_PER_TEST_S`` per test, and carries the session's marker (harness/launch.py
-``SESSION_ENV``) so the end-of-session sweep finds it if it outlives its tests. Its reports
+``CHILD_TIMEOUT_PER_TEST_S`` per test, and carries the session's marker
+(harness/children.py) so the end-of-session sweep finds it if it outlives its tests. Its reports
 (setup, call, teardown) come back serialised through pytest's own
 ``pytest_report_to_serializable``, so the parent reports pass, fail, skip and xfail exactly as
 the child saw them; a test the child never reported fails, with the child's last lines.
@@ -147,13 +147,13 @@ def child_command(items: list[pytest.Item]) -> list[str]:
 
 def run_in_child(items: list[pytest.Item]) -> dict[str, list[pytest.TestReport]]:
     """Every report of ``items``, run in one child pytest process, by nodeid."""
-    from harness.launch import SESSION_ENV, SESSION_ID
+    from harness.children import marked_env
 
     config = items[0].config
     timeout_s = CHILD_TIMEOUT_PER_TEST_S * len(items)
     with tempfile.TemporaryDirectory(prefix="own_process_") as folder:
         reports_file, log = Path(folder) / "reports.jsonl", Path(folder) / "child.log"
-        env = {**os.environ, REPORTS_ENV: str(reports_file), SESSION_ENV: SESSION_ID}
+        env = marked_env(**{REPORTS_ENV: str(reports_file)})
         env.pop("PYTEST_XDIST_WORKER", None)
         with open(log, "wb") as out:
             try:

@@ -114,10 +114,9 @@ def launched(run) -> bool:
 
 
 def localize_in_child(req: dict, log: Path) -> tuple[dict | None, str | None]:
-    from harness.launch import SESSION_ENV, SESSION_ID
+    from harness.children import marked_env
 
-    env = dict(os.environ)
-    env[SESSION_ENV] = SESSION_ID  # the end-of-session sweep finds it if it outlives its timeout
+    env = marked_env()  # the end-of-session sweep finds it if it outlives its timeout
     env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("HARNESS_PLANTS", None)  # the child applies the run's plants itself, in-process
     with open(log, "w") as out:
