@@ -96,10 +96,11 @@ def one_hot_affinities(offsets: Tensor, rows: int, experts: int) -> Tensor:
 
 
 def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
-                                w3: Tensor, programs: int = gk.PROGRAMS) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                                w3: Tensor, programs: int = gk.PROGRAMS,
+                                block: int = BACKWARD_BLOCK) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dx, dw1, dw2, dw3)`` of ``harness::grouped_swiglu`` for the upstream ``grad``, with
     ``forward`` = our checkpoint kernel (launched) and ``backward`` = nki-library's
-    ``blockwise_mm_bwd`` (launched); see the module docstring."""
+    ``blockwise_mm_bwd`` (launched) at ``block`` rows per block; see the module docstring."""
     from harness.ops import grouped_swiglu as gs
 
     rows, dim = x.shape
@@ -110,16 +111,16 @@ def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offs
     gate_up, down = gk.weight_layout(_padded(w1, hidden_p, dim_p), _padded(w2, dim_p, hidden_p),
                                      _padded(w3, hidden_p, dim_p))
     y, act = _recompute(forward, x_p, offsets, gate_up, down, programs)
-    slots, block_expert, token_position_to_id = backward_layout(offsets, rows)
-    num_blocks, positions = block_expert.shape[0], block_expert.shape[0] * BACKWARD_BLOCK
+    slots, block_expert, token_position_to_id = backward_layout(offsets, rows, block)
+    num_blocks, positions = block_expert.shape[0], block_expert.shape[0] * block
     gate_up_act_T = gs.to_blocks(act.reshape(rows, -1), slots, positions).reshape(
-        num_blocks, BACKWARD_BLOCK, 2, hidden_p).permute(0, 2, 3, 1).contiguous()
-    down_act = gs.to_blocks(y, slots, positions).reshape(num_blocks, BACKWARD_BLOCK, dim_p)
+        num_blocks, block, 2, hidden_p).permute(0, 2, 3, 1).contiguous()
+    down_act = gs.to_blocks(y, slots, positions).reshape(num_blocks, block, dim_p)
     zero_row = x_p.new_zeros(1, dim_p)
     dx, _, d_gate_up, d_down = (torch.as_tensor(t) for t in backward(
         torch.cat((x_p, zero_row)), one_hot_affinities(offsets, rows, experts), gate_up, down, gate_up_act_T, down_act,
         token_position_to_id, block_expert.reshape(-1, 1), torch.cat((_padded(grad.to(bf), dim_p), zero_row)),
-        BACKWARD_BLOCK, is_tensor_update_accumulating=False))
+        block, is_tensor_update_accumulating=False))
     dw1 = d_gate_up[:, :dim, 0, :hidden].transpose(-2, -1).to(w1.dtype)
     dw3 = d_gate_up[:, :dim, 1, :hidden].transpose(-2, -1).to(w3.dtype)
     dw2 = d_down[:, :hidden, :dim].transpose(-2, -1).to(w2.dtype)
