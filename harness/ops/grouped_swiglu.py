@@ -282,8 +282,8 @@ def grouped_swiglu_backward(grad: Tensor, x: Tensor, offsets: Tensor, w1: Tensor
                             w3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dw1, dw2, dw3) of ``harness::grouped_swiglu`` for the upstream ``grad``."""
     _check(x, offsets, w1, w2, w3)
-    dx, _, dw1, dw2, dw3 = grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, (True,) * 5)
-    return dx, dw1, dw2, dw3
+    grads = grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, (True,) * 5)
+    return tuple(g.contiguous() for g in grads if g is not None)
 
 
 @grouped_swiglu_backward.register_fake

@@ -195,3 +195,66 @@ def test_the_split_check_catches_programs_that_each_run_every_block(monkeypatch)
     one, two = (emu_gaps.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
                 for grid in ((), (gk.PROGRAMS,)))
     assert one.opcodes != two.opcodes
+
+
+# ------------------------------------------------------------------ the cost table: ours and nki-library's
+
+
+def decision_problems(rows) -> list[str]:
+    """The facts the choice of our forward for the neuron path rests on (harness/ops/nki/
+    moe_cost_table.py): fewer FLOPs, fewer DMA bytes moved and less SBUF than nki-library's
+    forward, at most half of its own kernel-before's instructions per core; and the backward row
+    is the sum of its parts."""
+    by_name = {r.name: r for r in rows}
+    ours, library = by_name["ours"], by_name["nki-library bwmm_shard_on_block"]
+    problems = []
+    if not ours.matmul_flops < library.matmul_flops:
+        problems.append(f"FLOPs: ours {ours.matmul_flops:.3g} >= nki-library's {library.matmul_flops:.3g}")
+    if not ours.dma_bytes_moved < library.dma_bytes:
+        problems.append(f"DMA: ours moves {ours.dma_bytes_moved:.3g} B >= nki-library's {library.dma_bytes:.3g}")
+    if not ours.peak_sbuf < library.peak_sbuf:
+        problems.append(f"SBUF: ours {ours.peak_sbuf} >= nki-library's {library.peak_sbuf} B/partition")
+    before = [r for r in rows if r.name.startswith("ours before")]
+    if before and not 2 * ours.busiest_program_instructions <= before[0].busiest_program_instructions:
+        problems.append("ours issues more than half of the kernel-before's instructions per core")
+    parts, total = [r for r in rows if r.direction == "backward"][:-1], rows[-1]
+    if total.matmul_flops != sum(r.matmul_flops for r in parts) or total.instructions != sum(r.instructions for r in parts):
+        problems.append("the backward total is not the sum of its parts")
+    return problems
+
+
+def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_model():
+    """The cheap form of the full-size table: every row traced, ours equal to the cost model."""
+    from harness.ops.nki import moe_cost_table
+
+    shape = {"rows": 100, "dim": 256, "hidden": 128, "experts": 4}
+    rows = moe_cost_table.trace_rows(shape)
+    assert [(r.direction, r.name.split(" (")[0]) for r in rows] == [
+        ("forward", "ours"), ("forward", "ours before"), ("forward", "nki-library bwmm_shard_on_block"),
+        ("backward", "ours: recompute"), ("backward", "nki-library blockwise_mm_bwd"), ("backward", "ours: total")]
+    analytic = blockwise_cost(**shape)
+    assert (rows[0].instructions, rows[0].matmul_flops, rows[0].dma_bytes) == (
+        analytic.total_instructions, analytic.matmul_flops, analytic.dma_bytes)
+    assert "| forward | ours | 32 |" in moe_cost_table.markdown(rows, shape)
+
+
+@pytest.mark.slow
+def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf():
+    """Shape-only traces at the cut (about 4 minutes of one core, nki-library's backward most)."""
+    from harness.ops.nki import moe_cost_table
+
+    rows = moe_cost_table.trace_rows()
+    assert decision_problems(rows) == [], moe_cost_table.markdown(rows)
+
+
+def test_the_decision_check_fails_where_nki_librarys_forward_would_win():
+    """The facts above can fail: the same table with our forward at B = 128 (1.98x FLOPs, as
+    nki-library's) does not beat it on FLOPs."""
+    from harness.ops.nki.moe_cost_table import Row
+
+    def row(name, flops, dma, sbuf, direction="forward", instructions=10):
+        return Row(direction, name, 32, 2, flops, 1, instructions, instructions, dma, dma, sbuf, 0, 0.0)
+
+    ours_b128 = [row("ours", 153, 1, 1), row("nki-library bwmm_shard_on_block", 153, 2, 2),
+                 row("a", 1, 1, 1, "backward"), row("total", 1, 1, 1, "backward")]
+    assert decision_problems(ours_b128) == ["FLOPs: ours 153 >= nki-library's 153"]

@@ -122,10 +122,12 @@ def _oob_skip_works() -> bool:
 
 def barrier_exchange(nl, isa):
     """A two-program kernel body: each program writes its half of a shared tensor, both meet at a
-    barrier, then each reads the whole tensor back: ``[[1., 2.]]`` when the barrier holds."""
+    barrier, then program p reads the whole tensor into row p of the result: ``[[1., 2.],
+    [1., 2.]]`` when the barrier holds (without it, row 0 holds memory nothing wrote)."""
 
     def body():
         shared = nl.ndarray((1, 2), nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((2, 2), nl.float32, buffer=nl.shared_hbm)
         me = nl.program_id(0)
         mine = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf)
         isa.memset(mine, float(me + 1))
@@ -133,11 +135,13 @@ def barrier_exchange(nl, isa):
         isa.core_barrier(shared, (0, 1))
         both = nl.ndarray((1, 2), nl.float32, buffer=nl.sbuf)
         isa.dma_copy(dst=both, src=shared)
-        out = nl.ndarray((1, 2), nl.float32, buffer=nl.hbm)
-        isa.dma_copy(dst=out, src=both)
+        isa.dma_copy(dst=out[me:me + 1, 0:2], src=both)
         return out
 
     return body
+
+
+BARRIER_HELD = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
 
 
 def _barrier_interleaves() -> bool:
@@ -148,7 +152,7 @@ def _barrier_interleaves() -> bool:
         result = nki_emu.run(barrier_exchange(nl, isa), grid=(2,))()
     except NotImplementedError:
         return False
-    return bool(torch.equal(result, torch.tensor([[1.0, 2.0]])))
+    return bool(torch.equal(result, BARRIER_HELD))
 
 
 PROBES = {"address": _address_works, "dma_transpose": _dma_transpose_works, "core_barrier": _barrier_interleaves,
