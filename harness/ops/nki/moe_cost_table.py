@@ -21,8 +21,29 @@ Columns: matmul FLOPs (and the ratio to what the layer needs: 3 GEMMs of R rows 
 backward), instructions (all programs, and the busiest program's: what one core issues), DMA
 bytes the instructions address (a weight DMA our kernel skips still counts here: a shape-only
 trace cannot know the routing; ``moved`` adds our kernel's worst-routing bytes from the cost
-model), peak SBUF and PSUM bytes per partition of live tiles. ``python3
-scripts/moe_kernel_cost.py --trace`` prints the table at the 30B-A3B cut.
+model), peak SBUF and PSUM bytes per partition of live tiles (Python lifetime: an upper bound on
+what the compiler's allocator needs). ``python3 scripts/moe_kernel_cost.py --trace`` prints the
+table at the 30B-A3B cut.
+
+The choice (measured at the cut, R = 8192, D = 2048, F = 768, E = 64, LNC=2)::
+
+    forward  ours                 B=32   96.0 GFLOP (1.24x)  105,894 instr (52,949/core)  0.70 GB moved   SBUF 75.6 KiB  PSUM 0.2 KiB
+    forward  ours before          B=32  192.1 GFLOP (2.48x)  212,424 instr (106,212/core) 6.17 GB         SBUF 122.6     PSUM 0.2
+    forward  nki-library          B=128 153.4 GFLOP (1.98x)   40,607 instr (20,455/core)  1.33 GB         SBUF 160.0     PSUM 24.0
+    backward ours: recompute      B=32   96.0 GFLOP           106,212 instr               0.73 GB moved
+    backward nki-library bwd      B=256 459.0 GFLOP (2.97x)  139,280 instr (69,640/core)  4.93 GB         SBUF 79.0      PSUM 4.2
+    backward total                      555.1 GFLOP (3.59x)  245,492 instr                5.66 GB
+
+The neuron path calls our forward: 37% fewer FLOPs and about half the DMA bytes of
+nki-library's (its same-expert reuse needs ``skip_weight``, whose ``tensor_copy_predicated`` the
+emulator lacks, so as launched here it reloads every block), less than half its SBUF, and it
+writes the gate/up activations the backward needs (``bwmm_shard_on_block`` writes only the
+down projection's), so one forward serves the recompute. nki-library's forward wins on
+instruction count (27,432 matmuls of about 171 columns against our 91,584 of 32): if a
+TensorE instruction costs more than about 27 cycles beyond its columns, its forward is the
+faster one. That is what the trn2 session's timing (scripts/trn2_first_session.py) settles; the
+answer there would be B = 64 (half the instructions at 1.49x FLOPs: grouped_swiglu_cost's
+block-size table). The backward dominates either way: nki-library's needs B = 256 at LNC=2.
 """
 
 from __future__ import annotations
