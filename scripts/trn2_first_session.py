@@ -18,9 +18,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+# Before torch loads (it autoloads torch_neuronx): LNC=2 for the runtime and the kernels, and a
+# fresh NEFF cache so that every kernel's first call compiles and its NEFF bytes can be counted
+# (Neuron 2.33: torch/reference/env-vars.html, compiler/about-compiler-artifacts.html). A cache
+# directory set before is recorded in the report and left untouched.
+ORIGINAL_NEFF_CACHE = os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR")
+os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="trn2-session-neff-")
+os.environ.setdefault("NEURON_LOGICAL_NC_CONFIG", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,7 +50,7 @@ def main(argv=None) -> int:
     if args.stand_in:
         device = trn2_session.EmulatorDevice()
     else:
-        device, reason = trn2_session.neuron_device_or_reason(Path(tempfile.mkdtemp(prefix="neff-cache-")))
+        device, reason = trn2_session.neuron_device_or_reason(Path(os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"]))
         if device is None:
             print(f"no usable Neuron device: {reason}\nRun this on a trn2 with the Neuron SDK's venv active, "
                   f"or rehearse on CPU with --stand-in.", file=sys.stderr)
@@ -49,6 +58,7 @@ def main(argv=None) -> int:
     cut_name = args.cut or ("tiny" if args.stand_in else "source")
     cut = trn2_session.TINY_CUT if cut_name == "tiny" else trn2_session.SOURCE_CUT
     report = trn2_session.run_session(device, cut, repeats=args.repeats)
+    report["environment"]["TORCH_NEURONX_NEFF_CACHE_DIR before the session"] = ORIGINAL_NEFF_CACHE
     json_path, md_path = trn2_session.write_report(report, output_dir)
     print(trn2_session.markdown(report))
     print(f"report: {json_path} and {md_path}")

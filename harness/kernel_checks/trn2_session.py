@@ -183,14 +183,14 @@ class NeuronDevice:
     stand_in = False
 
     def __init__(self, neff_root: Path):
+        """``neff_root``: the NEFF cache directory, set in ``TORCH_NEURONX_NEFF_CACHE_DIR`` before
+        torch loaded (the script does it first thing)."""
         self.neff_root = neff_root
-        lnc = os.environ.setdefault("NEURON_LOGICAL_NC_CONFIG", "2")
+        lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2")
         if lnc != "2":
             raise RuntimeError(f"NEURON_LOGICAL_NC_CONFIG={lnc}: this session runs the kernels at LNC=2 (trn2's "
                                f"default); unset it or set it to 2")
-        os.environ.setdefault("TORCH_NEURONX_NEFF_CACHE_DIR", str(neff_root))
-        self.neff_root = Path(os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"])
-        import torch_neuronx  # noqa: F401  (registers the 'neuron' device)
+        import torch_neuronx  # noqa: F401  (registers the 'neuron' device; torch normally autoloads it)
 
         self.device = torch.device("neuron")
         self.calls = device_calls()
@@ -218,7 +218,8 @@ class NeuronDevice:
 
 
 def neuron_device_or_reason(neff_root: Path):
-    """(NeuronDevice, None) on a trn2 with the Neuron SDK, else (None, why not)."""
+    """(NeuronDevice, None) on a trn2 with the Neuron SDK, else (None, why not). A usable device
+    is the 'neuron' device (``harness.devices``, the one probe) and the real ``nki``."""
     from harness.devices import device_status
     from harness.ops.neuron import nki_available
 

@@ -123,15 +123,19 @@ def test_one_bf16_ulp_on_one_element_is_within_the_tolerance(tmp_path):
     assert report["status"] == "pass", report["failures"]
 
 
-def _script():
+def _script(monkeypatch):
+    """The script as a module; the environment it sets at import is restored after the test."""
+    for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
     spec = importlib.util.spec_from_file_location("trn2_first_session", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_script_without_a_neuron_device_says_why_and_how_to_rehearse(capsys, tmp_path):
-    assert _script().main(["--output-dir", str(tmp_path)]) == 2
+def test_the_script_without_a_neuron_device_says_why_and_how_to_rehearse(capsys, tmp_path, monkeypatch):
+    script = _script(monkeypatch)
+    assert script.main(["--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no usable Neuron device" in err and "--stand-in" in err and not (tmp_path / "report.json").exists()
 
