@@ -174,7 +174,8 @@ def _forward(x_blocks, weight_load, gate_up, down, checkpoint: bool):
                                                offset=0, scalar_offset=load, indirect_dim=0),
                       oob_mode=nisa.oob_mode.skip)
         x_sb = nl.ndarray((pd, kd, block), dtype=x_blocks.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_sb, src=x_blocks[n])
+        block_rows = [[kd * block, pd], [block, kd], [1, block]]  # block n, each partition one contiguous run
+        nisa.dma_copy(dst=x_sb, src=x_blocks.ap(pattern=block_rows, offset=n * pd * kd * block))
         h_sb = nl.ndarray((pf, kf, block), dtype=nl.bfloat16, buffer=nl.sbuf)
         act_sb = nl.ndarray((pf, 2, kf, block), dtype=nl.bfloat16, buffer=nl.sbuf) if checkpoint else None
         for j in range(kf):
@@ -198,9 +199,10 @@ def _forward(x_blocks, weight_load, gate_up, down, checkpoint: bool):
             for j in range(kf):
                 nisa.nc_matmul(dst=acc, stationary=down_sb[:, j, d0 : d0 + pd], moving=h_sb[:, j, :], accumulate=(j > 0))
             nisa.tensor_copy(dst=y_sb[:, k, :], src=acc)
-        nisa.dma_copy(dst=y_blocks[n], src=y_sb)
+        nisa.dma_copy(dst=y_blocks.ap(pattern=block_rows, offset=n * pd * kd * block), src=y_sb)
         if checkpoint:
-            nisa.dma_copy(dst=act_blocks[n], src=act_sb)
+            nisa.dma_copy(dst=act_blocks.ap(pattern=[[2 * kf * block, pf], [kf * block, 2], [block, kf], [1, block]],
+                                            offset=n * pf * 2 * kf * block), src=act_sb)
     return (y_blocks, act_blocks) if checkpoint else y_blocks
 
 
