@@ -190,3 +190,20 @@ def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
     for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
                  "scripts/nightly/rehearsal/hf", "scripts/nightly/rehearsal/gh"):
         assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
+
+
+def test_why_both_collective_timeouts_are_set_still_holds_upstream():
+    """The premise of ``collective_timeout_overrides``, read from the installed code: torchtitan
+    lowers the process groups' timeout to train_timeout_seconds after the first step, through
+    torch's set_timeout, which lets a backend keep its own. If either changes, revisit it."""
+    import inspect
+
+    import torch.distributed.distributed_c10d as c10d
+    from torchtitan.distributed import utils
+    from torchtitan.trainer import Trainer
+
+    assert "train_timeout_seconds" in inspect.getsource(Trainer.train)
+    lowers = inspect.getsource(utils.set_pg_timeouts)  # 0.3.0: set_timeout; spring: its alias
+    assert "distributed.set_timeout(" in lowers or "_set_pg_timeout(" in lowers
+    assert "set_timeout(timeout, group)" in inspect.getsource(c10d._set_pg_timeout)
+    assert "leave their timeout unchanged" in " ".join(inspect.getdoc(c10d.set_timeout).split())
