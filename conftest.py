@@ -7,6 +7,8 @@ checks in tests/.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness import startup_gc
@@ -16,13 +18,14 @@ from harness import startup_gc
 startup_gc.pause()
 
 from harness import known_issues  # noqa: E402
-from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, device_status,  # noqa: E402
-                             profile_for, worker_threads, xdist_workers)
-from harness.launch import leftover_processes  # noqa: E402
+from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
+                             standin_for, tier_status, worker_threads, xdist_workers)
+from harness.children import leftover_processes  # noqa: E402
 from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
-# --baseline and --run-report (tonight against a previous report): harness/diagnosis.
-pytest_plugins = ("harness.diagnosis.pytest_plugin",)
+# --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's
+# in-process device tests in child processes, or deselected on a stand-in: harness/own_process.py.
+pytest_plugins = ("harness.diagnosis.pytest_plugin", "harness.own_process")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,20 +51,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="folder holding the --subject modules, repeatable")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
+    group.addoption("--c4-path", default=os.environ.get("HARNESS_C4_PATH"), metavar="DIR",
+                    help="a local copy of allenai/c4 (its README.md and en/ shards, harness/data/"
+                    "c4.py) for the full-size runs; default $HARNESS_C4_PATH, else the Hub (the "
+                    "CPU twin reads fixtures/c4). Fetch one with scripts/nightly/fetch_data.py")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, pyproject.toml): harness.devices.xdist_workers decides."""
-    import os
-
     return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker's torch, and the processes its tests start, get the worker's
     share of the cores (harness.devices.worker_threads)."""
-    import os
-
     threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
     if threads is not None:
         import torch
@@ -84,13 +87,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if fnmatch.fnmatch(item.nodeid, pattern):
                 item.add_marker(skip)
     for kind in TIER_MARKERS.values():
-        available, reason = device_status(kind)
+        available, reason = tier_status(kind)
         if available:
             continue
         skip = pytest.mark.skip(reason=f"{kind} tier: {reason}")
         for item in items:
             if item.get_closest_marker(kind):
                 item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"{kind} tier: {tier_status(kind)[1]}" for kind in TIER_MARKERS if standin_for(kind)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -163,9 +170,6 @@ def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
     caches: dict[str, RunCache] = {}
     rendezvous = tuple(pytestconfig.getoption("--torchrun-arg"))
     root = session_root(tmp_path_factory)
-    from harness.diagnosis.pytest_plugin import RUN_CACHES
-
-    pytestconfig.stash[RUN_CACHES] = caches  # the session's report (--run-report)
 
     def get(kind: str) -> RunCache:
         if kind not in caches:

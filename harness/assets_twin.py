@@ -43,8 +43,27 @@ FULL_ASSETS_ENV = "HARNESS_FULL_ASSETS"
 TWIN_SHARDS = 3
 
 
+# What a full-size run needs of the 4B's folder, and the command that fetches it (huggingface_hub
+# >= 1.0: the CLI is `hf`; Qwen/Qwen3-4B-Instruct-2507 is public).
+HUB_MODEL = f"Qwen/{DENSE_ASSETS}"
+REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", INDEX)
+
+
 class AssetsError(FileNotFoundError):
     pass
+
+
+def download_command(root: str | Path) -> str:
+    return f"hf download --local-dir {Path(root) / DENSE_ASSETS} {HUB_MODEL}"
+
+
+def missing_dense_assets(root: str | Path) -> list[str]:
+    """What ``root``'s 4B folder lacks of what a full-size run reads ([] when complete)."""
+    folder = Path(root) / DENSE_ASSETS
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not any(folder.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    return missing
 
 
 def _copy_present(src: Path, dst: Path, names) -> list[str]:

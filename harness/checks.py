@@ -8,6 +8,7 @@ upstream defect is accepted only when it shows exactly as recorded.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -204,7 +205,7 @@ def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdic
         if completed_verdict.status == "known":
             return known_issues.Verdict(
                 "known", f"not checkable: the run stopped early ({completed_verdict.message})",
-                completed_verdict.issues), outcome
+                completed_verdict.issues, completed_verdict.inherited_from), outcome
     return known_issues.judge(check, outcome.problem, outcome.observed, run.workarounds,
                               **run.where()), outcome
 
@@ -213,13 +214,67 @@ def verdicts(run: RunResult, steps: int, checks=None) -> dict[str, tuple[known_i
     return {name: verdict(name, run, steps) for name in (checks or RUN_CHECKS)}
 
 
+# ---------------------------------------------------------------------------------------------
+# Verdicts as the tests computed them: the run report reads these, never judges again
+# ---------------------------------------------------------------------------------------------
+
+VERDICTS = "verdicts"  # <run dir>/verdicts/<check>.json
+# The checks that read a run's checkpoints (dump/checkpoint); once each has recorded its verdict,
+# a full-size run's checkpoints (an HF export of 8 GB for Qwen3-4B in bfloat16) are deleted.
+CHECKPOINT_READERS = ("hf_checkpoint_complete",)
+KEEP_CHECKPOINTS_ENV = "HARNESS_KEEP_CHECKPOINTS"
+
+
+def record(check: str, run: RunResult, result: known_issues.Verdict, outcome: Outcome) -> Path:
+    """Keep ``check``'s verdict on ``run`` beside the run (any process of the session may have
+    computed it), then free what no check still needs (``release_checkpoints``)."""
+    folder = Path(run.run_dir) / VERDICTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{check}.json"
+    document = {"status": result.status, "message": result.message,
+                "issues": [i.name for i in result.issues], "inherited_from": result.inherited_from,
+                "problem": outcome.problem, "observed": outcome.observed, "how": outcome.how}
+    path.write_text(json.dumps(document, indent=2, default=str))
+    release_checkpoints(run)
+    return path
+
+
+def recorded(run: RunResult) -> dict[str, tuple[known_issues.Verdict, Outcome]]:
+    """Every verdict recorded for ``run`` in this session, by check name."""
+    out = {}
+    for path in sorted((Path(run.run_dir) / VERDICTS).glob("*.json")):
+        data = json.loads(path.read_text())
+        issues = tuple(known_issues.issue(name) for name in data["issues"])
+        out[path.stem] = (known_issues.Verdict(data["status"], data["message"], issues,
+                                               data["inherited_from"]),
+                          Outcome(data["problem"], data["observed"], data["how"]))
+    return out
+
+
+def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
+    """Delete a full-size run's checkpoints once every ``CHECKPOINT_READERS`` check has recorded
+    its verdict, or the session is over (``readers_done``), unless ``HARNESS_KEEP_CHECKPOINTS``
+    is set: at most one full-size export is on disk at a time, whatever order the checks run
+    in. True when they were deleted."""
+    import os
+
+    from harness.launch import remove_checkpoints
+
+    folder = Path(run.run_dir) / VERDICTS
+    done = readers_done or all((folder / f"{check}.json").is_file() for check in CHECKPOINT_READERS)
+    if run.size != "full" or not done or os.environ.get(KEEP_CHECKPOINTS_ENV):
+        return False
+    remove_checkpoints(run.run_dir)
+    return True
+
+
 def enforce(check: str, run: RunResult, steps: int) -> None:
-    """Run ``check`` on ``run`` under pytest: fail, xfail naming a known issue, or pass."""
+    """Run ``check`` on ``run`` under pytest: fail, xfail naming a known issue, or pass; the
+    verdict is recorded for the run report (``record``)."""
     import pytest
 
     result, outcome = verdict(check, run, steps)
+    record(check, run, result, outcome)
     if result.status == "fail":
         pytest.fail(f"{result.message}\n{run.describe()}", pytrace=False)
-    if result.status == "known":
-        pytest.xfail(" | ".join(i.reason() for i in result.issues)
-                     + f" Observed: {outcome.problem}")
+    known_issues.xfail_if_known(result, outcome.problem)

@@ -3,15 +3,14 @@
 A ``DeviceProfile`` is everything that differs between neuron, cuda and cpu runs of the same
 backend: the process-group backend, how many ranks a node holds, the environment each rank
 needs, and the upstream shims it must install. Nothing downstream branches on the device
-name; it reads the profile.
+name; it reads the profile. torch is imported where a device is asked about, not with this
+module: the tiers' names, stand-ins and markers cost a child process nothing.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass, field, replace
 
 KINDS = ("neuron", "cuda", "cpu")
 # The logical-NeuronCore configuration ranks run at unless the environment says otherwise:
@@ -28,6 +27,42 @@ TIER_SIZES = {"cpu": ("tiny", "full"), "cuda": ("tiny",), "neuron": ("tiny", "fu
 UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
 # The pytest marker of each accelerator tier; the CPU tier runs unmarked, on every commit.
 TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
+# Tiers whose device runtime belongs to the first process that initialises it: the Neuron
+# runtime reserves every NeuronCore for it, so an in-process test of the device runs in a child
+# of its own, never in the pytest process that launches the runs (harness/own_process.py).
+EXCLUSIVE_RUNTIME = ("neuron",)
+# The trn2 night rehearsed on CPU (scripts/nightly/rehearse.py, in .ci/run): with
+# HARNESS_NEURON_STANDIN=cpu the neuron tier runs its launched runs, test for test, on the cpu
+# profile (gloo, 2 ranks, the CPU shims); every consequence (the full size from the assets twin,
+# CPU timeouts and numbers) follows from ``runs_on``. In-process tests of the 'neuron' torch
+# device have no stand-in: the rehearsal deselects them (conftest.py), naming why.
+STANDIN_ENV = "HARNESS_NEURON_STANDIN"
+STANDIN_KINDS = ("cpu",)
+
+
+def standin_for(kind: str, environ=None) -> str | None:
+    """The device kind standing in for tier ``kind`` (only the neuron tier has one), or None."""
+    value = (os.environ if environ is None else environ).get(STANDIN_ENV, "")
+    if kind != "neuron" or not value:
+        return None
+    if value not in STANDIN_KINDS:
+        raise ValueError(f"{STANDIN_ENV}={value!r}: the neuron tier can stand in on "
+                         f"{STANDIN_KINDS} only; unset it to run on trn2")
+    return value
+
+
+def runs_on(kind: str) -> str:
+    """The device tier ``kind``'s runs actually use: its stand-in, else itself."""
+    return standin_for(kind) or kind
+
+
+def tier_status(kind: str) -> tuple[bool, str]:
+    """Whether tier ``kind``'s launched runs can run here: its device, or its stand-in."""
+    standin = standin_for(kind)
+    if standin:
+        return True, (f"stand-in: the {standin} profile runs the {kind} tier's launches "
+                      f"({STANDIN_ENV}={standin}, the nightly's rehearsal)")
+    return device_status(kind)
 
 
 def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: int | None) -> int:
@@ -36,9 +71,11 @@ def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: in
     each run is still launched once per session); a launch leaves about a third of two cores
     idle (rank start-up, rendezvous, shutdown). An accelerator tier (``-m neuron``,
     ``-m cuda``, ``--device neuron|cuda``) gets none: its runs and its in-process tests must not
-    share the devices. Neither does a single core."""
-    accelerator = device_option in TIER_MARKERS or any(m in (markexpr or "") for m in TIER_MARKERS)
-    return 0 if accelerator or (cpu_count or 1) < 2 else 2
+    share the devices; but a tier stood in by the cpu (the rehearsal) gets the cpu's two.
+    Neither does a single core."""
+    accelerator = [m for m in TIER_MARKERS if device_option == m or m in (markexpr or "")]
+    on_device = [m for m in accelerator if standin_for(m) is None]  # a stand-in is the cpu's
+    return 0 if on_device or (cpu_count or 1) < 2 else 2
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -70,6 +107,11 @@ class DeviceProfile:
     # Per-run timeouts by size, in seconds (a cold compile on neuron; harness/run_matrix.py).
     timeouts_s: dict[str, float] = field(default_factory=lambda: dict(CPU_TIMEOUTS_S))
 
+    @property
+    def compile_cache_dir(self) -> str | None:
+        """Where the ranks keep compiled graphs across runs (neuron: the NEFF cache), if anywhere."""
+        return self.rank_env.get(NEFF_CACHE_ENV)
+
     def describe(self) -> str:
         return (
             f"{self.kind} ({self.device_count} device(s), {self.ranks_per_node} ranks/node, "
@@ -84,6 +126,8 @@ def neuron_status() -> tuple[bool, str]:
     importable, reason = probe_module("torch_neuronx")
     if not importable:
         return False, reason
+    import torch
+
     if torch._C._get_privateuse1_backend_name() != "neuron":
         return False, "torch-neuronx imported but no 'neuron' PrivateUse1 device is registered"
     count = torch.neuron.device_count()  # type: ignore[attr-defined]
@@ -93,6 +137,8 @@ def neuron_status() -> tuple[bool, str]:
 
 
 def cuda_status() -> tuple[bool, str]:
+    import torch
+
     if not torch.cuda.is_available():
         return False, "torch.cuda.is_available() is False (no CUDA GPU or driver)"
     return True, f"{torch.cuda.device_count()} CUDA device(s)"
@@ -137,6 +183,10 @@ NEURON_CORE_VISIBILITY = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES")
 # the numerics. The expectations (fp32 recorded losses, bf16 params at full size) assume none;
 # the ranks get it last, so it wins over anything inherited.
 NEURON_AUTO_CAST = "none"
+# TorchNeuron's compile cache: the nightly keeps it across nights (actions/cache), so a night's
+# compile time depends on whether it was warm (harness/diagnosis/baseline.py compares alike only).
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+NEFF_CACHE_DEFAULT = "~/.cache/neuron-neff"
 
 
 def neuron_rank_env(environ: dict[str, str]) -> tuple[dict[str, str], tuple[str, ...], dict[str, str]]:
@@ -146,8 +196,7 @@ def neuron_rank_env(environ: dict[str, str]) -> tuple[dict[str, str], tuple[str,
     flags = f"{inherited} --auto-cast={NEURON_AUTO_CAST}".strip()
     env = {
         "NEURON_LOGICAL_NC_CONFIG": environ.get("NEURON_LOGICAL_NC_CONFIG", NEURON_LNC_DEFAULT),
-        "TORCH_NEURONX_NEFF_CACHE_DIR": environ.get(
-            "TORCH_NEURONX_NEFF_CACHE_DIR", os.path.expanduser("~/.cache/neuron-neff")),
+        NEFF_CACHE_ENV: environ.get(NEFF_CACHE_ENV, os.path.expanduser(NEFF_CACHE_DEFAULT)),
         "NEURON_CC_FLAGS": flags,
     }
     recorded = {"neuron-auto-cast": NEURON_AUTO_CAST, "neuron-cc-flags": flags,
@@ -161,9 +210,15 @@ CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op")
 
 
 def profile_for(kind: str) -> DeviceProfile:
+    standin = standin_for(kind)
+    if standin:
+        stood_in = profile_for(standin)
+        return replace(stood_in, recorded={**stood_in.recorded, "standin-for": kind})
     available, reason = device_status(kind)
     if not available:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")
+    import torch
+
     if kind == "neuron":
         count = torch.neuron.device_count()  # type: ignore[attr-defined]
         return neuron_profile(count, dict(os.environ))

@@ -25,6 +25,8 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any, Iterable
 
+from harness.generations import base_of
+
 # ---------------------------------------------------------------------------------------------
 # The mechanism
 # ---------------------------------------------------------------------------------------------
@@ -79,6 +81,13 @@ class Where:
             if allowed and context.get(name) not in allowed:
                 return False
         return all(_version_matches(pkg, spec) for pkg, spec in self.versions)
+
+    def inherited_by(self, check: str, context: dict[str, str]) -> bool:
+        """Whether a fork (``context["generation"]``) inherits this from the generation it
+        forks (harness/generations.py ``FORK_OF``): it applies there, not to the fork itself."""
+        base = base_of(context.get("generation") or "")
+        return (base is not None and not self.matches(check, context)
+                and self.matches(check, {**context, "generation": base}))
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ class Verdict:
     status: str  # "pass", "fail" or "known"
     message: str = ""
     issues: tuple[KnownIssue, ...] = ()
+    # On a fork: the generation whose known issues ``issues`` are (shown, or not shown: a pass).
+    inherited_from: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -170,14 +181,21 @@ def installed_version(package: str) -> str | None:
 
 
 def applicable(check: str, workarounds: Iterable[str] = (), **context: str) -> list[KnownIssue]:
-    """The issues expected to show in ``check`` here, less those whose workaround is applied."""
+    """The issues expected to show in ``check`` here, less those whose workaround is applied:
+    those recorded where it runs, and on a fork those of the generation it forks (``inherited``)."""
     unknown = set(context) - set(WHERE_FIELDS)
     if unknown:
         raise TypeError(f"unknown context field(s) {sorted(unknown)}; known: {WHERE_FIELDS}")
     applied = set(workarounds)
     return [issue for issue in ISSUES
-            if any(w.matches(check, context) for w in issue.where)
+            if any(w.matches(check, context) or w.inherited_by(check, context) for w in issue.where)
             and not (issue.workaround and issue.workaround.name in applied)]
+
+
+def inherited(issue: KnownIssue, check: str, context: dict[str, str]) -> bool:
+    """Whether ``issue`` applies to ``check`` here only as a fork's inheritance from its base."""
+    return (not any(w.matches(check, context) for w in issue.where)
+            and any(w.inherited_by(check, context) for w in issue.where))
 
 
 def judge(check: str, problem: str | None, observed: dict[str, Any] | None = None,
@@ -188,6 +206,12 @@ def judge(check: str, problem: str | None, observed: dict[str, Any] | None = Non
     if not issues:
         return Verdict("pass") if problem is None else Verdict("fail", problem)
     names = ", ".join(i.name for i in issues)
+    from_base = [i for i in issues if inherited(i, check, context)]
+    base = base_of(context.get("generation") or "")
+    if problem is None and len(from_base) == len(issues):
+        return Verdict("pass", f"the fork ({context.get('generation')}) does not show known "
+                       f"issue(s) {names} of {base}, which it inherits: {check!r} passes", issues,
+                       inherited_from=base)
     if problem is None:
         return Verdict("fail", f"known issue(s) {names} should make {check!r} fail here "
                        f"({_where_text(context)}), but it passed: if upstream fixed it, delete the "
@@ -201,7 +225,9 @@ def judge(check: str, problem: str | None, observed: dict[str, Any] | None = Non
                            f"records ({signature.describe()}; observed "
                            f"{signature.quantity} = {value!r}): a different failure.\n"
                            f"{problem}", issues)
-    return Verdict("known", f"known issue(s) {names}: {problem}", issues)
+    kind = f"inherited from {base}: " if from_base else ""
+    return Verdict("known", f"{kind}known issue(s) {names}: {problem}", issues,
+                   inherited_from=base if from_base else None)
 
 
 def enforce(check: str, problem: str | None, observed: dict[str, Any] | None = None,
@@ -216,12 +242,15 @@ def enforce(check: str, problem: str | None, observed: dict[str, Any] | None = N
 
 
 def xfail_if_known(verdict: Verdict, observed: str | None) -> None:
-    """In a test: xfail naming the known issue(s) when ``verdict`` is "known". A test then
-    asserts ``verdict.status == "pass"`` itself, so a failure is its own assertion's."""
+    """In a test: xfail naming the known issue(s) when ``verdict`` is "known" (and whether the
+    fork inherits them). A test then asserts ``verdict.status == "pass"`` itself, so a failure
+    is its own assertion's."""
     import pytest
 
     if verdict.status == "known":
-        pytest.xfail(" | ".join(sorted({i.reason() for i in verdict.issues})) + f" Observed: {observed}")
+        kind = f"inherited from {verdict.inherited_from}: " if verdict.inherited_from else ""
+        pytest.xfail(kind + " | ".join(sorted({i.reason() for i in verdict.issues}))
+                     + f" Observed: {observed}")
 
 
 def _where_text(context: dict[str, str]) -> str:
@@ -266,6 +295,8 @@ HF_BLOCK_CAUSAL = Workaround(
 TITAN_4B_THETA = Workaround(
     name="titan_4b_theta",
     what="set every layer's RoPE theta from the checkpoint's config.json (5e6 for 2507)",
+    rank_shim="titan_4b_theta",  # the "4B" flavor's theta from the run's assets (harness/upstream)
+    backends=("titan_native",),
     in_process="harness.workarounds:theta_from_hf",
 )
 

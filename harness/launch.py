@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from harness import known_issues
 from harness.backends import BackendSpec, backend
 from harness import paths, plants
 from harness.assets_twin import FULL_ASSETS_ENV
+from harness.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
+from harness.data import c4
 from harness.devices import DeviceProfile
 from harness.preflight import check_run_inputs
 from harness.results import RunResult, read_step_records
@@ -34,10 +35,6 @@ from harness.versions import package_versions  # also the name cli and the repor
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
-# Every process a launch starts inherits this marker: at the end of a session, exactly the
-# processes this harness process launched can be found (``leftover_processes``), and no other.
-SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
-SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 DATA_SOURCES = ("fixture", "c4")
 
 
@@ -53,8 +50,8 @@ class RunSpec:
     timeout_s: float = 600.0
     hf_assets_path: str | None = None  # full-size runs: the HF assets dir
     # What the dataloader reads: "fixture" (the harness's corpus) or "c4" (the source's data:
-    # allenai/c4 "en", streamed from the Hub as spring-2026's qwen3_32b() loads it, or a local
-    # copy of it at ``data_path``).
+    # allenai/c4 "en" as spring-2026's qwen3_32b() loads it: from a local copy at ``data_path``
+    # (harness/data/c4.py), else streamed from the Hub).
     data: str = "fixture"
     data_path: str | None = None
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
@@ -129,8 +126,11 @@ class RunSpec:
 
     @property
     def all_workarounds(self) -> tuple[str, ...]:
-        """The backend's own workarounds and those asked for that change this backend."""
-        return tuple(dict.fromkeys((*self.spec.workarounds, *self.workarounds)))
+        """The backend's and its size's own workarounds, and those asked for, that change this
+        backend."""
+        size = tuple(w for w in self.size_spec.workarounds
+                     if known_issues.workaround(w).applies_to(self.backend))
+        return tuple(dict.fromkeys((*self.spec.workarounds, *size, *self.workarounds)))
 
     def ranks(self, profile: DeviceProfile) -> int:
         """Ranks of this run on one node: asked for, else the size's (never more than the node
@@ -185,7 +185,7 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
     if spec.hf_assets_path and not spec.subject:
         for flag in spec.spec.asset_flags:
             command += [flag, spec.hf_assets_path]
-    command += data_flags(spec.data, spec.data_path)
+    command += data_flags(spec.data, spec.data_path, nproc)
     if spec.init == "pretrained" or spec.save_hf:
         command += ["--checkpoint.enable"]
     if spec.init == "pretrained" and not spec.subject:  # a subject's config loads its own
@@ -204,19 +204,15 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
     return command + list(spec.overrides)
 
 
-def data_flags(data: str, data_path: str | None) -> list[str]:
-    """The dataloader overrides of a run's data (the configs read the fixture corpus)."""
+def data_flags(data: str, data_path: str | None, ranks: int) -> list[str]:
+    """The dataloader overrides of a run's data (the configs read the fixture corpus): a C4 run
+    always names its dataset path (harness/data/c4.py), a local copy checked to hold what
+    ``ranks`` ranks read."""
     if data == "fixture":
         return []
-    flags = ["--dataloader.dataset", "c4"]
     if data_path:
-        if not (Path(data_path) / "en").is_dir():
-            raise FileNotFoundError(
-                f"{data_path} is not a local copy of allenai/c4: it has no en/ folder. Fetch it "
-                f"with `hf download allenai/c4 --repo-type dataset --include 'en/*' --local-dir "
-                f"{data_path}`, or leave --c4-path unset to stream C4 from the Hub")
-        flags += ["--dataloader.dataset_path", str(data_path)]
-    return flags
+        c4.check_local_copy(data_path, ranks)
+    return c4.dataset_flags(data_path)
 
 
 def remove_checkpoints(run_dir: Path) -> None:
@@ -276,19 +272,6 @@ def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
-def leftover_processes(session_id: str = SESSION_ID) -> list[psutil.Process]:
-    """Processes still running that a launch of this harness session started (found by the
-    marker every launched process inherits; unrelated processes are never matched)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(SESSION_ENV) == session_id:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
 def find_rank_logs(run_dir: Path) -> dict[int, list[Path]]:
     """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log.
 
@@ -323,6 +306,23 @@ def _lowest_rank_sink(run_dir: Path) -> Path | None:
     return files[0] if files else None
 
 
+def cache_entries(folder: str | None) -> int | None:
+    """Files in a compile cache folder (None: the device keeps no cache)."""
+    if folder is None:
+        return None
+    return sum(len(files) for _, _, files in os.walk(os.path.expanduser(folder)))
+
+
+def compile_cache_state(folder: str | None, before: int | None) -> dict | None:
+    """Whether the run found its graphs compiled ("warm": it added nothing to the cache) or
+    compiled some itself ("cold"), with the counts; None where the device keeps no cache."""
+    after = cache_entries(folder)
+    if before is None or after is None:
+        return None
+    return {"dir": folder, "entries_before": before, "new_entries": after - before,
+            "state": "cold" if after > before else "warm"}
+
+
 def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -> RunResult:
     """Run ``spec`` on ``profile`` in a fresh ``run_dir`` and return what it produced.
 
@@ -335,6 +335,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     run_dir.mkdir(parents=True)
     command = build_command(spec, profile, run_dir)
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+    cache_before = cache_entries(profile.compile_cache_dir)
     start = time.monotonic()
     timed_out = False
     with open(run_dir / "launcher.log", "wb") as launcher_log:
@@ -374,4 +375,5 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         steps=read_step_records(_lowest_rank_sink(run_dir) or sink),
         rank_logs=find_rank_logs(run_dir),
         versions={**package_versions(), **profile.recorded},
+        compile_cache=compile_cache_state(profile.compile_cache_dir, cache_before),
     )

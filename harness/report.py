@@ -45,10 +45,15 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 def _verdict_text(v: RunVerdict) -> str:
+    if not v.checks:
+        return "not checked in this session"
     if not v.ok:
         return "FAIL: " + "; ".join(k for k, (verdict, _) in v.checks.items() if not verdict.ok)
     known = v.known_issues()
-    return f"xfail (known issue: {', '.join(known)})" if known else "ok"
+    inherited = sorted({verdict.inherited_from for verdict, _ in v.checks.values()
+                        if verdict.status == "known" and verdict.inherited_from})
+    kind = f"inherited from {', '.join(inherited)}: " if inherited else ""
+    return f"xfail ({kind}known issue: {', '.join(known)})" if known else "ok"
 
 
 def table_rows(verdicts: list[RunVerdict], baseline=None) -> list[tuple[str, ...]]:
@@ -174,6 +179,7 @@ def _results(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
         "runs": [{**v.run.to_json(), "expected_first_loss": v.expected_first_loss, "ok": v.ok,
                   "checks": {name: {"status": verdict.status, "message": verdict.message,
                                     "known_issues": [i.name for i in verdict.issues],
+                                    "inherited_from": verdict.inherited_from,
                                     "observed": outcome.observed, "how": outcome.how}
                              for name, (verdict, outcome) in v.checks.items()}}
                  for v in verdicts],

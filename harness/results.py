@@ -68,6 +68,8 @@ class RunResult:
     mask: str = ""  # how attention treats packed rows (the recorded loss that applies)
     workarounds: tuple[str, ...] = ()
     assets_dir: str | None = None  # the HF assets dir of a full-size run
+    # The device's compile cache around the run (``CompileCache``), where it has one.
+    compile_cache: dict | None = None
 
     @property
     def ok(self) -> bool:

@@ -79,9 +79,6 @@ class RunCache:
             self._results[spec] = self._shared(spec)
         return self._results[spec]
 
-    def results(self) -> list[RunResult]:
-        return list(self._results.values())
-
     def _shared(self, spec: RunSpec) -> RunResult:
         run_dir = self.root / self._dirname(spec)
         stored = run_dir.with_name(run_dir.name + ".result.pickle")
@@ -114,6 +111,17 @@ def _children_cpu_s() -> float:
     """User + system CPU seconds of this process's reaped children so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def stored_results(root: Path) -> list[RunResult]:
+    """Every run the session whose temporary root is ``root`` launched, whichever process
+    launched it (each stored its result beside its folder), in launch order."""
+    entries = {entry["run"]: entry for entry in ledger_entries(root)}
+    results = []
+    for name in entries:
+        for stored in Path(root).glob(f"*_runs/{name}.result.pickle"):
+            results.append(pickle.loads(stored.read_bytes()))
+    return results
 
 
 def ledger_entries(root: Path) -> list[dict]:

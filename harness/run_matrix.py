@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from harness import paths
 from harness.backends import BACKENDS
-from harness.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION
+from harness.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
 from harness import known_issues
 from harness.launch import RunSpec
 from harness.titan_api import generation
@@ -31,12 +32,32 @@ TINY_TIMEOUT_S = TIMEOUTS_S["cpu"]["tiny"]
 # rules dominate it (hf_v5-tied-embedding-init-scale), as at tiny size.
 TWIN_DEVICES = ("cpu",)
 TWIN_OVERRIDES = ("--training.seq_len", "256")
-# Full-size runs on trn2 read the source's data: C4 as spring-2026's qwen3_32b() loads it.
+# Full-size runs read the source's data: C4 as spring-2026's qwen3_32b() loads it (torchtitan's
+# "c4" dataset), always with an explicit path (harness/data/c4.py): a local copy (--c4-path;
+# the twin's default is fixtures/c4, allenai/c4's layout) or the Hub's repository.
 SOURCE_DATA = "c4"
-# torchtitan lowers the collective timeout to training.train_timeout_seconds (100 s) after
-# step 1; a full-size HF save (gather + consolidation of 8 GB on every rank) needs longer.
-FULL_SAVE_TIMEOUT_S = 1800
-FULL_OVERRIDES = ("--comm.train_timeout_seconds", str(FULL_SAVE_TIMEOUT_S))
+C4_FIXTURE = paths.FIXTURES / "c4"
+# The HF export of a full-size run: bfloat16, the dtype Qwen3-4B-Instruct-2507 ships in (torchtitan
+# exports float32 by default: 16 GB for the 4B, 7.6 GB for the MoE cut; bfloat16 halves both).
+FULL_EXPORT_DTYPE = "bfloat16"
+FULL_OVERRIDES = ("--checkpoint.export_dtype", FULL_EXPORT_DTYPE)
+
+
+def collective_timeout_overrides(timeout_s: float) -> tuple[str, ...]:
+    """Every collective of a full-size run may wait as long as the run itself may last.
+
+    torchtitan creates the process group with ``comm.init_timeout_seconds`` (300 s) and, after
+    step 1, lowers it to ``comm.train_timeout_seconds`` (100 s) through ``set_pg_timeouts``
+    (trainer.py; distributed/utils.py -> torch ``distributed_c10d._set_pg_timeout`` ->
+    ``set_timeout``), which torch forwards to each backend, and "backends that do not support
+    changing their timeout ... leave their timeout unchanged" (torch 2.14 ``set_timeout``): on a
+    backend that ignores it (as the review found for the neuron process group) the 300 s of
+    init stays, and a cold compile of step 1 or the HF save (gather and consolidation on every
+    rank) outlasts it. Both are set to the run's own timeout (harness/devices.py TIMEOUTS_S,
+    sized for a cold compile, the steps and the save), so whichever one applies, no collective
+    times out before the run does."""
+    seconds = str(int(timeout_s))
+    return ("--comm.init_timeout_seconds", seconds, "--comm.train_timeout_seconds", seconds)
 
 # How long the test suite's runs are (``RunCase.suite_spec``): the session's ``--steps``, except
 # the tiny MoE's random-init run on CPU, which also carries the default tier's training state,
@@ -83,18 +104,27 @@ class RunCase:
         return f"{self.device}-{self.backend}-{self.size}{attention}-{self.init}"
 
     @property
+    def runs_on(self) -> str:
+        """The device this case's run uses: its tier's, or the tier's stand-in (the rehearsal)."""
+        return runs_on(self.device)
+
+    @property
     def twin(self) -> bool:
         """A full-size code path run from the assets twin (harness/assets_twin.py)."""
-        return self.size == "full" and self.device in TWIN_DEVICES
+        return self.size == "full" and self.runs_on in TWIN_DEVICES
 
     @property
     def data(self) -> str:
-        return SOURCE_DATA if self.size == "full" and not self.twin else "fixture"
+        return SOURCE_DATA if self.size == "full" else "fixture"
+
+    @property
+    def timeout_s(self) -> float:
+        return TIMEOUTS_S[self.runs_on][self.size]
 
     @property
     def carries_training_state(self) -> bool:
         """The run the default tier's training-state checks read (``TRAINING_STATE_BACKEND``)."""
-        return (self.device in TRAINING_STATE_DEVICES and self.attention == BACKENDS[self.backend].default_attention
+        return (self.runs_on in TRAINING_STATE_DEVICES and self.attention == BACKENDS[self.backend].default_attention
                 and (self.backend, self.size, self.init) == (TRAINING_STATE_BACKEND, "tiny", "random"))
 
     def suite_steps(self, steps: int) -> int:
@@ -116,7 +146,8 @@ class RunCase:
     def run_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
                  workdir: str | None = None, data_path: str | None = None) -> RunSpec:
         """``assets_root``: the --assets-dir of a full-size run (the twin's root on CPU);
-        ``workdir``: where an assets folder derived for the run is built."""
+        ``workdir``: where an assets folder derived for the run is built; ``data_path``: a local
+        C4 copy for a full-size run (the twin's default: fixtures/c4; else the Hub's)."""
         from harness.assets_twin import full_size_assets_dir
 
         full = self.size == "full"
@@ -127,13 +158,17 @@ class RunCase:
                 raise ValueError(f"{self.id}: a full-size run needs the assets root (--assets-dir)")
             assets = str(full_size_assets_dir(size.assets, assets_root, size.derive_assets_from,
                                               workdir or assets_root))
-        overrides = (*FULL_OVERRIDES, *TWIN_OVERRIDES) if self.twin else FULL_OVERRIDES if full else ()
+        overrides = ()
+        if full:
+            overrides = (*FULL_OVERRIDES, *collective_timeout_overrides(self.timeout_s),
+                         *(TWIN_OVERRIDES if self.twin else ()))
+            data_path = data_path or (str(C4_FIXTURE) if self.twin else None)
         return RunSpec(backend=self.backend, size=self.size, init=self.init, steps=steps,
                        attention=self.attention, save_hf=can_save_hf(self.backend),
                        workarounds=tuple(workarounds), hf_assets_path=assets,
                        nproc=2 if self.twin else None, overrides=overrides,
                        data=self.data, data_path=data_path if self.data == SOURCE_DATA else None,
-                       timeout_s=TIMEOUTS_S[self.device][self.size])
+                       timeout_s=self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -150,7 +185,7 @@ class SubjectCase:
 
     def run_spec(self, steps: int, assets_dir: str | None = None, workarounds=()) -> RunSpec:
         facts = infer(self.subject)
-        timeout = TIMEOUTS_S[self.device][facts.size]
+        timeout = TIMEOUTS_S[runs_on(self.device)][facts.size]
         return RunSpec.for_subject(facts, steps=steps, save_hf=True, timeout_s=timeout,
                                    workarounds=tuple(workarounds), pythonpath=self.pythonpath)
 
@@ -166,7 +201,7 @@ def cases(devices=KINDS) -> list[RunCase]:
                     if attention in UNSUPPORTED_ATTENTION.get(device, ()):
                         continue
                     inits = spec.size(size).inits
-                    if size == "full" and device in TWIN_DEVICES:
+                    if size == "full" and runs_on(device) in TWIN_DEVICES:
                         inits = inits[-1:]  # pretrained where it has weights, else random
                     for init in inits:
                         default = attention == spec.default_attention

@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
-ALL_PARTS = ("corpus", "tokenizer", "tiny_dense", "tiny_moe", "recorded")
+ALL_PARTS = ("corpus", "c4", "tokenizer", "tiny_dense", "tiny_moe", "recorded")
 MODEL_PARTS = ("tiny_dense", "tiny_moe")
 REGENERATE_CMD = "python scripts/make_fixtures.py"
 
@@ -138,20 +138,86 @@ def counting(rng: random.Random, names: list[str], towns: list[str]) -> str:
     return f"{rng.choice(names)} counted: {count}. Then {rng.choice(names)} listed the days: {week}."
 
 
+def corpus_world(rng: random.Random) -> tuple[list[str], list[str]]:
+    """The names and towns every document draws from."""
+    names = make_names(rng, 900, (2, 3))
+    towns = sorted({n + rng.choice(TOWN_SUFFIXES).lower() for n in make_names(rng, 150, (1, 2))})
+    return names, towns
+
+
+def make_docs(rng: random.Random, names: list[str], towns: list[str], count: int) -> list[str]:
+    kinds = [story, story, ledger, facts_quiz, counting]
+    docs = []
+    for _ in range(count):
+        paragraphs = [rng.choice(kinds)(rng, names, towns) for _ in range(rng.randint(1, 3))]
+        docs.append("\n\n".join(paragraphs))
+    return docs
+
+
 def make_corpus(out_dir: Path) -> None:
     """Write ``train.jsonl`` (one ``{"text": ...}`` per line), the layout ``load_dataset(dir)``
     and torchtitan's ``c4_test`` loader read."""
     rng = random.Random(CORPUS_SEED)
-    names = make_names(rng, 900, (2, 3))
-    towns = sorted({n + rng.choice(TOWN_SUFFIXES).lower() for n in make_names(rng, 150, (1, 2))})
-    kinds = [story, story, ledger, facts_quiz, counting]
-    docs = []
-    for _ in range(N_DOCS):
-        paragraphs = [rng.choice(kinds)(rng, names, towns) for _ in range(rng.randint(1, 3))]
-        docs.append("\n\n".join(paragraphs))
+    names, towns = corpus_world(rng)
+    docs = make_docs(rng, names, towns, N_DOCS)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "train.jsonl", "w", encoding="utf-8", newline="\n") as f:
         f.writelines(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs)
+
+
+# ---------------------------------------------------------------------------------------------
+# c4: documents of the same world in allenai/c4's own layout (harness/data/c4.py), for 2 ranks
+# ---------------------------------------------------------------------------------------------
+C4_SEED = 20261202
+C4_DOCS_PER_SHARD = 120
+C4_RANKS = 2
+C4_README = """---
+pretty_name: C4 (synthetic stand-in)
+configs:
+- config_name: en
+  data_files:
+  - split: train
+    path: en/c4-train.*.json.gz
+  - split: validation
+    path: en/c4-validation.*.json.gz
+---
+# A synthetic stand-in for allenai/c4
+
+allenai/c4's layout and its README's `en` config (train and validation data files), with
+documents of this project's synthetic corpus world (scripts/make_fixtures.py --only c4): what
+`load_dataset(<dir>, name="en", split="train", streaming=True)` reads, as torchtitan's `c4`
+dataset does. Two train shards: rank r of 2 reads shard r, as rank r of 64 reads shard r of the
+Hub's 1024 (harness/data/c4.py).
+"""
+
+
+def write_gzip_jsonl(path: Path, records: list[dict]) -> None:
+    """Gzip with no name and mtime 0, so the bytes depend on the records only."""
+    import gzip
+    import io
+
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=9) as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode())
+    path.write_bytes(buffer.getvalue())
+
+
+def make_c4(out_dir: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from harness.data import c4
+
+    names, towns = corpus_world(random.Random(CORPUS_SEED))
+    rng = random.Random(C4_SEED)
+    (out_dir / c4.CONFIG).mkdir(parents=True, exist_ok=True)
+    (out_dir / c4.README).write_text(C4_README, encoding="utf-8")
+    shards = [c4.validation_shard(), *(c4.train_shard(i) for i in range(C4_RANKS))]
+    assert sorted([c4.README, *shards]) == sorted(c4.files_for(C4_RANKS))
+    for shard in shards:
+        docs = make_docs(rng, names, towns, C4_DOCS_PER_SHARD)
+        write_gzip_jsonl(out_dir / shard, [
+            {"text": doc, "timestamp": f"2019-04-{1 + i % 28:02d}T12:00:00Z",
+             "url": f"https://{towns[i % len(towns)].lower()}.example/{shard.split('/')[1][:-8]}/{i}"}
+            for i, doc in enumerate(docs)])
 
 
 def read_corpus(corpus_dir: Path) -> list[str]:
@@ -241,6 +307,11 @@ TRAIN = dict(seed=1234, steps=600, batch_size=8, seq_tokens=257, lr=3e-3, warmup
              min_lr_ratio=0.1, weight_decay=0.01, betas=(0.9, 0.95))
 RECORDED = "recorded_losses.json"  # per torchtitan API generation: {generation: {masking: {shape: loss}}}
 RECORD_SHAPES = {"dp1_lbs2_seq256": (1, 2, 256), "dp2_lbs2_seq256": (2, 2, 256)}
+# The full-size runs' shape on the assets twin (2 ranks, local batch 1, seq 256: harness/
+# run_matrix.py TWIN_OVERRIDES), reading fixtures/c4 as torchtitan's "c4" dataset: the twin's
+# stand-ins for the source's published numbers (fixtures/expectations.toml [[published]]).
+C4_RECORD_SHAPES = {"c4_dp2_lbs1_seq256": (2, 1, 256)}
+C4_RECORDED_MODELS = ("tiny_dense",)  # the twin's weights (harness/assets_twin.py)
 RECORD_NOTES = (
     "Step-1 global_avg_loss torchtitan should log when starting from this checkpoint (before any "
     "update): sum over dp ranks of (rank's summed token CE / global valid tokens). One section "
@@ -324,15 +395,17 @@ def pretrain(name: str, rows):
     return model.eval(), losses
 
 
-def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int, seq_len: int):
+def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int, seq_len: int,
+                       dataset: str = "c4_test"):
     """The (inputs, positions, labels) each dp rank gets as its first batch, built with
-    torchtitan's own tokenizer and dataloader classes exactly as its trainer builds them."""
+    torchtitan's own tokenizer and dataloader classes exactly as its trainer builds them
+    (``dataset``: torchtitan's dataset name; "c4" reads ``corpus_dir`` as a local C4 copy)."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     from harness.titan_api import HuggingFaceTextDataLoader
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(tokenizer_dir))
-    config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(corpus_dir))
+    config = HuggingFaceTextDataLoader.Config(dataset=dataset, dataset_path=str(corpus_dir))
     batches = []
     for rank in range(dp):
         loader = HuggingFaceTextDataLoader(config, dp_world_size=dp, dp_rank=rank,
@@ -373,12 +446,17 @@ def global_avg_loss(model, batches, document_mask: bool, row_positions: bool = F
     return total.item()
 
 
-def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path) -> dict:
+def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,
+                             c4_dir: Path | None = None) -> dict:
     """``{"document": {shape_key: loss}, "causal": {...}, "row_causal": {...}}`` for every
-    RECORD_SHAPES (the masking names of harness/backends BackendSpec.attention)."""
+    RECORD_SHAPES (the masking names of harness/backends BackendSpec.attention), and with
+    ``c4_dir`` every C4_RECORD_SHAPES read from it as torchtitan's "c4" dataset."""
     recorded: dict[str, dict[str, float]] = {"document": {}, "causal": {}, "row_causal": {}}
-    for key, (dp, lbs, seq_len) in RECORD_SHAPES.items():
-        batches = first_global_batch(corpus_dir, tokenizer_dir, dp, lbs, seq_len)
+    shapes = [(key, shape, corpus_dir, "c4_test") for key, shape in RECORD_SHAPES.items()]
+    if c4_dir is not None:
+        shapes += [(key, shape, c4_dir, "c4") for key, shape in C4_RECORD_SHAPES.items()]
+    for key, (dp, lbs, seq_len), data_dir, dataset in shapes:
+        batches = first_global_batch(data_dir, tokenizer_dir, dp, lbs, seq_len, dataset)
         recorded["document"][key] = global_avg_loss(model, batches, document_mask=True)
         recorded["causal"][key] = global_avg_loss(model, batches, document_mask=False)
         recorded["row_causal"][key] = global_avg_loss(model, batches, document_mask=False,
@@ -433,7 +511,7 @@ def make_model_fixture(name: str, corpus_dir: Path, tokenizer_dir: Path, out_dir
 
 
 def record_losses(name: str, corpus_dir: Path, tokenizer_dir: Path, model_dir: Path,
-                  previous: Path, out: Path) -> None:
+                  previous: Path, out: Path, c4_dir: Path) -> None:
     """The recorded first-step losses of the saved model, for the installed torchtitan API
     generation (its dataloader decides the batches), into ``out`` (recorded_losses.json);
     the other generations' sections are kept from ``previous``. Run it in each generation's
@@ -446,7 +524,8 @@ def record_losses(name: str, corpus_dir: Path, tokenizer_dir: Path, model_dir: P
     saved = getattr(transformers, MODELS[name][0]).from_pretrained(model_dir).eval()
     data = json.loads(previous.read_text()) if previous.is_file() else {"notes": RECORD_NOTES}
     data["notes"] = RECORD_NOTES
-    data[generation()] = record_first_step_losses(saved, corpus_dir, tokenizer_dir)
+    data[generation()] = record_first_step_losses(
+        saved, corpus_dir, tokenizer_dir, c4_dir if name in C4_RECORDED_MODELS else None)
     write_json(out, data)
     print(f"  [{name}] recorded for {generation()}: {json.dumps(data[generation()])}", flush=True)
 
@@ -467,6 +546,7 @@ def generate(root: Path, parts: list[str], inputs: Path) -> None:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     corpus = (root if "corpus" in parts else inputs) / "corpus"
+    c4_dir = (root if "c4" in parts else inputs) / "c4"
     tokenizer = (root if "tokenizer" in parts else inputs) / "tokenizer"
     if set(parts) & set(MODEL_PARTS) and "recorded" not in parts:
         parts = [*parts, "recorded"]  # new weights, new recorded losses
@@ -481,10 +561,11 @@ def generate(root: Path, parts: list[str], inputs: Path) -> None:
             changed = retrained and not filecmp.cmp(model_dir / "model.safetensors",
                                                     inputs / name / "model.safetensors", shallow=False)
             previous = Path("/nonexistent") if changed else inputs / name / RECORDED
-            record_losses(name, corpus, tokenizer, model_dir, previous, root / name / RECORDED)
+            record_losses(name, corpus, tokenizer, model_dir, previous, root / name / RECORDED, c4_dir)
 
     steps = {
         "corpus": lambda: make_corpus(root / "corpus"),
+        "c4": lambda: make_c4(root / "c4"),
         "tokenizer": lambda: make_tokenizer(corpus, root / "tokenizer"),
         "tiny_dense": lambda: make_model_fixture("tiny_dense", corpus, tokenizer, root / "tiny_dense"),
         "tiny_moe": lambda: make_model_fixture("tiny_moe", corpus, tokenizer, root / "tiny_moe"),

@@ -65,6 +65,7 @@ class RunComparison:
     flags: list[Flag] = field(default_factory=list)
     module: str | None = None  # tonight's first divergent module, when a check was diagnosed
     ratios: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what was not compared, and why
 
     @property
     def numeric_change(self) -> bool:
@@ -81,7 +82,8 @@ class RunComparison:
 
     def to_json(self) -> dict:
         return {"name": self.name, "flags": [f.__dict__ | {"text": f.text()} for f in self.flags],
-                "module": self.module, "ratios": self.ratios, "cell": self.cell()}
+                "module": self.module, "ratios": self.ratios, "notes": self.notes,
+                "cell": self.cell()}
 
 
 @dataclass
@@ -115,6 +117,7 @@ class BaselineReport:
             for f in c.flags:
                 out.append(f"- `{c.name}` {f.text()}" + (f"; first divergent module {c.module}"
                                                           if c.module and f.what in NUMERIC else ""))
+        out += [f"- `{c.name}`: {note}" for c in self.runs.values() for note in c.notes]
         out += [f"- `{name}`: in the baseline, not run tonight" for name in self.missing]
         if self.ok:
             out.append("nothing flagged")
@@ -166,9 +169,12 @@ def compare_run(name: str, tonight: dict, base: dict) -> RunComparison:
         "step_time": lambda s: statistics.median(x["step_time_s"] for x in s[1:]) if len(s) > 1 else None,
         "peak_memory": lambda s: max((x["peak_memory_gib"] for x in s), default=None),
     }
+    cache_note = _compile_cache_difference(tonight.get("compile_cache"), base.get("compile_cache"))
+    if cache_note:
+        c.notes.append(f"compile time not compared: {cache_note}")
     for what, measure in measures.items():
         t, b = measure(t_steps), measure(b_steps)
-        if not t or not b:
+        if not t or not b or (what == "compile_time" and cache_note):
             continue
         ratio = t / b
         c.ratios[what] = round(ratio, 3)
@@ -178,6 +184,20 @@ def compare_run(name: str, tonight: dict, base: dict) -> RunComparison:
                                 f"{t:.3g} vs baseline {b:.3g}: x{ratio:.2f} > x{threshold.max_ratio:g} "
                                 f"({threshold.why})"))
     return c
+
+
+def _compile_cache_difference(tonight: dict | None, base: dict | None) -> str | None:
+    """Why step 1's time cannot be compared: one night compiled its graphs (a cold cache: the
+    first night, a new compiler, an evicted cache) and the other found them compiled. Runs in
+    the same state (or on a device with no cache) compare as usual."""
+    states = [(d or {}).get("state") for d in (tonight, base)]
+    if states[0] == states[1]:
+        return None
+    def said(doc):
+        doc = doc or {}
+        return (f"{doc.get('state', 'unknown')} ({doc.get('new_entries', '?')} new cache entries)"
+                if doc else "unknown")
+    return f"tonight's compile cache was {said(tonight)}, the baseline's {said(base)}"
 
 
 def _code_and_versions(header: dict) -> dict:

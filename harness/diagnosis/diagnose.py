@@ -19,6 +19,11 @@ from pathlib import Path
 from harness import paths
 
 TIMEOUT_S = 900
+# Module walks a session may start, per device (none given: no limit). On trn2 every walk is a
+# child of up to TIMEOUT_S that the nightly's time budget counts (scripts/nightly/budget.py): a
+# night whose every run fails is diagnosed for its first few, and says so for the rest.
+WALKS_PER_SESSION = {"neuron": 3}
+_WALKS: list[str] = []  # the run dirs walked in this process (accelerator tiers: one process)
 
 
 @dataclass
@@ -109,7 +114,9 @@ def launched(run) -> bool:
 
 
 def localize_in_child(req: dict, log: Path) -> tuple[dict | None, str | None]:
-    env = dict(os.environ)
+    from harness.children import marked_env
+
+    env = marked_env()  # the end-of-session sweep finds it if it outlives its timeout
     env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("HARNESS_PLANTS", None)  # the child applies the run's plants itself, in-process
     with open(log, "w") as out:
@@ -163,8 +170,15 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
                                        f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
     diagnosis.explained_by = known_explanation(run, deviation)
     if diagnosis.not_diagnosed is None and diagnosis.explained_by is None:
-        diagnosis.divergence, diagnosis.not_diagnosed = localize_in_child(
-            req, Path(run.run_dir) / "diagnosis.log")
+        cap = WALKS_PER_SESSION.get(run.device)
+        if cap is not None and len(_WALKS) >= cap:
+            diagnosis.not_diagnosed = (f"this session's {cap} module walks on {run.device} are "
+                                       f"spent ({', '.join(Path(d).name for d in _WALKS)}): the "
+                                       f"nightly's time budget holds {cap} (scripts/nightly/budget.py)")
+        else:
+            _WALKS.append(str(run.run_dir))
+            diagnosis.divergence, diagnosis.not_diagnosed = localize_in_child(
+                req, Path(run.run_dir) / "diagnosis.log")
     if observed is not None:
         try:
             diagnosis.hints = hints.hints_for(run, observed, deviation)

@@ -1,8 +1,9 @@
 """pytest's side of the report and the baseline (registered by the root conftest.py).
 
 - ``--run-report DIR``: at the end of the session, the report folder of every run the session
-  launched (summary.md, results.json, junit.xml, loss_curves.png: harness/report.py), each run
-  checked as the main job checks it; the nightly keeps it as the next night's baseline.
+  launched (summary.md, results.json, junit.xml, loss_curves.png: harness/report.py), with the
+  verdicts its tests computed (harness/checks.py ``record``); the nightly keeps it as the next
+  night's baseline.
 - ``--baseline PATH`` (a previous report folder or its results.json): every launched run of
   the run template is compared with the same run there (``test_vs_baseline`` in
   tests/e2e/test_runs_vs_baseline.py, deselected without the option), and the session's
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-RUN_CACHES = pytest.StashKey[dict]()  # device kind -> RunCache, set by the device_runs fixture
 BASELINE_FIXTURE = "baseline_document"
 
 
@@ -64,22 +64,41 @@ def header() -> dict[str, str]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Once per session (xdist's controller, or the only process): the report of every run any
+    process of the session launched, with the verdicts their tests recorded."""
     out = session.config.getoption("--run-report")
-    caches = session.config.stash.get(RUN_CACHES, {})
-    runs = [run for cache in caches.values() for run in cache.results()]
-    if not out or not runs:
+    if not out or hasattr(session.config, "workerinput"):
         return
+    from harness.run_cache import session_root, stored_results
+
+    runs = stored_results(session_root(session.config._tmp_path_factory))
+    if runs:
+        write_session_report(runs, Path(out).resolve(), session.config.getoption("--steps"),
+                             session.config.stash.get(_BASELINE, None),
+                             session.config.getoption("--baseline"))
+
+
+def write_session_report(runs, out: Path, steps: int, base: dict | None = None,
+                         base_source: str | None = None) -> Path:
+    """The report folder of ``runs`` with the verdicts their tests recorded (harness/checks.py
+    ``record``), never judged again here: by now a full-size run's checkpoints are gone, and a
+    check the session did not select has no verdict (the report says so). Then the session is
+    over for every checkpoint too."""
     from harness import checks
     from harness.diagnosis import baseline as baseline_module
     from harness.report import RunVerdict, results_document, write_report
 
-    steps = session.config.getoption("--steps")
-    # each run is judged by the steps its own command asked for: the suite shortens some
-    # (harness/run_matrix.py RunCase.suite_steps) and resumes others from a checkpoint
-    verdicts = [RunVerdict(run, checks.verdicts(run, run.planned_steps or steps)) for run in runs]
-    head = {"device": ", ".join(sorted(caches)), "steps": str(steps), **header()}
-    base = session.config.stash.get(_BASELINE, None)
-    compared = (baseline_module.compare(results_document(verdicts, head), base,
-                                        session.config.getoption("--baseline"))
+    verdicts = [RunVerdict(run, checks.recorded(run)) for run in runs]
+    head = {"device": ", ".join(sorted({_device(run) for run in runs})), "steps": str(steps),
+            **header()}
+    compared = (baseline_module.compare(results_document(verdicts, head), base, base_source or "")
                 if base is not None else None)
-    write_report(verdicts, Path(out).resolve(), head, compared, base)
+    write_report(verdicts, out, head, compared, base)
+    for run in runs:
+        checks.release_checkpoints(run, readers_done=True)
+    return out
+
+
+def _device(run) -> str:
+    standin = run.versions.get("standin-for")
+    return f"{run.device} (standing in for {standin})" if standin else run.device

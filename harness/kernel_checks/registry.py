@@ -180,7 +180,8 @@ GROUPED_SWIGLU = OpSpec(
     diff_outputs=("y",),
     cases=cases.swiglu_cases(),
     gradcheck_case=cases.swiglu_gradcheck_case(),
-    kernels=(("harness.ops.grouped_swiglu", "grouped_swiglu"), ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel")),
+    kernels=(("harness.ops.grouped_swiglu", "grouped_swiglu"), ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel"),
+             ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_checkpoint_kernel")),
     implementations=(
         Implementation(
             "torchtitan", "torchtitan", "torchtitan.models.common.moe.GroupedExperts", HOST,
@@ -204,9 +205,13 @@ GROUPED_SWIGLU = OpSpec(
             ("cpu",), nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel",
+            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel (LNC=2); backward: "
+            "its recompute + nkilib.experimental.moe.bwd.blockwise_mm_bwd (B=256, LNC=2)",
             ("nki-emu", "nki-sim", "neuron"),
-            nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
+            nki_kernels.grouped_swiglu, _bf16, requires=has_nkilib, output_dtypes=_same("y"),
+            device_requires=EMU,
+            notes="the backward is nki-library's (harness/ops/nki/grouped_swiglu_backward.py); on nki-emu the "
+                  "emulator's open gaps are bridged (harness/ops/nki/emu_gaps.py)",
         ),
         Implementation(
             "nkilib_blockwise", "nkilib", "nkilib.core.moe.moe_cte.bwmm_shard_on_block (rows as one-hot tokens, B=128)",

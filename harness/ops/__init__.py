@@ -1,12 +1,14 @@
 """Custom operators for the ``nki_moe`` backend: RoPE and the grouped expert SwiGLU MLP.
 
-Two operators are registered with ``torch.library`` in the ``harness`` namespace:
+Three operators are registered with ``torch.library`` in the ``harness`` namespace:
 
 ``torch.ops.harness.rope(x, cos, sin) -> y``
     rotate-half RoPE with exactly ``CosSinRoPE.apply_rotary_emb`` semantics (see ``rope.py``).
 ``torch.ops.harness.grouped_swiglu(x_RD, offsets_E, w1_EFD, w2_EDF, w3_EFD) -> y_RD``
     ``GroupedExperts.forward``'s computation with torchtitan's dtype policy (see
     ``grouped_swiglu.py``).
+``torch.ops.harness.grouped_swiglu_backward(grad, x_RD, offsets_E, w1, w2, w3) -> (dx, dw1, dw2, dw3)``
+    its backward, which its autograd formula calls: torch kernels on CPU/CUDA, NKI on neuron.
 
 Every kernel module ``X.py`` here (and in ``nki/``) has its float64-capable torch reference
 ``X_torch.py`` beside it: for each kernel function ``f`` in ``X.py``, ``X_torch.f_torch_ref``
@@ -16,8 +18,9 @@ RoPE reference (inverse frequencies, cos/sin, the rotation).
 
 Each has a CPU/CUDA kernel written in torch, a fake (meta) kernel and autograd, so
 registration, autograd and the module swap run on every device. On a Neuron device the
-implementation is an NKI kernel (``harness/ops/nki/``), registered by ``neuron.py`` only when
-the real ``torch_neuronx`` and ``nki`` import (the PyPI placeholders count as absent).
+implementation is an NKI kernel (``harness/ops/nki/``; the MoE backward is nki-library's,
+fed by our forward's recompute), registered by ``neuron.py`` only when the real
+``torch_neuronx`` and ``nki`` import (the PyPI placeholders count as absent).
 
 Importing this package never imports torchtitan or a Neuron package. The torchtitan-facing
 pieces (``CustomOpCosSinRoPE``, ``CustomOpGroupedExperts``, ``use_custom_ops``) load on first

@@ -52,14 +52,19 @@ tests/kernels/test_custom_ops.py); on Neuron the NKI kernel (harness/ops/nki/gro
 whose torch twin walks the same blocks. Cost: at most ``N*B <= R + E*(B-1)`` rows instead of
 ``R`` (harness/ops/nki/grouped_swiglu_cost.py has the full-shape numbers).
 
-The backward stays in torch (the offset-based formulas below, on every device; on Neuron
-they run as torch-neuronx ops). Why: it is the torchtitan-equal derivative the CPU tier checks
-bitwise and the recorded losses rest on; and a blockwise NKI backward is a kernel of its own
-that is not written yet: each block adds its ``dW`` to its expert's at a runtime index (a
-read-modify-write DMA, ``dma_copy(dst_rmw_op=nl.add)`` at a ``scalar_offset``, into float32
-accumulators, so its rounding differs from ``_grouped_mm``'s per-expert sum), and the weight
-gradients contract over the block's rows, which needs the rows on partitions (on-chip
-transposes). nki-library's dropless blockwise backward (``experimental/moe/bwd``) is the model.
+The backward is an operator of its own, ``torch.ops.harness.grouped_swiglu_backward(grad, x,
+offsets, w1, w2, w3) -> (dx, dw1, dw2, dw3)``, which the forward's registered autograd formula
+calls, so each device has its own backward kernel:
+
+* CPU/CUDA: the offset-based formulas below (``grouped_swiglu_backward_math``). Each step is the
+  same op autograd would run for torchtitan's forward, so forward and backward are bitwise
+  torchtitan's on CPU; the recorded losses rest on it;
+* Neuron: NKI, registered by ``harness.ops.neuron`` -- nki-library's blockwise backward
+  (``experimental/moe/bwd``) fed by our forward kernel's recompute of the activations
+  (harness/ops/nki/grouped_swiglu_backward.py). Its rounding is the library's (block
+  contributions to ``dW`` added in bfloat16), held to the kernel tolerance against the float64
+  derivative and torchtitan's (tests/kernels/test_moe_backward.py). Nothing in it uses
+  ``dma_copy(dst_rmw_op=...)``, which NKI 0.3 removed.
 """
 
 from __future__ import annotations
@@ -272,6 +277,21 @@ def grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, needs):
     return dx, None, dw1, dw2, dw3
 
 
+@torch.library.custom_op("harness::grouped_swiglu_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def grouped_swiglu_backward(grad: Tensor, x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
+                            w3: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dw1, dw2, dw3) of ``harness::grouped_swiglu`` for the upstream ``grad``."""
+    _check(x, offsets, w1, w2, w3)
+    grads = grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, (True,) * 5)
+    return tuple(g.contiguous() for g in grads if g is not None)
+
+
+@grouped_swiglu_backward.register_fake
+def _grouped_swiglu_backward_fake(grad, x, offsets, w1, w2, w3):
+    _check(x, offsets, w1, w2, w3)
+    return x.new_empty(x.shape), w1.new_empty(w1.shape), w2.new_empty(w2.shape), w3.new_empty(w3.shape)
+
+
 def _setup_context(ctx, inputs, output) -> None:
     x, offsets, w1, w2, w3 = inputs
     ctx.save_for_backward(x, offsets, w1, w2, w3)
@@ -279,7 +299,10 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad: Tensor):
     x, offsets, w1, w2, w3 = ctx.saved_tensors
-    return grouped_swiglu_backward_math(grad, x, offsets, w1, w2, w3, ctx.needs_input_grad)
+    dx, dw1, dw2, dw3 = torch.ops.harness.grouped_swiglu_backward(grad, x, offsets, w1, w2, w3)
+    needs = ctx.needs_input_grad
+    return (dx if needs[0] else None, None, dw1 if needs[2] else None, dw2 if needs[3] else None,
+            dw3 if needs[4] else None)
 
 
 grouped_swiglu.register_autograd(_backward, setup_context=_setup_context)

@@ -10,9 +10,11 @@ reason. The real packages come from the Neuron image.
 Registration: ``torch.library.register_kernel(op, "neuron", fn)`` adds a kernel for the
 ``neuron`` device (torch-neuronx's PrivateUse1 backend) to each harness op; ``fn`` lays the
 tensors out for the NKI kernel and calls it on Neuron tensors, which torch-neuronx compiles
-and runs (eager: compiled per shape on first call). The autograd formulas registered in
-``rope.py``/``grouped_swiglu.py`` are device-independent torch code, so backward on Neuron
-runs as ordinary torch-neuronx ops.
+and runs (eager: compiled per shape on first call). The MoE kernels launch on two programs
+(LNC=2, trn2's default). Backward: ``harness::grouped_swiglu``'s autograd formula calls the op
+``harness::grouped_swiglu_backward``, whose neuron kernel is NKI (our forward's recompute, then
+nki-library's blockwise backward: harness/ops/nki/grouped_swiglu_backward.py); RoPE's autograd
+formula (``rope.py``) is device-independent torch code and runs as torch-neuronx ops.
 """
 
 from __future__ import annotations
@@ -52,13 +54,18 @@ def register_neuron_kernels() -> dict:
         return NEURON_REGISTRATION
     import torch
 
-    from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
+    from harness.ops.nki import grouped_swiglu_backward, grouped_swiglu_kernel, rope_kernel
 
-    torch.library.register_kernel("harness::rope", "neuron", rope_kernel.rope_neuron)
-    torch.library.register_kernel("harness::grouped_swiglu", "neuron", grouped_swiglu_kernel.grouped_swiglu_neuron)
+    kernels = {
+        "harness::rope": rope_kernel.rope_neuron,
+        "harness::grouped_swiglu": grouped_swiglu_kernel.grouped_swiglu_neuron,
+        "harness::grouped_swiglu_backward": grouped_swiglu_backward.grouped_swiglu_backward_neuron,
+    }
+    for op, kernel in kernels.items():
+        torch.library.register_kernel(op, "neuron", kernel)
     NEURON_REGISTRATION.update(
         registered=True,
         reason=f"registered ({reason}); not yet validated on hardware by this repo",
-        ops=["harness::rope", "harness::grouped_swiglu"],
+        ops=list(kernels),
     )
     return NEURON_REGISTRATION

@@ -145,7 +145,7 @@ def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
     there (blocks past it never computed, their rows left zero)."""
     def run(inputs, params, device):
         from harness.ops import grouped_swiglu as gs
-        from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
+        from harness.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref
 
         x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
         offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
@@ -153,8 +153,7 @@ def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
 
         def body(x_blocked, block_expert, w1_, w2_, w3_):
             ids = (block_expert + 1) % experts if next_expert else block_expert
-            y_blocked = grouped_swiglu_kernel_torch_ref(
-                x_blocked.t(), ids.reshape(-1, 1), w1_.transpose(-2, -1), w3_.transpose(-2, -1), w2_.transpose(-2, -1)).t()
+            y_blocked = blocked_rows_torch_ref(x_blocked, ids, w1_, w2_, w3_)
             if blocks_computed is not None:
                 kept = blocks_computed(x.shape[0], experts, gs.BLOCK_SIZE) * gs.BLOCK_SIZE
                 y_blocked = torch.cat((y_blocked[:kept], torch.zeros_like(y_blocked[kept:])))

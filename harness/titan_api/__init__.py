@@ -1,52 +1,24 @@
-"""The torchtitan API generations the harness runs on, and the one installed.
+"""The torchtitan API generation installed, and its API: one module per API.
 
-Two generations of torchtitan's Python-config API are in use, and the harness supports both:
-
-| generation   | torchtitan versions                    | where it comes from                      |
-|--------------|----------------------------------------|------------------------------------------|
-| ``v0_3``       | ``0.3.0``                                | PyPI (``pip install -e . -c constraints/cpu.txt``) |
-| ``spring2026`` | ``0.2.2+main.*``                          | torchtitan ``main`` of spring 2026; here: ``scripts/make_titan_venv.sh`` |
-| ``spring2026-neuron`` | ``0.2.2+neuron*``                  | TorchTitan Neuron 0.2.2+neuron.1 (Neuron SDK 2.33), a fork of that ``main`` |
-
-Everything that differs between the APIs lives in one module per API (``v0_3.py``,
-``spring2026.py``), each exposing the same names (``API``), each difference with its reason.
-Backends import those names from here and never branch on versions themselves.
+The generations by name (which versions each accepts, which is a fork of which) are
+harness/generations.py, re-exported here. Everything that differs between the APIs lives in one
+module per API (``v0_3.py``, ``spring2026.py``), each exposing the same names (``API``), each
+difference with its reason. Backends import those names from here and never branch on versions
+themselves.
 
 TorchTitan Neuron is a generation of its own that shares the spring2026 API module
-(``API_OF``): what was found wrong in public ``main`` (known issues recorded with
-``generation="spring2026"``) is not known to be wrong in the fork, so on the fork those checks
-run plain. Expectations computed from the API (init rules, the dataloader's batches) are the
-API's (``api_generation``). A fork version the harness has not been run against is accepted
-and named as such in every result (``fork_note``).
+(``API_OF``) and inherits its known issues (``FORK_OF``): what was found wrong in public ``main``
+(known issues recorded with ``generation="spring2026"``) is expected on the fork where its
+signature reproduces, named "inherited", and where the fork does not show it the check passes
+and says so (harness/known_issues.py). Expectations computed from the API (init rules, the
+dataloader's batches) are the API's (``api_generation``). A fork version the harness has not
+been run against is accepted and named as such in every result (``fork_note``).
 """
 
 from __future__ import annotations
 
 import importlib
-import re
 from importlib import metadata
-
-# generation -> (what it accepts, how to install it)
-SUPPORTED: dict[str, tuple[str, str]] = {
-    "v0_3": (
-        "torchtitan 0.3.0",
-        "python3 -m pip install -e . -c constraints/cpu.txt",
-    ),
-    "spring2026": (
-        "torchtitan 0.2.2+main.* (main of spring 2026)",
-        "scripts/make_titan_venv.sh (wheel from ../shared/wheels)",
-    ),
-    "spring2026-neuron": (
-        "torchtitan 0.2.2+neuron* (TorchTitan Neuron, a fork of spring-2026 main)",
-        "on the Neuron image: git clone https://github.com/aws-neuron/torchtitan-neuron, "
-        "`pip install -e .` in the image's venv, then "
-        "`pip install -e . -c <(python3 constraints/neuron_image.py)` here",
-    ),
-}
-# The API module of each generation (harness/titan_api/<module>.py).
-API_OF = {"v0_3": "v0_3", "spring2026": "spring2026", "spring2026-neuron": "spring2026"}
-# TorchTitan Neuron releases the harness has been checked against (Neuron SDK 2.33).
-KNOWN_FORK_VERSIONS = ("0.2.2+neuron.1",)
 
 # The names every generation module defines (checked at import, so a generation module that
 # forgets one fails here, not in the middle of a run).
@@ -70,45 +42,9 @@ API = (
     "NOT_PORTED",
 )
 
-
-class UnsupportedTorchtitanError(RuntimeError):
-    pass
-
-
-def generation_of(version: str) -> str:
-    """The API generation of a torchtitan version string."""
-    if version == "0.3.0":
-        return "v0_3"
-    if re.fullmatch(r"0\.2\.2\+main\.[0-9a-f]+", version):
-        return "spring2026"
-    if is_fork(version):
-        return "spring2026-neuron"
-    supported = "; ".join(
-        f"{name}: {accepts} (install: {how})" for name, (accepts, how) in SUPPORTED.items()
-    )
-    raise UnsupportedTorchtitanError(
-        f"torchtitan {version} is not a supported API generation. Supported: {supported}."
-    )
-
-
-def is_fork(version: str) -> bool:
-    """A TorchTitan Neuron build (``0.2.2+neuron*``)."""
-    return re.fullmatch(r"0\.2\.2\+neuron.*", version) is not None
-
-
-def fork_note(version: str) -> str | None:
-    """None for a known fork release (or no fork); else what a result must say about it."""
-    if not is_fork(version) or version in KNOWN_FORK_VERSIONS:
-        return None
-    return (f"TorchTitan Neuron {version} is not a release the harness knows "
-            f"(known: {', '.join(KNOWN_FORK_VERSIONS)}): run as spring2026-neuron (the spring2026 "
-            f"API); its expectations and known issues are those of "
-            f"{KNOWN_FORK_VERSIONS[-1]}")
-
-
-def api_generation_of(name: str) -> str:
-    """The API module of generation ``name`` (a fork shares its base's)."""
-    return API_OF[name]
+from harness.generations import (API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED,  # noqa: E402,F401
+                                 UnsupportedTorchtitanError, api_generation_of, base_of, fork_note,
+                                 generation_of, is_fork)
 
 
 def torchtitan_version() -> str:

@@ -125,6 +125,12 @@ def _install_dtensor_full_init() -> None:
     _install_patches(dtensor_full_init)
 
 
+def _install_titan_4b_theta() -> None:
+    from harness.upstream import titan_4b_theta
+
+    _install_patches(titan_4b_theta)
+
+
 def _install_hf_tied_fsdp() -> None:
     from harness.upstream import hf_tied_fsdp
 
@@ -145,6 +151,7 @@ SHIMS: dict[str, Callable[[], None]] = {
     # Opt-in workarounds for named upstream defects (never installed by default):
     "hf_rope_init": _install_hf_rope_init,
     "dtensor_full_init": _install_dtensor_full_init,
+    "titan_4b_theta": _install_titan_4b_theta,  # every full-size titan_native run
 }
 
 

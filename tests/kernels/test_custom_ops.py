@@ -41,15 +41,21 @@ def _swiglu_inputs(dtype, dims=(4, 16, 32), counts=(3, 0, 4, 2), seed=1):
 
 def test_ops_are_registered_in_the_harness_namespace():
     assert hasattr(torch.ops.harness, "rope") and hasattr(torch.ops.harness, "grouped_swiglu")
+    assert hasattr(torch.ops.harness, "grouped_swiglu_backward")
     assert torch.ops.harness.rope is harness.ops.rope.rope._opoverload.overloadpacket
 
 
-@pytest.mark.parametrize("name", ["rope", "grouped_swiglu"])
+@pytest.mark.parametrize("name", ["rope", "grouped_swiglu", "grouped_swiglu_backward"])
 def test_opcheck(name):
     if name == "rope":
         args = _rope_inputs(torch.float64)
         args = tuple(t.requires_grad_() for t in args)
         op = torch.ops.harness.rope.default
+    elif name == "grouped_swiglu_backward":
+        x, counts, w1, w2, w3 = _swiglu_inputs(torch.float32)
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        args = (torch.randn(x.shape, generator=_gen(7)), x, offsets, w1, w2, w3)
+        op = torch.ops.harness.grouped_swiglu_backward.default
     else:
         x, counts, w1, w2, w3 = _swiglu_inputs(torch.float32)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
@@ -268,6 +274,7 @@ def test_checker_catches_a_real_looking_nki_package(isolated_neuron_probe):
 def test_nki_kernel_modules_import_without_nki():
     assert rope_kernel.rope_halves_kernel is None and rope_kernel.NKI_IMPORT_ERROR
     assert grouped_swiglu_kernel.grouped_swiglu_kernel is None and grouped_swiglu_kernel.NKI_IMPORT_ERROR
+    assert grouped_swiglu_kernel.grouped_swiglu_checkpoint_kernel is None
     with pytest.raises(RuntimeError, match="nki is not available"):
         rope_kernel.rope_simulated(*_rope_inputs(torch.float32))
 

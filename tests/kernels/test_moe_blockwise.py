@@ -15,7 +15,7 @@ import torch
 from harness.ops import grouped_swiglu as gs
 from harness.ops import grouped_swiglu_torch
 from harness.ops.nki import grouped_swiglu_kernel as gk
-from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
+from harness.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref, grouped_swiglu_kernel_torch_ref
 
 
 def _routings(rows: int, experts: int):
@@ -148,10 +148,8 @@ def _swiglu_args(dtype, counts=(3, 0, 4, 2), extra_rows=0, dims=(4, 16, 32), see
 
 
 def _twin_in_input_dtype(x_blocked, block_expert, w1, w2, w3):
-    """The twin on the kernel's feature-major layout without the layout's bfloat16 cast."""
-    yT = grouped_swiglu_kernel_torch_ref(x_blocked.t(), block_expert.reshape(-1, 1), w1.transpose(-2, -1),
-                                         w3.transpose(-2, -1), w2.transpose(-2, -1))
-    return yT.t()
+    """The twin's computation on the op's blocked rows, without the kernel layout's bfloat16 cast."""
+    return blocked_rows_torch_ref(x_blocked, block_expert, w1, w2, w3)
 
 
 @pytest.mark.parametrize("counts,extra", [((3, 0, 4, 2), 0), ((0, 0, 9, 0), 0), ((2, 1, 0, 1), 3)])
@@ -185,12 +183,33 @@ def test_blockwise_check_catches_blocks_computed_with_the_wrong_expert():
     assert not torch.allclose(planted, grouped_swiglu_torch.grouped_swiglu_torch_ref(x, offsets, w1, w2, w3))
 
 
-def test_twin_rejects_a_block_expert_out_of_range():
+def test_twin_rejects_a_load_map_entry_out_of_range_and_a_first_block_that_loads_nothing():
     x, _, w1, w2, w3 = _swiglu_args(torch.bfloat16)
-    xT = torch.zeros(x.shape[1], 4, dtype=torch.bfloat16)
-    with pytest.raises(IndexError, match=r"block_expert\[1\] = 4 is not an expert index 0..3"):
-        grouped_swiglu_kernel_torch_ref(xT, torch.tensor([[0], [4]], dtype=torch.int32), w1.transpose(-2, -1),
-                                        w3.transpose(-2, -1), w2.transpose(-2, -1))
+    gate_up, down = gk.weight_layout(w1, w2, w3)
+    x_blocks = torch.zeros(2, x.shape[1], 1, 2, dtype=torch.bfloat16)
+    with pytest.raises(IndexError, match=r"weight_load\[1\] = 5 is neither an expert index 0..3 nor 4"):
+        grouped_swiglu_kernel_torch_ref(x_blocks, torch.tensor([[0], [5]], dtype=torch.int32), gate_up, down)
+    with pytest.raises(IndexError, match=r"weight_load\[0\] = 4 keeps weights no block loaded"):
+        grouped_swiglu_kernel_torch_ref(x_blocks, torch.tensor([[4], [1]], dtype=torch.int32), gate_up, down)
+    grouped_swiglu_kernel_torch_ref(x_blocks, torch.tensor([[0], [4]], dtype=torch.int32), gate_up, down)  # keeps 0
+
+
+@pytest.mark.parametrize("programs", [1, 2, 3])
+def test_load_map_loads_at_every_program_start_and_expert_change_only(programs):
+    block_expert = torch.tensor([0, 0, 0, 2, 2, 3, 3, 3, 3], dtype=torch.int32)
+    load = gk.weight_loads(block_expert, 4, programs).reshape(-1)
+    starts = {r.start for r in (gk.program_blocks(9, programs, p) for p in range(programs))}
+    for n in range(9):
+        loads = n in starts or n == 0 or block_expert[n] != block_expert[n - 1]
+        assert int(load[n]) == (int(block_expert[n]) if loads else 4), (n, load.tolist())
+
+
+def test_load_map_is_computed_from_tensors_alone():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        load = gk.weight_loads(torch.empty(7, dtype=torch.int32), 4)
+    assert load.shape == (7, 1) and load.dtype == torch.int32
 
 
 def test_cpu_op_runs_the_blockwise_path(monkeypatch):
@@ -202,12 +221,13 @@ def test_cpu_op_runs_the_blockwise_path(monkeypatch):
     assert calls == [gs.max_blocks(x.shape[0], w1.shape[0]) * gs.BLOCK_SIZE]
 
 
-def test_nki_kernel_takes_tensors_only():
+def test_nki_kernels_take_tensors_only():
     """Compiled once per shape: no argument can carry the routing or the block size as a Python
-    value; the kernel and its twin share the signature (also checked by the registry)."""
-    parameters = inspect.signature(gk.grouped_swiglu_kernel_source).parameters
-    assert list(parameters) == ["xT", "block_expert", "w1T", "w3T", "w2T"]
-    assert all(p.default is inspect.Parameter.empty for p in parameters.values())
+    value; each kernel and its twin share the signature (also checked by the registry)."""
+    for kernel in (gk.grouped_swiglu_kernel_source, gk.grouped_swiglu_checkpoint_kernel_source):
+        parameters = inspect.signature(kernel).parameters
+        assert list(parameters) == ["x_blocks", "weight_load", "gate_up", "down"]
+        assert all(p.default is inspect.Parameter.empty for p in parameters.values())
 
 
 def test_kernel_on_the_emulator_meets_the_kernel_tolerance_with_d_and_f_tiled():
@@ -238,16 +258,17 @@ def test_kernel_on_the_emulator_meets_the_kernel_tolerance_with_d_and_f_tiled():
     assert not elementwise(wrong, truth, tolerance)["passed"]
 
 
-def test_kernel_weight_load_by_an_expert_id_out_of_range_is_an_error_on_the_emulator():
-    """The weight DMA indexed by ``block_expert`` is bounds-checked (``oob_mode.error``), as the
-    twin is: a bad map fails loudly instead of reading another tensor's memory."""
-    from harness import nki_emu
-
-    kernel = nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel").grouped_swiglu_kernel
-    x, _, w1, w2, w3 = _swiglu_args(torch.bfloat16)
-    args = gk.kernel_layout(torch.zeros(4, x.shape[1], dtype=torch.bfloat16), torch.tensor([0, 4], dtype=torch.int32),
-                            w1, w2, w3)
-    with pytest.raises(nki_emu.RuleViolation, match="bounds"):
-        nki_emu.run(kernel)(*args)
-    nki_emu.run(kernel)(*gk.kernel_layout(torch.zeros(4, x.shape[1], dtype=torch.bfloat16),
-                                          torch.tensor([0, 3], dtype=torch.int32), w1, w2, w3))  # in range: runs
+def test_a_program_whose_first_block_loads_nothing_computes_poison_on_the_emulator():
+    """The load map is data the kernel trusts: a program whose run starts with "keep" reads weight
+    tiles nothing wrote, which the emulator poisons (NaN) -- the twin raises on the same map (test
+    above) -- while the wrapper's map, on the same blocks, computes finite rows."""
+    kernel = gk.emulated("grouped_swiglu_kernel")
+    x, offsets, w1, w2, w3 = _swiglu_args(torch.bfloat16, counts=(40, 0, 30, 20))
+    slots, block_expert = gs.block_layout(offsets, x.shape[0])
+    args = gk.kernel_layout(gs.to_blocks(x, slots, block_expert.shape[0] * gs.BLOCK_SIZE), block_expert, w1, w2, w3)
+    second = gk.program_blocks(block_expert.shape[0], gk.PROGRAMS, 1).start
+    broken = args[1].clone()
+    broken[second] = w1.shape[0]
+    assert bool(torch.isfinite(kernel(*args).float()).all())
+    poisoned = kernel(args[0], broken, *args[2:]).float()
+    assert bool(poisoned[second:].isnan().any()) and bool(torch.isfinite(poisoned[:second]).all())

@@ -22,7 +22,8 @@ def _require_neuron():
 
 def test_nki_kernels_are_registered_for_the_neuron_device():
     assert harness.ops.NEURON_REGISTRATION["registered"], harness.ops.NEURON_REGISTRATION["reason"]
-    assert set(harness.ops.NEURON_REGISTRATION["ops"]) == {"harness::rope", "harness::grouped_swiglu"}
+    assert set(harness.ops.NEURON_REGISTRATION["ops"]) == {"harness::rope", "harness::grouped_swiglu",
+                                                         "harness::grouped_swiglu_backward"}
 
 
 def test_rope_op_runs_on_neuron_and_keeps_dtype_and_shape():

@@ -8,6 +8,8 @@ Specification:
 - two identical reports flag nothing; a run missing from either side is flagged;
 - a numeric change with the same commit and package versions is flagged as such;
 - the first divergent module of tonight's diagnosed run is named beside the flags;
+- compile time is compared only between runs whose compile cache was in the same state (a
+  cold-cache night against a warm one is said, not flagged); step time still is;
 - a path that holds no results.json is refused, naming what to pass.
 """
 
@@ -25,13 +27,15 @@ HEADER = {"commit": "abc123", "version torch": "2.14.0", "version torchtitan": "
 
 
 def report(losses, grad_norms=None, step_time=0.3, first_step_time=1.2, memory=0.93,
-           name="titan_native-tiny-pretrained", header=HEADER, diagnosis=None):
+           name="titan_native-tiny-pretrained", header=HEADER, diagnosis=None, cache=None):
     steps = [{"step": i + 1, "loss": loss, "grad_norm": (grad_norms or [1.0] * len(losses))[i],
               "step_time_s": first_step_time if i == 0 else step_time,
               "peak_memory_gib": memory, "tokens_per_s": 1000.0} for i, loss in enumerate(losses)]
     checks = {"first_step_loss": {"status": "fail", "observed": {"diagnosis": diagnosis}}} \
         if diagnosis else {}
-    return {"header": dict(header), "runs": [{"name": name, "steps": steps, "checks": checks}]}
+    compile_cache = {"state": cache, "new_entries": 12 if cache == "cold" else 0} if cache else None
+    return {"header": dict(header), "runs": [{"name": name, "steps": steps, "checks": checks,
+                                              "compile_cache": compile_cache}]}
 
 
 CLEAN = [1.2743813991546631, 1.25, 1.24, 1.23]
@@ -103,3 +107,43 @@ def test_a_baseline_path_without_results_json_is_refused(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"something": 1}))
     with pytest.raises(baseline.BaselineError, match="not a harness results.json"):
         baseline.load(tmp_path)
+
+
+def test_a_cold_compile_cache_against_a_warm_baseline_is_no_compile_time_regression():
+    slow_first = BASELINE_THRESHOLDS["compile_time"].max_ratio * 1.2 * 2
+    tonight = report(CLEAN, first_step_time=slow_first, cache="cold", step_time=0.3)
+    result = baseline.compare(tonight, report(CLEAN, first_step_time=2.0, cache="warm"))
+    run = result.runs["titan_native-tiny-pretrained"]
+    assert result.ok and "compile_time" not in run.ratios, result.lines()
+    assert any("compile time not compared: tonight's compile cache was cold (12 new cache entries), "
+               "the baseline's warm (0 new cache entries)" in line for line in result.lines())
+
+
+def test_compile_time_is_compared_between_nights_whose_cache_was_alike():
+    slow_first = BASELINE_THRESHOLDS["compile_time"].max_ratio * 1.2 * 2
+    for state in ("warm", "cold"):
+        tonight = report(CLEAN, first_step_time=slow_first, cache=state)
+        flags = baseline.compare(tonight, report(CLEAN, first_step_time=2.0, cache=state)).flagged
+        assert [f.what for c in flags for f in c.flags] == ["compile time"], state
+
+
+def test_a_cold_night_still_has_its_step_time_compared():
+    slow = BASELINE_THRESHOLDS["step_time"].max_ratio * 1.2 * 0.3
+    tonight = report(CLEAN, step_time=slow, cache="cold")
+    flags = baseline.compare(tonight, report(CLEAN, cache="warm")).flagged
+    assert [f.what for c in flags for f in c.flags] == ["step time"]
+
+
+def test_a_launch_records_whether_it_found_its_compile_cache_warm(tmp_path):
+    from harness.launch import cache_entries, compile_cache_state
+
+    cache = tmp_path / "neff"
+    (cache / "MODULE_1").mkdir(parents=True)
+    (cache / "MODULE_1" / "graph.neff").write_bytes(b"x")
+    before = cache_entries(str(cache))
+    assert compile_cache_state(str(cache), before)["state"] == "warm"
+    (cache / "MODULE_2").mkdir()
+    (cache / "MODULE_2" / "graph.neff").write_bytes(b"y")
+    assert compile_cache_state(str(cache), before) == {
+        "dir": str(cache), "entries_before": 1, "new_entries": 1, "state": "cold"}
+    assert compile_cache_state(None, cache_entries(None)) is None  # a device with no cache

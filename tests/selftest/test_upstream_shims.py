@@ -432,3 +432,45 @@ def test_dtensor_full_init_still_needed():
 
 def test_dtensor_full_init_draws_the_whole_tensor_keeps_skipped_values_and_refuses_other_placements(upstream):
     assert upstream(WHOLE_INIT, NO_SHIMS) == "True True refused"
+
+
+# -- titan_4b_theta: the full-size titan_native ranks' 4B flavor, in-process (a config only:
+# -- the same call a trn2 rank makes on Qwen3-4B-Instruct-2507's config.json, no weights)
+
+REFERENCE_4B = "Qwen3-4B-Instruct-2507"
+
+
+def _thetas_of_the_full_titan_native_config(monkeypatch, patched: bool) -> set[float]:
+    import torchtitan.models.qwen3 as qwen3
+
+    from harness import paths
+    from harness.assets_twin import FULL_ASSETS_ENV
+    from harness.backends.titan_native import full_model_spec
+    from harness.upstream.titan_4b_theta import theta_from_assets
+
+    assets = str(paths.FIXTURES / "reference_configs" / REFERENCE_4B)
+    monkeypatch.setenv(FULL_ASSETS_ENV, assets)
+    monkeypatch.setattr(qwen3, "model_registry", qwen3.model_registry)  # restored after the test
+    if patched:
+        theta_from_assets(qwen3)
+    spec = full_model_spec(assets, "sdpa")
+    return {layer.attention.rope.theta for layer in spec.model.layers}
+
+
+def test_titan_4b_theta_still_needed(monkeypatch):
+    assert _thetas_of_the_full_titan_native_config(monkeypatch, patched=False) == {1e6}, (
+        "torchtitan's 4B flavor no longer hard-codes theta 1e6: delete the titan_4b_theta shim")
+
+
+def test_titan_4b_theta_takes_the_assets_theta_for_every_layer(monkeypatch):
+    assert _thetas_of_the_full_titan_native_config(monkeypatch, patched=True) == {5e6}
+
+
+def test_titan_4b_theta_is_applied_to_every_full_size_titan_native_run_only():
+    from harness.launch import RunSpec
+
+    full = RunSpec("titan_native", size="full", init="pretrained", hf_assets_path="/assets")
+    assert "titan_4b_theta" in full.all_workarounds and full.name.endswith("+titan_4b_theta")
+    assert "titan_4b_theta" not in RunSpec("hf_v5", size="full", init="pretrained",
+                                           hf_assets_path="/assets").all_workarounds
+    assert "titan_4b_theta" not in RunSpec("titan_native", size="tiny").all_workarounds

@@ -1,5 +1,6 @@
-"""The harness NKI kernels (harness/ops/nki), forward only (backward is the ops' torch
-autograd formula, which runs as ordinary torch ops on every device).
+"""The harness NKI kernels (harness/ops/nki). RoPE forward only (its backward is the op's torch
+autograd formula); the grouped SwiGLU forward and backward (the backward in NKI: our forward's
+recompute and nki-library's blockwise backward, harness/ops/nki/grouped_swiglu_backward.py).
 
 "nki-emu": the kernel body on the harness's NKI emulator (harness/nki_emu), on CPU tensors.
 "nki-sim": ``nki.simulate(kernel)`` pinned to trn2 on CPU tensors (needs the real ``nki``).
@@ -12,6 +13,8 @@ The cos/sin fed to the RoPE kernel come from torchtitan's CosSinRoPE cache, as i
 """
 
 from __future__ import annotations
+
+import torch
 
 from harness.kernel_checks.adapters.harness_ops import _rope_module
 from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
@@ -44,23 +47,56 @@ def rotary_embedding(inputs, params, device):
 GROUPED_SWIGLU_MODULE = "harness.ops.nki.grouped_swiglu_kernel"
 
 
-def grouped_swiglu(inputs, params, device):
-    import torch
+class _GroupedSwigluKernels(torch.autograd.Function):
+    """The op's autograd on explicit kernels: ``forward(x, offsets, w1, w2, w3) -> y`` and
+    ``backward(grad, x, offsets, w1, w2, w3) -> (dx, dw1, dw2, dw3)``."""
 
+    @staticmethod
+    def forward(ctx, x, offsets, w1, w2, w3, calls):
+        ctx.save_for_backward(x, offsets, w1, w2, w3)
+        ctx.calls = calls
+        return calls[0](x, offsets, w1, w2, w3)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dx, dw1, dw2, dw3 = ctx.calls[1](grad, *ctx.saved_tensors)
+        return dx, None, dw1, dw2, dw3, None
+
+
+def _simulated_calls():
+    """(forward, backward) under the real ``nki.simulate`` pinned to trn2, LNC=2."""
+    from harness.ops.nki import grouped_swiglu_backward as gb
+    from harness.ops.nki import grouped_swiglu_kernel as gk
+    from harness.ops.nki.simulation import simulated
+
+    library = gb._library_module("nki-sim").blockwise_mm_bwd
+
+    def backward(grad, x, offsets, w1, w2, w3):
+        return gb.grouped_swiglu_backward_via(simulated(gk.launched(gk.grouped_swiglu_checkpoint_kernel)),
+                                              simulated(gk.launched(library)), grad, x, offsets, w1, w2, w3)
+
+    return gk.grouped_swiglu_simulated, backward
+
+
+def grouped_swiglu_calls(device: str):
+    """(forward, backward) of the op through our NKI forward kernel and the NKI backward on
+    ``device`` ("nki-emu", "nki-sim" or "neuron")."""
+    from harness.ops.nki import grouped_swiglu_backward as gb
+    from harness.ops.nki import grouped_swiglu_kernel as gk
+
+    if device == "nki-emu":
+        return gk.grouped_swiglu_emulated, gb.grouped_swiglu_backward_emulated
+    if device == "nki-sim":
+        return _simulated_calls()
+    return gk.grouped_swiglu_neuron, gb.grouped_swiglu_backward_neuron
+
+
+def grouped_swiglu(inputs, params, device):
     from harness.ops.nki import grouped_swiglu_kernel as gk
     from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
-    offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
-    if device == "nki-emu":
-        from harness import nki_emu
-
-        kernel = nki_emu.import_module(GROUPED_SWIGLU_MODULE).grouped_swiglu_kernel
-        return {"y": gk.grouped_swiglu_via(nki_emu.run(kernel), x, offsets, w1, w2, w3)}
-    if device == "nki-sim":
-        from harness.ops.nki.simulation import simulated
-
-        return {"y": gk.grouped_swiglu_via(simulated(gk.grouped_swiglu_kernel), x, offsets, w1, w2, w3)}
-    if device == "neuron":
-        return {"y": gk.grouped_swiglu_neuron(x, offsets, w1, w2, w3)}
-    return {"y": gk.grouped_swiglu_via(grouped_swiglu_kernel_torch_ref, x, offsets, w1, w2, w3)}
+    offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32).to(x.device)
+    if device == "cpu":
+        return {"y": gk.grouped_swiglu_via(grouped_swiglu_kernel_torch_ref, x, offsets, w1, w2, w3)}
+    return {"y": _GroupedSwigluKernels.apply(x, offsets, w1, w2, w3, grouped_swiglu_calls(device))}

@@ -9,7 +9,8 @@ partition axis (``half = D/2 <= 128``) and the ``N = B*S*H`` rotated vectors on 
 computed in float32 and returned in ``x1``'s dtype -- the same expression, rounding points and
 dtype policy as ``CosSinRoPE.apply_rotary_emb`` (negation is exact, so ``a + (-b) == a - b``).
 Passing the halves as separate arrays keeps every elementwise instruction on partitions
-``0..half``, so no cross-partition move is needed.
+``0..half``, so no cross-partition move is needed. At LNC=2 (``kernel[2]``) each program computes
+a contiguous half of the free-axis tiles (``program_tiles``).
 """
 
 from __future__ import annotations
@@ -60,12 +61,31 @@ def rope_via(call, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return from_halves(o1, o2, x.shape).to(x.dtype)
 
 
+PROGRAMS = 2  # LNC=2, trn2's default: the kernel is launched as kernel[PROGRAMS]
+
+
+def program_tiles(n: int, programs: int, program: int) -> list[int]:
+    """The start columns of the free-axis tiles program ``program`` of ``programs`` computes: a
+    contiguous run, so the two cores of an LNC=2 launch share the work."""
+    starts = list(range(0, n, FREE_TILE))
+    per = -(-len(starts) // programs)
+    return starts[program * per : (program + 1) * per]
+
+
+def launched(kernel, programs: int = PROGRAMS):
+    """``kernel[programs]``: the LNC launch (Neuron 2.33, "Using Logical NeuronCores (LNC) with
+    NKI": bracket syntax at the call site; a kernel's LNC must equal neuronx-cc's, NCC_EVRF066)."""
+    return kernel[programs] if programs > 1 else kernel
+
+
 def rope_halves_kernel(x1, x2, c1, c2, s1, s2):
     half, n = x1.shape
     assert half <= nl.tile_size.pmax, f"head_dim/2={half} exceeds {nl.tile_size.pmax} partitions"
     o1 = nl.ndarray((half, n), dtype=x1.dtype, buffer=nl.shared_hbm)
     o2 = nl.ndarray((half, n), dtype=x1.dtype, buffer=nl.shared_hbm)
-    for start in range(0, n, FREE_TILE):
+    programs = nl.num_programs(axes=0) if nl.program_ndim() else 1
+    program = nl.program_id(axis=0) if nl.program_ndim() else 0
+    for start in program_tiles(n, programs, program):
         width = min(FREE_TILE, n - start)
         tiles = []
         for src in (x1, x2, c1, c2, s1, s2):
@@ -100,17 +120,18 @@ def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
     if rope_halves_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
-    return rope_via(simulated(rope_halves_kernel), x, cos, sin)
+    return rope_via(simulated(launched(rope_halves_kernel)), x, cos, sin)
 
 
 def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``)."""
+    """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``), two programs
+    as on an LNC=2 core."""
     from harness import nki_emu
 
     module = nki_emu.import_module(__name__)
-    return rope_via(nki_emu.run(module.rope_halves_kernel), x, cos, sin)
+    return rope_via(nki_emu.run(module.rope_halves_kernel, grid=(PROGRAMS,)), x, cos, sin)
 
 
 def rope_neuron(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The 'neuron' device kernel of ``harness::rope`` (registered by harness.ops.neuron)."""
-    return rope_via(rope_halves_kernel, x, cos, sin)
+    """The 'neuron' device kernel of ``harness::rope`` (registered by harness.ops.neuron), LNC=2."""
+    return rope_via(launched(rope_halves_kernel), x, cos, sin)

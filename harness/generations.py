@@ -1,0 +1,84 @@
+"""The torchtitan API generations by name: which versions each accepts, which is a fork of
+which, and how to install each. No torchtitan import (harness/titan_api imports the installed
+one): the known-issue registry reads these too (a fork inherits its base's known issues).
+
+| generation   | torchtitan versions                    | where it comes from                      |
+|--------------|----------------------------------------|------------------------------------------|
+| ``v0_3``       | ``0.3.0``                                | PyPI (``pip install -e . -c constraints/cpu.txt``) |
+| ``spring2026`` | ``0.2.2+main.*``                          | torchtitan ``main`` of spring 2026; here: ``scripts/make_titan_venv.sh`` |
+| ``spring2026-neuron`` | ``0.2.2+neuron*``                  | TorchTitan Neuron 0.2.2+neuron.1 (Neuron SDK 2.33), a fork of that ``main`` |
+"""
+
+from __future__ import annotations
+
+import re
+
+# generation -> (what it accepts, how to install it)
+SUPPORTED: dict[str, tuple[str, str]] = {
+    "v0_3": (
+        "torchtitan 0.3.0",
+        "python3 -m pip install -e . -c constraints/cpu.txt",
+    ),
+    "spring2026": (
+        "torchtitan 0.2.2+main.* (main of spring 2026)",
+        "scripts/make_titan_venv.sh (wheel from ../shared/wheels)",
+    ),
+    "spring2026-neuron": (
+        "torchtitan 0.2.2+neuron* (TorchTitan Neuron, a fork of spring-2026 main)",
+        "on the Neuron image: git clone https://github.com/aws-neuron/torchtitan-neuron, "
+        "`pip install -e .` in the image's venv, then "
+        "`pip install -e . -c <(python3 constraints/neuron_image.py)` here",
+    ),
+}
+# The API module of each generation (harness/titan_api/<module>.py).
+API_OF = {"v0_3": "v0_3", "spring2026": "spring2026", "spring2026-neuron": "spring2026"}
+# A fork and the generation it forks: the fork inherits the base's known issues
+# (harness/known_issues.py: expected where their signature reproduces, named "inherited").
+FORK_OF = {"spring2026-neuron": "spring2026"}
+# TorchTitan Neuron releases the harness has been checked against (Neuron SDK 2.33).
+KNOWN_FORK_VERSIONS = ("0.2.2+neuron.1",)
+
+
+class UnsupportedTorchtitanError(RuntimeError):
+    pass
+
+
+def generation_of(version: str) -> str:
+    """The API generation of a torchtitan version string."""
+    if version == "0.3.0":
+        return "v0_3"
+    if re.fullmatch(r"0\.2\.2\+main\.[0-9a-f]+", version):
+        return "spring2026"
+    if is_fork(version):
+        return "spring2026-neuron"
+    supported = "; ".join(
+        f"{name}: {accepts} (install: {how})" for name, (accepts, how) in SUPPORTED.items()
+    )
+    raise UnsupportedTorchtitanError(
+        f"torchtitan {version} is not a supported API generation. Supported: {supported}."
+    )
+
+
+def is_fork(version: str) -> bool:
+    """A TorchTitan Neuron build (``0.2.2+neuron*``)."""
+    return re.fullmatch(r"0\.2\.2\+neuron.*", version) is not None
+
+
+def fork_note(version: str) -> str | None:
+    """None for a known fork release (or no fork); else what a result must say about it."""
+    if not is_fork(version) or version in KNOWN_FORK_VERSIONS:
+        return None
+    return (f"TorchTitan Neuron {version} is not a release the harness knows "
+            f"(known: {', '.join(KNOWN_FORK_VERSIONS)}): run as spring2026-neuron (the spring2026 "
+            f"API); its expectations are those of {KNOWN_FORK_VERSIONS[-1]}, and the known issues "
+            f"of spring2026 are expected where their signatures reproduce (inherited)")
+
+
+def api_generation_of(name: str) -> str:
+    """The API module of generation ``name`` (a fork shares its base's)."""
+    return API_OF[name]
+
+
+def base_of(name: str) -> str | None:
+    """The generation fork ``name`` was forked from; None for a generation that is no fork."""
+    return FORK_OF.get(name)

@@ -1,0 +1,209 @@
+"""The nightly's own steps (scripts/nightly/), on CPU: the pieces the rehearsal strings together.
+
+Specification:
+- the image's venv is found by its Neuron 2.33 DLAMI name (aws_neuronx_venv_torch_neuronx_*,
+  newest first), then by the older aws_neuronx_venv_pytorch_*; none, and no python3 importing
+  torch_neuronx, fails naming where it looked and the variable that names one;
+- with HARNESS_NEURON_STANDIN=cpu the neuron tier's launches run on the cpu profile: available,
+  recorded as a stand-in, 2 ranks, the full size from the assets twin at CPU timeouts, two
+  xdist workers; anything else is refused naming what is accepted;
+- the rehearsal evaluates the workflow's expressions as GitHub does (or refuses one it does not
+  know), reads GITHUB_ENV / GITHUB_OUTPUT as the runner does, and uploads artifacts by
+  actions/upload-artifact's path rules;
+- a night's test step that passed leaves a run report with no failing verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import paths
+
+NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
+
+
+def _nightly(name: str):
+    spec = importlib.util.spec_from_file_location(f"nightly_{name}", NIGHTLY / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _image_env(tmp_path, venvs: list[str], env: dict | None = None):
+    root = tmp_path / "opt"
+    for name in venvs:
+        (root / name / "bin").mkdir(parents=True)
+        (root / name / "bin" / "python3").symlink_to(sys.executable)
+    files = {k: tmp_path / k for k in ("GITHUB_PATH", "GITHUB_ENV")}
+    for f in files.values():
+        f.touch()
+    run_env = {**os.environ, "NEURON_OPT_ROOT": str(root), "NEURON_VENV": "", "HOME": str(tmp_path),
+               "PATH": f"{tmp_path / 'nopython'}:/usr/bin:/bin", **{k: str(v) for k, v in files.items()},
+               **(env or {})}
+    done = subprocess.run(["bash", str(NIGHTLY / "image_env.sh")], cwd=tmp_path, env=run_env,
+                          capture_output=True, text=True)
+    return done, files["GITHUB_PATH"].read_text().split(), root
+
+
+def test_the_2_33_dlami_venv_is_found_by_its_own_name_newest_first(tmp_path):
+    done, path, root = _image_env(tmp_path, ["aws_neuronx_venv_pytorch_2_9_0",
+                                             "aws_neuronx_venv_torch_neuronx_2_13_0",
+                                             "aws_neuronx_venv_torch_neuronx_2_14_0"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert path[0] == str(root / "aws_neuronx_venv_torch_neuronx_2_14_0" / "bin")
+
+
+def test_an_older_dlami_venv_is_still_found(tmp_path):
+    done, path, root = _image_env(tmp_path, ["aws_neuronx_venv_pytorch_2_9_0"])
+    assert done.returncode == 0 and path[0] == str(root / "aws_neuronx_venv_pytorch_2_9_0" / "bin")
+
+
+def test_no_venv_and_no_neuron_python_fails_naming_where_it_looked(tmp_path):
+    done, path, root = _image_env(tmp_path, [])
+    assert done.returncode == 1 and not path
+    for said in ("aws_neuronx_venv_torch_neuronx_*", "aws_neuronx_venv_pytorch_*",
+                 "TRN2_NEURON_VENV", f"{root}/aws_neuronx_venv_torch_neuronx_2_14_0"):
+        assert said in done.stdout, done.stdout
+
+
+# -- the stand-in
+
+
+def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
+    from harness import devices
+    from harness.run_matrix import cases
+
+    monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
+    available, reason = devices.tier_status("neuron")
+    assert available and "stand-in" in reason
+    assert devices.device_status("neuron")[0] is False, "the device itself is not there"
+    profile = devices.profile_for("neuron")
+    assert (profile.kind, profile.process_group_backend, profile.ranks_per_node) == ("cpu", "gloo", 2)
+    assert profile.recorded["standin-for"] == "neuron"
+    assert devices.xdist_workers(None, "neuron", 2) == 2
+    neuron = cases(("neuron",))
+    full = [c for c in neuron if c.size == "full"]
+    assert full and all(c.twin and c.timeout_s == devices.TIMEOUTS_S["cpu"]["full"] for c in full)
+    assert {(c.backend, c.init) for c in full} == {("hf_v5", "pretrained"), ("titan_native", "pretrained"),
+                                                   ("nki_moe", "random")}
+    monkeypatch.setenv(devices.STANDIN_ENV, "cuda")
+    with pytest.raises(ValueError, match=r"can stand in on \('cpu',\) only"):
+        devices.tier_status("neuron")
+
+
+def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
+    from harness import devices
+    from harness.run_matrix import cases
+
+    monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
+    assert devices.xdist_workers(None, "neuron", 2) == 0
+    full = [c for c in cases(("neuron",)) if c.size == "full"]
+    assert len(full) == 5 and not any(c.twin for c in full)
+    assert all(c.timeout_s == devices.NEURON_TIMEOUTS_S["full"] for c in full)
+
+
+# -- the rehearsal's runner
+
+
+def test_expressions_evaluate_as_github_does():
+    rehearse = _nightly("rehearse")
+    contexts = rehearse.Contexts(vars={"TRN2_ASSETS_DIR": ""}, inputs={}, secrets={},
+                                 github={"run_id": "7"}, runner={"os": "Linux"},
+                                 steps={"pytest": {"outputs": {"exit-code": "1"}}})
+    assert contexts.substitute("${{ vars.TRN2_ASSETS_DIR || '/opt/hf-assets' }}") == "/opt/hf-assets"
+    assert contexts.substitute("a-${{ runner.os }}-${{ github.run_id }}") == "a-Linux-7"
+    assert contexts.substitute("${{ steps.pytest.outputs.exit-code }}") == "1"
+    assert contexts.condition(None) and contexts.condition("${{ always() }}")
+    contexts.failed = True
+    assert not contexts.condition(None) and contexts.condition("${{ always() }}")
+    with pytest.raises(rehearse.RehearsalError, match="hashFiles"):
+        contexts.substitute("${{ hashFiles('x') }}")
+
+
+def test_runner_files_are_read_as_the_runner_reads_them(tmp_path):
+    rehearse = _nightly("rehearse")
+    env = tmp_path / "env"
+    env.write_text("A=1\nB=x=y\nTEXT<<EOF\nline one\nline two\nEOF\n")
+    assert rehearse.read_assignments(env) == {"A": "1", "B": "x=y", "TEXT": "line one\nline two"}
+    assert env.read_text() == "", "consumed"
+
+
+def test_artifacts_follow_upload_artifact_path_rules(tmp_path):
+    rehearse = _nightly("rehearse")
+    work = tmp_path / "work"
+    for name in ("reports/run-report/results.json", "reports/tmp/run/dump/checkpoint/step-1/a.bin",
+                 "reports/tmp/run/model.safetensors", "reports/junit.xml"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("x")
+    count = rehearse.upload(work, "reports/\n!reports/**/checkpoint/**\n!reports/**/*.safetensors\n",
+                            tmp_path / "out")
+    kept = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*")
+                  if p.is_file())
+    assert count == 2 and kept == ["junit.xml", "run-report/results.json"], kept
+
+
+def test_a_night_whose_tests_passed_has_no_failing_verdict_in_its_report(tmp_path):
+    rehearse = _nightly("rehearse")
+    report = tmp_path / "reports" / "run-report"
+    report.mkdir(parents=True)
+    document = {"runs": [{"name": "titan_native-full-pretrained", "checks": {
+        "completed": {"status": "pass"}, "hf_checkpoint_complete": {"status": "known"}}}]}
+    (report / "results.json").write_text(json.dumps(document))
+    assert rehearse.report_problems(tmp_path) == []
+    document["runs"][0]["checks"]["hf_checkpoint_complete"] = {
+        "status": "fail", "message": "no HF checkpoint under .../dump/checkpoint"}
+    (report / "results.json").write_text(json.dumps(document))
+    assert rehearse.report_problems(tmp_path) == [
+        "the run report says titan_native-full-pretrained hf_checkpoint_complete failed (no HF "
+        "checkpoint under .../dump/checkpoint), though pytest passed"]
+
+
+def test_a_full_size_run_may_wait_on_a_collective_as_long_as_it_may_run():
+    """torchtitan lowers the collective timeout after step 1 through torch's set_timeout, which
+    a backend may ignore (then the init timeout stays): both are the run's own timeout."""
+    from harness.run_matrix import RunCase
+
+    for case in (RunCase("neuron", "titan_native", "full", "pretrained", "sdpa"),
+                 RunCase("cpu", "titan_native", "full", "pretrained", "sdpa")):
+        overrides = list(case.run_spec(10, assets_root="/assets").overrides)
+        seconds = str(int(case.timeout_s))
+        for flag in ("--comm.init_timeout_seconds", "--comm.train_timeout_seconds"):
+            assert overrides[overrides.index(flag) + 1] == seconds, (case.id, overrides)
+        assert overrides[overrides.index("--checkpoint.export_dtype") + 1] == "bfloat16"
+    tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", "sdpa").run_spec(10)
+    assert "--comm.init_timeout_seconds" not in tiny.overrides
+
+
+def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
+    rehearse = _nightly("rehearse")
+    listed = " ".join(" ".join(row) for row in rehearse.DIFFERENCES)
+    source = (NIGHTLY / "rehearse.py").read_text()
+    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES"):
+        assert swapped in source, swapped
+    for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
+                 "scripts/nightly/rehearsal/hf", "scripts/nightly/rehearsal/gh"):
+        assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
+
+
+def test_why_both_collective_timeouts_are_set_still_holds_upstream():
+    """The premise of ``collective_timeout_overrides``, read from the installed code: torchtitan
+    lowers the process groups' timeout to train_timeout_seconds after the first step, through
+    torch's set_timeout, which lets a backend keep its own. If either changes, revisit it."""
+    import inspect
+
+    import torch.distributed.distributed_c10d as c10d
+    from torchtitan.distributed import utils
+    from torchtitan.trainer import Trainer
+
+    assert "train_timeout_seconds" in inspect.getsource(Trainer.train)
+    lowers = inspect.getsource(utils.set_pg_timeouts)  # 0.3.0: set_timeout; spring: its alias
+    assert "distributed.set_timeout(" in lowers or "_set_pg_timeout(" in lowers
+    assert "set_timeout(timeout, group)" in inspect.getsource(c10d._set_pg_timeout)
+    assert "leave their timeout unchanged" in " ".join(inspect.getdoc(c10d.set_timeout).split())
