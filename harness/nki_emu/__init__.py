@@ -67,15 +67,16 @@ __all__ = ["DEVICE", "CostReport", "JitKernel", "RULES", "RuleViolation", "Seman
            "installed", "meta", "run", "trace"]
 
 
-def trace(kernel, numerics: bool = True, grid=()):
-    """``trace(kernel)(*args, **kwargs) -> (results, CostReport)``."""
+def trace(kernel, numerics: bool = True, grid=(), races: str = "raise"):
+    """``trace(kernel)(*args, **kwargs) -> (results, CostReport)``; ``races="record"``: races
+    between the programs land in ``CostReport.races`` instead of raising (races.py)."""
     grid = tuple(grid) or getattr(kernel, "grid", ())
-    return lambda *args, **kwargs: launch(kernel, args, kwargs, grid, numerics)
+    return lambda *args, **kwargs: launch(kernel, args, kwargs, grid, numerics, races=races)
 
 
-def run(kernel, grid=()):
+def run(kernel, grid=(), races: str = "raise"):
     """``run(kernel)(*args, **kwargs) -> results`` (torch tensors)."""
-    traced = trace(kernel, True, grid)
+    traced = trace(kernel, True, grid, races)
     return lambda *args, **kwargs: traced(*args, **kwargs)[0]
 
 

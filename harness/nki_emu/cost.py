@@ -28,7 +28,8 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 class CostReport:
     instructions: Counter = field(default_factory=Counter)  # by engine
     opcodes: Counter = field(default_factory=Counter)  # by nki.isa name
-    dma_bytes: int = 0
+    dma_bytes: int = 0  # the bytes the DMA instructions address
+    dma_bytes_skipped: int = 0  # of those, the bytes an oob_mode.skip DMA did not move (numerics only)
     dma_transfers: int = 0
     matmul_flops: int = 0
     other_flops: int = 0
@@ -38,10 +39,17 @@ class CostReport:
     hbm_allocated_bytes: int = 0
     programs: int = 1
     numerics: bool = True
+    races: list = field(default_factory=list)  # races.Race: a launch with races="record"
 
     @property
     def flops(self) -> int:
         return self.matmul_flops + self.other_flops
+
+    @property
+    def dma_bytes_moved(self) -> int:
+        """The bytes the DMAs moved: addressed less those out of bounds under oob_mode.skip (a
+        shape-only trace cannot know those: there it equals ``dma_bytes``)."""
+        return self.dma_bytes - self.dma_bytes_skipped
 
     @property
     def instruction_count(self) -> int:
@@ -62,7 +70,10 @@ class CostReport:
 class Trace:
     """One emulated kernel launch: its report, its grid and what its programs share."""
 
-    def __init__(self, numerics: bool = True, grid: tuple[int, ...] = ()):
+    def __init__(self, numerics: bool = True, grid: tuple[int, ...] = (), races: str = "raise"):
+        if races not in ("raise", "record"):
+            raise ValueError(f"nki emulator: races={races!r}: 'raise' (default) or 'record'")
+        self.races = races  # races.py: raise RuleViolation("lnc-race"), or record it in the report
         self.report = CostReport(numerics=numerics)
         self.numerics = numerics
         self.grid = grid
@@ -95,6 +106,7 @@ class Program:
         self.opcode = "(allocation)"  # the instruction being issued, for messages
         self.on_chip: list = []  # (storage, kind, bytes over all its partitions): for the liveness check
         self.contested: list = []  # shared HBM elements this program took over in this epoch (races.py)
+        self.pinned: dict[str, list] = {}  # per on-chip kind, the pinned tiles whose bytes are still their own
 
     # the launch's state, seen from the program
     numerics = property(lambda self: self.trace.numerics)

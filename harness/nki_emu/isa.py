@@ -214,6 +214,7 @@ def _copy_in_bounds(dst: NkiTensor, src: NkiTensor) -> None:
         dst.storage.touch(True)
         return
     ok = src.in_bounds().reshape(-1) & dst.in_bounds().reshape(-1)
+    cost.active().report.dma_bytes_skipped += int((~ok).sum()) * dst.dtype.itemsize
     values = src.read_where(ok.reshape(src.shape)).reshape(-1)
     if dst.dtype != src.dtype or not semantics.current().integers_exact:
         values = _converted(dst, values.to(torch.float32))
@@ -735,7 +736,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               "matmul-dtype", f"nki.isa.nc_matmul: stationary {names[0]}, moving {names[1]}, dst {dst_name}")
     check(dst.partitions == m and dst.free_size == n, "matmul-shape",
           lambda: f"nki.isa.nc_matmul: dst {dst.shape} for stationary {stationary.shape} and moving {moving.shape}")
-    start = (dst.offset % dst.storage.partition_stride) * dst.dtype.itemsize
+    start = dst.start_byte  # a pinned tile's free offset included
     end = start + (dst.static_bounds()[1] - dst.offset) % dst.storage.partition_stride * dst.dtype.itemsize
     check(start // PSUM_BANK_BYTES == (end + dst.dtype.itemsize - 1) // PSUM_BANK_BYTES, "matmul-psum-bank",
           lambda: f"nki.isa.nc_matmul: dst {dst.shape} spans bytes {start}..{end + dst.dtype.itemsize} of a partition")

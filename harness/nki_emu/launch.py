@@ -9,7 +9,8 @@ import itertools
 
 import torch
 
-from harness.nki_emu import cost, programs, races, tensors
+from harness.nki_emu import cost, programs, tensors
+from harness.nki_emu import races as race_check
 from harness.nki_emu.cost import CostReport
 from harness.nki_emu.rules import RuleViolation
 
@@ -53,16 +54,18 @@ def check_capacity(program: cost.Program) -> None:
                                 f"{len(live)} tiles, largest first: {tiles})")
 
 
-def launch(kernel, args, kwargs, grid=(), numerics: bool = True, convert=tensors.to_torch) -> tuple[object, CostReport]:
+def launch(kernel, args, kwargs, grid=(), numerics: bool = True, convert=tensors.to_torch,
+           races: str = "raise") -> tuple[object, CostReport]:
     """Run ``kernel`` (an emulator ``nki.jit`` kernel or its body) on torch arguments: tensors
     are copied into HBM (shared by every program), everything else is passed as is. Returns
     (results as torch tensors, the launch's cost report); with several programs, the results
     of the last program that returned any (``convert``: tensors.to_numpy for NumPy results).
     ``numerics=False``: tensors may be meta tensors, nothing is computed, results are meta
-    tensors, the report is complete."""
+    tensors, the report is complete. ``races="record"``: a race between programs (races.py) is
+    recorded in the report's ``races`` instead of raising, and the launch runs on."""
     func = _body(kernel)
     grid = tuple(grid)
-    trace = cost.Trace(numerics=numerics, grid=grid)
+    trace = cost.Trace(numerics=numerics, grid=grid, races=races)
     ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
     launch_programs = [cost.Program(trace, i) for i in ids]
     for index, program in enumerate(launch_programs):
@@ -79,7 +82,7 @@ def launch(kernel, args, kwargs, grid=(), numerics: bool = True, convert=tensors
 
     def body(program):
         result = func(*hbm_args, **hbm_kwargs)
-        races.settle(program)
+        race_check.settle(program)
         check_capacity(program)
         return result
 

@@ -17,14 +17,46 @@ Two programs writing the same values (a kernel that does not split its work, run
 or one overwriting the other's value and then writing it back, are not races: every order
 ends with the same contents. A program overwriting what another only read in the same epoch
 is not tracked (the reader ran first and saw the old value, one of the hardware's orders).
+
+A launch with ``races="record"`` (``harness.nki_emu.trace``/``run``) does not raise: each race
+becomes a ``Race`` in the report's ``races`` and the launch runs on (the values left are the
+scheduler's order's), so a caller can settle a race it knows (an upstream kernel's, by its
+known issue's signature) and still check every output.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from harness.nki_emu import cost
 from harness.nki_emu.rules import RuleViolation
+
+MODES = ("raise", "record")
+
+
+@dataclass
+class Race:
+    """One race of a launch run with ``races="record"``."""
+
+    kind: str  # "write-write" (different last values) or "read" (a read of what another wrote)
+    tensor: str  # the storage's name ("" when unnamed)
+    shape: tuple[int, ...]  # the shared HBM tensor's shape
+    elements: torch.Tensor  # flat indices into it of the raced elements
+    writers: torch.Tensor  # per element, the index of the program whose write it contests
+    program: int  # the index of the program that took the elements over (write) or read them
+    theirs: torch.Tensor | None  # write-write: per element, the other program's value
+    mine: torch.Tensor | None  # write-write: per element, this program's value
+    epoch: int
+    message: str
+
+
+def _violation(program: cost.Program, race: Race) -> None:
+    if getattr(program.trace, "races", "raise") == "record":
+        program.trace.report.races.append(race)
+        return
+    raise RuleViolation("lnc-race", race.message)
 
 
 class Writes:
@@ -49,9 +81,12 @@ class Writes:
         if bool(conflict.any()):
             at = tuple(int(i) for i in conflict.nonzero()[0])
             other = program.trace.program_ids[int(writer[at])]
-            raise RuleViolation("lnc-race", f"at {program.where()}, program {program.id} reads what program {other} "
-                                f"wrote, with no nki.isa.core_barrier between: {view!r}, element {at} of the view "
-                                f"({int(conflict.sum())} element(s), barrier epoch {program.epoch})")
+            message = (f"at {program.where()}, program {program.id} reads what program {other} "
+                       f"wrote, with no nki.isa.core_barrier between: {view!r}, element {at} of the view "
+                       f"({int(conflict.sum())} element(s), barrier epoch {program.epoch})")
+            _violation(program, Race("read", view.storage.name, tuple(view.storage.shape),
+                                     view.addresses()[conflict].reshape(-1), writer[conflict].reshape(-1),
+                                     program.index, None, None, program.epoch, message))
 
     def write(self, view, values: torch.Tensor) -> None:
         program = cost.active()
@@ -81,7 +116,11 @@ def settle(program: cost.Program) -> None:
             first = int((~same).nonzero()[0, 0])
             other = program.trace.program_ids[int(writer[first])]
             name = f" {storage.name!r}" if storage.name else ""
-            raise RuleViolation("lnc-race", f"programs {other} and {program.id} leave different values in shared HBM "
-                                f"tensor{name} {list(storage.shape)} with no nki.isa.core_barrier between their writes: "
-                                f"{int((~same).sum())} element(s), first at flat index {int(index[first])} "
-                                f"({float(theirs[first])} vs {float(mine[first])}), barrier epoch {program.epoch}")
+            message = (f"programs {other} and {program.id} leave different values in shared HBM "
+                       f"tensor{name} {list(storage.shape)} with no nki.isa.core_barrier between their writes: "
+                       f"{int((~same).sum())} element(s), first at flat index {int(index[first])} "
+                       f"({float(theirs[first])} vs {float(mine[first])}), barrier epoch {program.epoch}")
+            differ = ~same
+            _violation(program, Race("write-write", storage.name, tuple(storage.shape), index[differ],
+                                     writer[differ], program.index, theirs[differ], mine[differ], program.epoch,
+                                     message))

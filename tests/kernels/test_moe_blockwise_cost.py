@@ -82,9 +82,7 @@ def test_the_replaced_kernel_cost_is_the_issue_estimate():
 
 def _emulator():
     from harness import nki_emu
-    from harness.ops.nki import emu_gaps
-
-    return nki_emu, emu_gaps, nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel")
+    return nki_emu, nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel")
 
 
 def _kernel_args(nki_emu, rows, dim, hidden, experts, block_size=gs.BLOCK_SIZE):
@@ -109,17 +107,17 @@ def _matches(analytic, report) -> list[str]:
 def test_cost_model_equals_the_emulator_trace_of_the_kernel(shape, checkpoint):
     """A shape-only trace (no numerics) of the kernel on two programs counts what the cost model
     counts: instructions by kind, DMA bytes issued, matmul FLOPs."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     kernel = module.grouped_swiglu_checkpoint_kernel if checkpoint else module.grouped_swiglu_kernel
-    _, report = emu_gaps.trace(kernel, numerics=False, grid=(gk.PROGRAMS,))(*_kernel_args(nki_emu, **shape))
+    _, report = nki_emu.trace(kernel, numerics=False, grid=(gk.PROGRAMS,))(*_kernel_args(nki_emu, **shape))
     assert _matches(blockwise_cost(checkpoint=checkpoint, **shape), report) == []
 
 
 def test_cost_comparison_catches_a_miscounted_loop():
     """The equality above can fail: a model that forgets the load-map read of each block."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     shape = {"rows": 9, "dim": 64, "hidden": 32, "experts": 3}
-    _, report = emu_gaps.trace(module.grouped_swiglu_kernel, numerics=False, grid=(gk.PROGRAMS,))(
+    _, report = nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=(gk.PROGRAMS,))(
         *_kernel_args(nki_emu, **shape))
     right = blockwise_cost(**shape)
     wrong = type(right)(**{**right.__dict__, "instructions": {**right.instructions,
@@ -145,8 +143,8 @@ def weight_traffic_problems(counts, weight_load, report) -> list[str]:
     analytic = blockwise_cost(**shape)
     weights = cost.weight_bytes_moved(weight_load, 256, 128, experts)
     problems = []
-    if report.dma_bytes != analytic.dma_bytes - analytic.weight_dma_bytes + weights:
-        problems.append(f"emulator moved {report.dma_bytes} B, the model says {analytic.dma_bytes - analytic.weight_dma_bytes + weights}")
+    if report.dma_bytes_moved != analytic.dma_bytes - analytic.weight_dma_bytes + weights:
+        problems.append(f"emulator moved {report.dma_bytes_moved} B, the model says {analytic.dma_bytes - analytic.weight_dma_bytes + weights}")
     if weights > analytic.weight_dma_bytes_moved:
         problems.append(f"{int((weight_load < experts).sum())} expert loads > E + {gk.PROGRAMS - 1}")
     return problems
@@ -157,29 +155,29 @@ def test_weights_move_once_per_expert_per_program(counts):
     """With numerics the emulator moves a weight DMA's bytes only when the load map loads
     (``oob_mode.skip`` otherwise): the bytes moved are the cost model's per-load bytes times the
     map's loads, at most E + 1 on two programs."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     args = _routed_args(counts)
-    _, report = emu_gaps.trace(module.grouped_swiglu_kernel, grid=(gk.PROGRAMS,))(*args)
+    _, report = nki_emu.trace(module.grouped_swiglu_kernel, grid=(gk.PROGRAMS,))(*args)
     assert weight_traffic_problems(counts, args[1], report) == []
 
 
 def test_weight_traffic_check_catches_a_map_that_loads_every_block():
     """The bound above can fail: the load map of the kernel before, every block loading."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     counts = (70, 3, 0, 90)
     args = _routed_args(counts)
     _, block_expert = gs.block_layout(torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32), sum(counts))
     every = block_expert.reshape(-1, 1).clone()
-    _, report = emu_gaps.trace(module.grouped_swiglu_kernel, grid=(gk.PROGRAMS,))(args[0], every, *args[2:])
+    _, report = nki_emu.trace(module.grouped_swiglu_kernel, grid=(gk.PROGRAMS,))(args[0], every, *args[2:])
     assert weight_traffic_problems(counts, every, report)
 
 
 def test_the_blocks_split_across_the_two_programs_without_repeating_work():
     """The emulator's trace on two programs counts exactly the one-program trace's instructions:
     each block is computed by one program (at LNC=2 the kernel before ran every block on both)."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     shape = {"rows": 52, "dim": 256, "hidden": 384, "experts": 4}
-    reports = [emu_gaps.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
+    reports = [nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
                for grid in ((), (gk.PROGRAMS,))]
     assert reports[1].programs == gk.PROGRAMS and reports[0].opcodes == reports[1].opcodes
     n = gs.max_blocks(52, 4, gs.BLOCK_SIZE)
@@ -189,10 +187,10 @@ def test_the_blocks_split_across_the_two_programs_without_repeating_work():
 
 def test_the_split_check_catches_programs_that_each_run_every_block(monkeypatch):
     """The equality above can fail: every program walking all the blocks (the kernel before)."""
-    nki_emu, emu_gaps, module = _emulator()
+    nki_emu, module = _emulator()
     monkeypatch.setattr(module, "program_blocks", lambda n, programs, program: range(n))
     shape = {"rows": 52, "dim": 256, "hidden": 384, "experts": 4}
-    one, two = (emu_gaps.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
+    one, two = (nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
                 for grid in ((), (gk.PROGRAMS,)))
     assert one.opcodes != two.opcodes
 

@@ -2,8 +2,7 @@
 forward and backward, side by side (FLOPs, instructions, DMA bytes, peak SBUF / PSUM).
 
 Rows (``trace_rows``), each a shape-only trace (meta tensors, no numerics) of the kernel on two
-programs, as an LNC=2 core launches it, with the emulator's open gaps bridged
-(harness/ops/nki/emu_gaps.py):
+programs, as an LNC=2 core launches it, on the NKI emulator (harness/nki_emu):
 
 forward
   ``ours``              grouped_swiglu_kernel, B = 32 (harness/ops/nki/grouped_swiglu_kernel.py)
@@ -96,25 +95,25 @@ def _per_program_instructions():
     from harness.nki_emu import cost as trace_cost
 
     counts: Counter = Counter()
-    real = trace_cost.Trace.instruction
+    real = trace_cost.Program.instruction  # one Program per program of the launch (harness/nki_emu/cost.py)
 
     def instruction(self, *args, **kwargs):
-        counts[self.program] += 1
+        counts[self.id] += 1
         return real(self, *args, **kwargs)
 
-    trace_cost.Trace.instruction = instruction
+    trace_cost.Program.instruction = instruction
     try:
         yield counts
     finally:
-        trace_cost.Trace.instruction = real
+        trace_cost.Program.instruction = real
 
 
 def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=None, note=""):
-    from harness.ops.nki import emu_gaps
+    from harness import nki_emu
 
     start = time.time()
     with _per_program_instructions() as per_program:
-        _, report = emu_gaps.trace(kernel, numerics=False, grid=grid)(*args, **kwargs)
+        _, report = nki_emu.trace(kernel, numerics=False, grid=grid)(*args, **kwargs)
     return Row(direction, name, block, report.programs, report.matmul_flops, needed, report.instruction_count,
                max(per_program.values()), report.dma_bytes, moved, report.peak_sbuf_bytes_per_partition,
                report.peak_psum_bytes_per_partition, time.time() - start, note)
