@@ -78,12 +78,12 @@ class _TensorType(type):
 
 
 class ndarray(metaclass=_TensorType):
-    """``nl.ndarray(shape, dtype, buffer=nl.sbuf, name='')``: a fresh (uninitialised) tensor."""
+    """``nl.ndarray(shape, dtype, buffer=nl.sbuf, name='', address=None)``: a fresh
+    (uninitialised) tensor; ``address=(partition_offset, free_offset)`` pins an on-chip tile at
+    that partition and byte (``tensors.Storage``: tiles pinned over each other share bytes)."""
 
     def __new__(cls, shape, dtype, buffer=SBUF, name: str = "", address=None):
-        if address is not None:
-            raise NotImplementedError("nki emulator: nl.ndarray(address=...) is not implemented")
-        return allocate(shape, dtype, buffer, name)
+        return allocate(shape, dtype, buffer, name, address=address)
 
 
 NkiTensorType = tensor = ndarray

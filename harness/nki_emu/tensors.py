@@ -66,9 +66,11 @@ def _holder(dtype) -> torch.dtype:
 
 class Storage:
     def __init__(self, shape: tuple[int, ...], dtype, buffer: Buffer, program: cost.Program, name: str = "",
-                 fill=None, argument: bool = False, data: torch.Tensor | None = None):
+                 fill=None, argument: bool = False, data: torch.Tensor | None = None, address=None):
         dtypes.torch_of(dtype)
         self.shape, self.dtype, self.buffer, self.name = shape, dtype, buffer, name
+        self.address = address  # on chip, pinned: (first partition, first byte of each partition)
+        self.overwritten_by: Storage | None = None  # a tile pinned over this one's bytes wrote them since
         self.is_float = dtypes.is_float(dtype)
         self.numel = math.prod(shape)
         self.partitions = shape[0] if buffer.on_chip else 1
@@ -96,6 +98,8 @@ class Storage:
         one after the other, evicted after all of them)."""
         if not self.buffer.on_chip:
             return
+        if self.address is not None:
+            self._occupy(write)
         clock = cost.active().clock
         if self.buffer is PSUM:
             if not self.live:
@@ -109,6 +113,44 @@ class Storage:
             self.live[-1][1] = clock
 
 
+    @property
+    def partition_base(self) -> int:
+        return self.address[0] if self.address is not None else 0
+
+    @property
+    def byte_base(self) -> int:
+        return self.address[1] if self.address is not None else 0
+
+    def _occupy(self, write: bool) -> None:
+        """A pinned tile's bytes are its own from its write until a tile pinned over them is
+        written; reading it after that reads the other tile's bytes (rule pinned-address)."""
+        other = self.overwritten_by
+        if not write:
+            check(other is None, "pinned-address", lambda: f"{cost.active().where()} reads {self.describe()}, whose "
+                  f"bytes {other.describe()} overwrote (pinned over them, written since)")
+            return
+        program = cost.active()
+        holders = program.pinned.setdefault(self.buffer.kind, [])
+        if self in holders:
+            return
+        self.overwritten_by = None
+        for held in [h for h in holders if self.overlaps(h)]:
+            held.overwritten_by = self
+            holders.remove(held)
+        holders.append(self)
+
+    def overlaps(self, other: "Storage") -> bool:
+        width, other_width = (s.partition_stride * s.dtype.itemsize for s in (self, other))
+        return (self.partition_base < other.partition_base + other.partitions
+                and other.partition_base < self.partition_base + self.partitions
+                and self.byte_base < other.byte_base + other_width and other.byte_base < self.byte_base + width)
+
+    def describe(self) -> str:
+        name = f"{self.name!r} " if self.name else ""
+        where = f" at address {self.address}" if self.address is not None else ""
+        return f"tile {name}{list(self.shape)} {dtypes.name_of(self.dtype)} in {self.buffer!r}{where}"
+
+
 def _shape(shape) -> tuple[int, ...]:
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     if not shape or any(s <= 0 for s in shape):
@@ -116,7 +158,7 @@ def _shape(shape) -> tuple[int, ...]:
     return shape
 
 
-def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None) -> "NkiTensor":
+def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, address=None) -> "NkiTensor":
     shape, dtype = _shape(shape), dtypes.resolve(dtype)
     if not isinstance(buffer, Buffer):
         raise TypeError(f"nki emulator: buffer must be nl.sbuf/nl.psum/nl.hbm/nl.shared_hbm/nl.private_hbm, got {buffer!r}")
@@ -127,6 +169,9 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None) -> "NkiTen
         rule = "sbuf-capacity" if buffer is SBUF else "psum-capacity"
         check(per_partition <= CAPACITY[buffer.kind], rule,
               f"nl.ndarray{shape} {dtypes.name_of(dtype)} alone needs {per_partition} B per partition")
+    if address is not None:
+        address = _address(address, shape, dtype, buffer)
+        return NkiTensor.whole(Storage(shape, dtype, buffer, program, name, fill, address=address))
     if buffer is SHARED_HBM and program.grid:
         # one shared tensor for all programs of an SPMD launch: the i-th allocation of every program
         key = program.shared_counter
@@ -137,6 +182,25 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None) -> "NkiTen
         program.shared.append(storage)
         return NkiTensor.whole(storage)
     return NkiTensor.whole(Storage(shape, dtype, buffer, program, name, fill))
+
+
+def _address(address, shape, dtype, buffer: Buffer) -> tuple[int, int]:
+    """``nl.ndarray(address=(partition_offset, free_offset))``: the tile's first partition and
+    the byte of each partition it starts at (nki.language.ndarray); it must lie inside the memory."""
+    if not buffer.on_chip:
+        raise ValueError(f"nki emulator: nl.ndarray(address={address!r}) pins an SBUF or PSUM tile; {buffer!r} has "
+                         "no on-chip address (drop address=, or allocate in nl.sbuf / nl.psum)")
+    try:
+        partition, byte = (int(a) for a in address)
+    except (TypeError, ValueError):
+        raise TypeError(f"nki emulator: nl.ndarray(address={address!r}): a (partition_offset, free_offset) pair of "
+                        "ints") from None
+    width = math.prod(shape[1:]) * dtype.itemsize
+    check(0 <= partition and partition + shape[0] <= PMAX and 0 <= byte and byte + width <= CAPACITY[buffer.kind],
+          "pinned-address", lambda: f"nl.ndarray{shape} {dtypes.name_of(dtype)} at address ({partition}, {byte}) "
+          f"covers partitions {partition}..{partition + shape[0] - 1} and bytes {byte}..{byte + width - 1} of "
+          f"{PMAX} partitions of {CAPACITY[buffer.kind]} B")
+    return partition, byte
 
 
 def from_torch(value: torch.Tensor, name: str = "", dtype=None) -> "NkiTensor":
@@ -246,7 +310,15 @@ class NkiTensor:
 
     @property
     def start_partition(self) -> int:
-        return self.offset // self.storage.partition_stride if self.buffer.on_chip else 0
+        """The physical partition the view starts on (a pinned tile's partition offset included)."""
+        if not self.buffer.on_chip:
+            return 0
+        return self.storage.partition_base + self.offset // self.storage.partition_stride
+
+    @property
+    def start_byte(self) -> int:
+        """The byte of its partition the view starts at (a pinned tile's free offset included)."""
+        return self.storage.byte_base + self.offset % self.storage.partition_stride * self.dtype.itemsize
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
