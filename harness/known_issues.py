@@ -452,6 +452,29 @@ GROUPED_MM_ALIGNMENT = KnownIssue(
 )
 
 
+NKILIB_BWD_EA_GRAD_RACE = KnownIssue(
+    name="nkilib-bwd-ea-grad-lnc-race",
+    upstream="nki-library d2ad3a5 src/nkilib_src/nkilib/experimental/moe/bwd/bwmm_bwd_dropless.py: "
+             "lines 115-128 (the zeroing of expert_affinities_masked_grad) and 686-697 (the per-block "
+             "EA grad store), blockwise_mm_bwd at LNC=2",
+    summary="a cross-core write-write race: each program zeroes the flat slices [e*T, (e+1)*T) of "
+            "expert_affinities_masked_grad ([T*E, 1]) for its half of the EXPERTS (shard_E = E // 2; "
+            "with odd E the last expert's slice is zeroed by nobody; with E == 1 every program zeroes it all), while the EA grad stores split "
+            "the BLOCKS between the programs, with no core_barrier between the zeroing and the "
+            "stores: one program's zeroing can clobber the other's EA grad (on hardware the zeroing "
+            "usually runs first and wins the race by timing). harness::grouped_swiglu_backward "
+            "drops the EA grad (affinity 1.0, computed from y), so its gradients are unaffected.",
+    evidence="NKI emulator (lnc-race, harness/nki_emu/races.py), tests/kernels/test_moe_backward.py case "
+             "two_blocks_for_one_expert (counts 300/0/20, D=F=64, T=321, E=3): programs (0,) and (1,) "
+             "leave 175.0 vs 0.0 at flat index 321 of [963, 1]; conformance grouped_swiglu nki_kernel "
+             "cases qwen3_30b_dims ([6, 1], 5 elements, 6.25 vs 0.0) and all_rows_one_expert "
+            "([136, 1], 2 elements, -0.00116 vs 0.0). Every raced element lies in the slice the other "
+            "program's zeroing covers, with that program's value 0.0.",
+    where=(Where(check="nki_emu_race", op=("grouped_swiglu_backward",), impl=("nkilib_blockwise_mm_bwd",)),),
+    signature=Signature(quantity="race", equals="write-write lnc-race on expert_affinities_masked_grad [T*E, 1] "
+                                                "at elements only the zeroing program's 0.0 contests"),
+)
+
 # --- torchtitan main of spring 2026 (the Neuron fork's base; harness/titan_api/spring2026.py) ---
 # The first three make its transformers backend unusable; their workarounds are applied
 # whenever that backend is built on this generation (titan_api.transformers_backend), and
@@ -664,6 +687,7 @@ ISSUES: tuple[KnownIssue, ...] = (
     KERNEL_TITAN_ROUTER_CPU_AUTOCAST,
     GROUPED_MM_CPU_EXPANDED_GRAD,
     GROUPED_MM_ALIGNMENT,
+    NKILIB_BWD_EA_GRAD_RACE,
     SPRING_HF_CONFIG_KW_ONLY,
     SPRING_HF_SHAPE,
     SPRING_HF_TIED_FSDP,

@@ -210,8 +210,8 @@ GROUPED_SWIGLU = OpSpec(
             ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.grouped_swiglu, _bf16, requires=has_nkilib, output_dtypes=_same("y"),
             device_requires=EMU,
-            notes="the backward is nki-library's (harness/ops/nki/grouped_swiglu_backward.py); on nki-emu the "
-                  "emulator's open gaps are bridged (harness/ops/nki/emu_gaps.py)",
+            notes="the backward is nki-library's (harness/ops/nki/grouped_swiglu_backward.py); on nki-emu its "
+                  "lnc-race on the EA grad, which this path drops, is settled as known issue nkilib-bwd-ea-grad-lnc-race",
         ),
         Implementation(
             "nkilib_blockwise", "nkilib", "nkilib.core.moe.moe_cte.bwmm_shard_on_block (rows as one-hot tokens, B=128)",

@@ -48,6 +48,10 @@ RULES = {
               f"{_ISA}.nc_matmul.html (Tile size)"),
         _rule("matmul-moving-fmax", "on NeuronCore-v3 (trn2) the moving free size is at most 512 (gemm_moving_fmax), "
               "one PSUM bank of float32", f"{_ISA}.nc_matmul.html (Tile size)"),
+        _rule("pinned-address", "a tile pinned with nl.ndarray(address=(partition_offset, free_offset)) lies inside "
+              "its memory (partitions 0..127, the bytes of a partition), and tiles pinned over the same bytes share "
+              "them: a pinned tile's contents are its own until a tile pinned over its bytes is written",
+              "api/generated/nki.language.ndarray.html (address)"),
         _rule("matmul-psum-bank", "an nc_matmul result fits one PSUM bank: 2 KiB per partition",
               f"{_ISA}.nc_matmul.html (Tile size); arch/trainium2_arch.html"),
         _rule("matmul-dtype", "nc_matmul inputs are float8_e4m3/float8_e5m2/bfloat16/float16/tfloat32/float32, a "

@@ -140,14 +140,70 @@ def _library_module(device: str):
     return nkilib_module(NKILIB_BACKWARD)
 
 
-def emulated_calls(programs: int = gk.PROGRAMS):
-    """(forward, backward) on the harness's NKI emulator, ``programs`` programs each, the
-    emulator's open gaps bridged (harness/ops/nki/emu_gaps.py)."""
-    from harness.ops.nki import emu_gaps
+EA_GRAD_RACE = "write-write lnc-race on expert_affinities_masked_grad [T*E, 1] at elements only the zeroing program's 0.0 contests"
+
+
+def ea_grad_race(race, tokens: int, experts: int, programs: int) -> str:
+    """What a race the emulator recorded in ``blockwise_mm_bwd`` is: ``EA_GRAD_RACE`` (known issue
+    nkilib-bwd-ea-grad-lnc-race) when it is a write-write race on the EA grad ``[T*E, 1]`` and at
+    every raced element the program whose value is 0.0 is the one whose expert-sharded zeroing
+    (bwmm_bwd_dropless.py: flat slice ``[e*T, (e+1)*T)`` for its ``E // programs`` experts; with
+    ``E == 1`` every program zeroes the whole tensor) covers
+    it, the other's value its EA grad store; else a description of what it is instead."""
+    what = f"{race.kind} race on {race.tensor or 'a tensor'} {list(race.shape)}"
+    if race.kind != "write-write" or tuple(race.shape) != (tokens * experts, 1):
+        return what
+    if experts == 1:  # every program zeroes the whole tensor (shard_E = 1, e_offset = 0)
+        theirs_zeroes = mine_zeroes = torch.ones_like(race.elements, dtype=torch.bool)
+    else:
+        zeroing = race.elements // tokens // (experts // programs)  # programs past the last zero nothing
+        theirs_zeroes, mine_zeroes = race.writers == zeroing, zeroing == race.program
+    zero_is_zeroing = ((theirs_zeroes & (race.theirs == 0) & (race.mine != 0))
+                       | (mine_zeroes & (race.mine == 0) & (race.theirs != 0)))
+    if not bool(zero_is_zeroing.all()):
+        bad = int((~zero_is_zeroing).nonzero()[0, 0])
+        return (f"{what}: element {int(race.elements[bad])} is not one the zeroing program's 0.0 contests "
+                f"(programs {int(race.writers[bad])} and {race.program}: {float(race.theirs[bad])} vs "
+                f"{float(race.mine[bad])})")
+    return EA_GRAD_RACE
+
+
+def settle_races(races, tokens: int, experts: int, programs: int) -> list:
+    """The races of a ``blockwise_mm_bwd`` launch recorded by the emulator, judged against the known
+    issues (check "nki_emu_race"): each must be the known EA grad race, else RuleViolation."""
+    from harness import known_issues
+    from harness.nki_emu import RuleViolation
+
+    for race in races:
+        verdict = known_issues.judge("nki_emu_race", race.message, {"race": ea_grad_race(race, tokens, experts, programs)},
+                                     op="grouped_swiglu_backward", impl="nkilib_blockwise_mm_bwd")
+        if verdict.status != "known":
+            raise RuleViolation("lnc-race", verdict.message)
+    return list(races)
+
+
+def emulated_backward(programs: int = gk.PROGRAMS):
+    """nki-library's ``blockwise_mm_bwd`` on the harness's NKI emulator, ``programs`` programs,
+    races recorded and settled (``settle_races``: only known issue nkilib-bwd-ea-grad-lnc-race
+    passes, and its tensor, the EA grad, is one ``grouped_swiglu_backward_via`` drops). The
+    settled races of the last call are in the returned function's ``races``."""
+    from harness import nki_emu
 
     library = _library_module("nki-emu").blockwise_mm_bwd
-    return gk.emulated("grouped_swiglu_checkpoint_kernel", programs), emu_gaps.run(
-        library, grid=(programs,) if programs > 1 else ())
+    traced = nki_emu.trace(library, grid=(programs,) if programs > 1 else (), races="record")
+
+    def call(hidden_states, affinities, gate_up, *args, **kwargs):
+        results, report = traced(hidden_states, affinities, gate_up, *args, **kwargs)
+        call.races = settle_races(report.races, hidden_states.shape[0], gate_up.shape[0], programs)
+        return results
+
+    call.races = []
+    return call
+
+
+def emulated_calls(programs: int = gk.PROGRAMS):
+    """(forward, backward) on the harness's NKI emulator, ``programs`` programs each."""
+    return gk.emulated("grouped_swiglu_checkpoint_kernel", programs), emulated_backward(programs)
 
 
 def grouped_swiglu_backward_emulated(grad, x, offsets, w1, w2, w3):

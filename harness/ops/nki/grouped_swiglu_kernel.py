@@ -240,13 +240,11 @@ def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
 
 def emulated(name: str, programs: int = PROGRAMS):
     """This module's kernel ``name`` on the harness's NKI emulator (device tier ``nki-emu``),
-    launched on ``programs`` programs, with the emulator's open gaps bridged
-    (harness/ops/nki/emu_gaps.py: ``oob_mode.skip``)."""
+    launched on ``programs`` programs."""
     from harness import nki_emu
-    from harness.ops.nki import emu_gaps
 
     kernel = getattr(nki_emu.import_module(__name__), name)
-    return emu_gaps.run(kernel, grid=(programs,) if programs > 1 else ())
+    return nki_emu.run(kernel, grid=(programs,) if programs > 1 else ())
 
 
 def grouped_swiglu_emulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
