@@ -66,8 +66,11 @@ class ConformanceReport:
 
 
 def build_meta(model_config) -> nn.Module:
-    with torch.device("meta"):
-        return model_config.build()
+    """The model of ``model_config`` as given (no ``update_from_config``: the config under
+    conformance is the one a config function wrote), on the meta device."""
+    from harness.model_build import meta_module
+
+    return meta_module(model_config)
 
 
 def _values(pairs: list[tuple[str, object]]) -> dict[object, list[str]]:
