@@ -15,7 +15,8 @@ Specification:
   ones, and then runs the ``sitecustomize`` it shadows (a venv's or an image's own);
 - installed on a trainer, the observers write every record at the layout's paths, the readers
   read back what the trainer had, and the trainer computes exactly what it computes without
-  them (observing only).
+  them (observing only); through torchtitan's real trainer (slow), a run logs bitwise the same
+  losses and grad norms with and without them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import subprocess
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -33,6 +35,7 @@ from harness import dump_layout, paths, rank_observers, titan_api
 from harness.backends import BACKENDS
 from harness.devices import detect, neuron_profile
 from harness.launch import BOOT_DIR, RunSpec, rank_environment
+from harness.run_matrix import RunCase
 from harness.subjects import Facts
 from harness.upstream import probes
 from harness.upstream.install import SHIMS
@@ -251,3 +254,22 @@ def test_the_observers_record_only_the_steps_and_observers_they_are_told(tmp_pat
     assert dump_layout.rank_state_records(run_dir) == {}
     with pytest.raises(ValueError, match="unknown rank observer"):
         rank_observers.install(stand_in_trainer_module(str(run_dir)), ("batch",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["titan_native", "nki_moe"])
+def test_a_run_logs_the_same_losses_and_grad_norms_without_its_observers(device_runs, steps,
+                                                                       workarounds, backend):
+    """Observing only, through torchtitan's real trainer: the run template's CPU random-init run
+    (every observer; nki_moe's carries the load-balancing hooks and its checkpoints) and the
+    same run with none log bitwise the same losses and grad norms."""
+    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
+    spec = case.suite_spec(steps, workarounds=workarounds)
+    observed = device_runs("cpu").get(spec)
+    bare = device_runs("cpu").get(replace(spec, extra_env=(*spec.extra_env,
+                                                           (rank_observers.OBSERVERS_ENV, ""))))
+    assert observed.ok and bare.ok, f"see {observed.run_dir} and {bare.run_dir}"
+    assert dump_layout.read_fingerprints(observed.run_dir) is not None
+    assert dump_layout.read_fingerprints(bare.run_dir) is None, "the bare run was observed"
+    assert [(s.step, s.loss, s.grad_norm) for s in bare.steps] == \
+        [(s.step, s.loss, s.grad_norm) for s in observed.steps]
