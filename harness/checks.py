@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import known_issues
+from harness import dump_layout, known_issues
 from harness.expectations import ExpectationRegistry, MissingExpectation
 from harness.results import RunResult
 
@@ -93,7 +93,7 @@ def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
 
     dirs = run.hf_checkpoint_dirs
     if not dirs:
-        problem = f"no HF checkpoint under {run.run_dir / 'dump' / 'checkpoint'}"
+        problem = f"no HF checkpoint under {dump_layout.checkpoints(run.run_dir)}"
         return Outcome(problem, {"error": problem})
     spec = backend(run.backend).size(run.size)
     model_dir = spec.resolve(spec.model_dir, run.assets_dir)
@@ -143,9 +143,9 @@ def shards_distinct(run: RunResult, steps: int) -> Outcome:
     one whose parameters are all replicated, has nothing to compare and passes."""
     from harness import rank_step0
 
-    by_rank = rank_step0.read_fingerprints(run.run_dir)
+    by_rank = dump_layout.read_fingerprints(run.run_dir)
     if by_rank is None:
-        return Outcome(f"no shard fingerprints under {run.run_dir / 'dump' / rank_step0.SHARDS} "
+        return Outcome(f"no shard fingerprints under {dump_layout.dump_folder(run.run_dir) / dump_layout.SHARDS} "
                        "(the ranks write them at step 1: harness/rank_step0.py)")
     checked, identical = rank_step0.identical_shards(by_rank)
     fraction = len(identical) / len(checked) if checked else 0.0

@@ -201,7 +201,7 @@ def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], ma
 
 
 def _hf_forward(run) -> tuple[float, str]:
-    from harness.data.loss_reference import load_batches
+    from harness.dump_layout import load_batches
     from harness.launch import pretrained_weights_dir, RunSpec
 
     if run is None:
@@ -213,7 +213,7 @@ def _hf_forward(run) -> tuple[float, str]:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
         raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
-                                 f"step-1 batch: harness/backends/common.py dump_first_batch)") from None
+                                 f"step-1 batch: harness/rank_observers.py)") from None
     value = independent_first_step_loss(weights, batches, run.mask)
     return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
                    f"batch ({len(batches)} rank(s), {run.mask} masking)")
@@ -228,13 +228,13 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
     (harness/tolerances.py ``initial_weights_forward_band``)."""
     from harness.backends import backend
-    from harness.data.loss_reference import load_batches
     from harness.diagnosis import rank_dump
+    from harness.dump_layout import initial_weights_dir, load_batches
     from harness.tolerances import initial_weights_forward_band
 
     if run is None or run.init != "random" or run.run_dir is None:
         return None
-    dumped = rank_dump.initial_weights_dir(run.run_dir)
+    dumped = initial_weights_dir(run.run_dir)
     spec = backend(run.backend).size(run.size)
     band = initial_weights_forward_band(spec.precision, run.device)
     if dumped is None or band is None:
@@ -243,8 +243,8 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
         raise MissingExpectation(f"{run.name}: its step-0 weights were dumped but not its ranks' "
-                                 f"step-1 batches ({error}; every config function installs "
-                                 f"harness/backends/common.py dump_first_batch)") from None
+                                 f"step-1 batches ({error}; the launcher installs them in every "
+                                 f"rank: harness/rank_observers.py)") from None
     if len(batches) != run.nproc:
         raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
                                  f"{run.nproc} ranks: a global-average loss needs every rank's")

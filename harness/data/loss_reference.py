@@ -37,14 +37,6 @@ class LossParts:
         return sum(c / v for c, v, _ in self.per_rank) / len(self.per_rank)
 
 
-def load_batches(run_dir: str | Path, step: int = 1) -> list[dict]:
-    folder = Path(run_dir) / "dump" / "harness_batches"
-    files = sorted(folder.glob(f"rank*_step{step}.pt"), key=lambda p: int(p.name[4:].split("_")[0]))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no batch dumps of step {step}")
-    return [torch.load(f) for f in files]
-
-
 def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
     from transformers import AutoModelForCausalLM
 

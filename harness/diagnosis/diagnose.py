@@ -154,7 +154,7 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
 
     start = time.monotonic()
     diagnosis = Diagnosis()
-    from harness.diagnosis import rank_dump
+    from harness import dump_layout
     from harness.diagnosis.subject import NATIVE_BUILDS
 
     try:
@@ -165,9 +165,9 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
         if run.backend not in NATIVE_BUILDS:
             diagnosis.not_diagnosed = (f"backend {run.backend!r}: the diagnosis rebuilds only "
                                        f"{sorted(NATIVE_BUILDS)}")
-        elif req["weights_dir"] is None and rank_dump.initial_weights_dir(run.run_dir) is None:
+        elif req["weights_dir"] is None and dump_layout.initial_weights_dir(run.run_dir) is None:
             diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "
-                                       f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
+                                       f"under {dump_layout.initial_folder(dump_layout.dump_folder(run.run_dir))}")
     diagnosis.explained_by = known_explanation(run, deviation)
     if diagnosis.not_diagnosed is None and diagnosis.explained_by is None:
         cap = WALKS_PER_SESSION.get(run.device)

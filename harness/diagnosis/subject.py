@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from harness import dump_layout
 from harness.diagnosis import rank_dump
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
 from harness.diagnosis.trace import WeightSource
@@ -51,7 +52,7 @@ class Subject:
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
     from harness.parity.models import Batch, load_batches
 
-    dumped = rank_dump.first_batch(run_dir)
+    dumped = dump_layout.first_batch(run_dir)
     if dumped is not None:
         return Batch(dumped["input"], dumped["positions"], dumped["labels"]), "rank 0's dump"
     batch = load_batches(tokenizer_dir, steps=1, dp=nproc)[0][0]
@@ -75,7 +76,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
 
     stack = contextlib.ExitStack()
     stack.enter_context(planted(*plants))
-    dumped = rank_dump.initial_weights_dir(run_dir)
+    dumped = dump_layout.initial_weights_dir(run_dir)
     if weights_dir is None and dumped is None:
         stack.close()
         raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")

@@ -19,6 +19,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from harness import dump_layout
 from harness.backends import BACKENDS
 from harness.expectations import ExpectationRegistry
 from harness.launch import RunSpec
@@ -40,11 +41,11 @@ def _with_dump_of(run, tmp_path, edit=None):
     """``run`` pointing at a copy of its dumped step-0 weights and step-1 batches, the weights
     passed through ``edit(name, tensor) -> tensor``."""
     copy = tmp_path / "run"
-    for part in ("harness_initial", "harness_batches"):
-        shutil.copytree(run.run_dir / "dump" / part, copy / "dump" / part,
-                        ignore=shutil.ignore_patterns("hf"))
+    for part in (dump_layout.INITIAL, dump_layout.BATCHES):
+        shutil.copytree(dump_layout.dump_folder(run.run_dir) / part, dump_layout.dump_folder(copy) / part,
+                        ignore=shutil.ignore_patterns(dump_layout.INITIAL_HF))
     if edit is not None:
-        for path in (copy / "dump" / "harness_initial").glob("native_rank0_*.pt"):
+        for path in dump_layout.initial_weight_files(dump_layout.initial_weights_dir(copy)):
             torch.save({k: edit(k, v) for k, v in torch.load(path, weights_only=True).items()}, path)
     return replace(run, run_dir=copy)
 
@@ -86,7 +87,7 @@ def test_every_rank_s_batch_is_needed(dense_random, tmp_path):
     from harness.expectations import MissingExpectation
 
     run = _with_dump_of(dense_random, tmp_path)
-    (run.run_dir / "dump" / "harness_batches" / "rank1_step1.pt").unlink()
+    dump_layout.batch_file(dump_layout.dump_folder(run.run_dir), rank=1, step=1).unlink()
     with pytest.raises(MissingExpectation, match="1 rank batch dump.* for 2 ranks"):
         ExpectationRegistry().for_run(run)
 
