@@ -343,7 +343,7 @@ def parity_regime_for(arch) -> str:
 # 2b. Diagnosis: the run's model, module by module, against the float64 reference trace
 # =============================================================================================
 # harness/diagnosis/localize.py compares every module's output (the run's starting weights,
-# its first batch) with harness/diagnosis/trace.py in float64, and names the first outside
+# its first batch) with harness/parity/reference.py in float64, and names the first outside
 # these bounds. Regimes as for parity; the reference emulates bf16 experts where the model
 # computes them in bf16 (``bf16_experts``), so only the rounding of the expert inputs differs.
 #
