@@ -68,7 +68,7 @@ INIT_STD_RTOL = 0.15
 
 
 # A random-init run's step 1 vs the independent float32 forward (transformers, host CPU) of its
-# own dumped step-0 weights on every rank's own step-1 batch (harness/expectations.py
+# own dumped step-0 weights on every rank's own step-1 batch (harness/reference_forward.py
 # ``initial_weights_forward``): by what the run computes in (its size's precision,
 # harness/backends SizeSpec.precision) and where. Measured on the default suite's random-init
 # runs, both generations (see the "why" of each band); a device not listed has no measured band,
