@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from harness import dump_layout, known_issues
 from harness.expectations import ExpectationRegistry, MissingExpectation
+from harness.reference_forward import FORWARDS
 from harness.results import RunResult
 
 
@@ -60,7 +61,7 @@ def first_step_loss(run: RunResult, steps: int) -> Outcome:
     if not run.steps:
         return Outcome("no step was logged")
     try:
-        expectation = ExpectationRegistry().for_run(run)
+        expectation = ExpectationRegistry().for_run(run, FORWARDS)
     except MissingExpectation as error:
         observed = run.steps[0].loss
         return Outcome(f"{error}. Observed step-1 loss {observed:.6f}: record it in "

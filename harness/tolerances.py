@@ -68,7 +68,7 @@ INIT_STD_RTOL = 0.15
 
 
 # A random-init run's step 1 vs the independent float32 forward (transformers, host CPU) of its
-# own dumped step-0 weights on every rank's own step-1 batch (harness/expectations.py
+# own dumped step-0 weights on every rank's own step-1 batch (harness/reference_forward.py
 # ``initial_weights_forward``): by what the run computes in (its size's precision,
 # harness/backends SizeSpec.precision) and where. Measured on the default suite's random-init
 # runs, both generations (see the "why" of each band); a device not listed has no measured band,
@@ -343,7 +343,7 @@ def parity_regime_for(arch) -> str:
 # 2b. Diagnosis: the run's model, module by module, against the float64 reference trace
 # =============================================================================================
 # harness/diagnosis/localize.py compares every module's output (the run's starting weights,
-# its first batch) with harness/diagnosis/trace.py in float64, and names the first outside
+# its first batch) with harness/parity/reference.py in float64, and names the first outside
 # these bounds. Regimes as for parity; the reference emulates bf16 experts where the model
 # computes them in bf16 (``bf16_experts``), so only the rounding of the expert inputs differs.
 #

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from harness import titan_api
-from harness.parity import reference
 from harness.conformance.checkpoint import Violation
 from harness.hf_config import Qwen3Arch
+from harness.ops.rope_torch import apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -130,8 +130,8 @@ def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int =
         q_n, k_n = module(q, k, pos)
 
     def rel_error(theta: float) -> float:
-        cos, sin = reference.rope_cos_sin(pos, D, theta)
-        q_r, k_r = reference.apply_rope(q, cos, sin), reference.apply_rope(k, cos, sin)
+        cos, sin = rope_cos_sin(pos, D, theta, dtype=torch.float32)
+        q_r, k_r = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         err = max(float((q_n - q_r).abs().max()), float((k_n - k_r).abs().max()))
         return err / max(float(q_r.abs().max()), float(k_r.abs().max()))
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from harness.diagnosis.errors import NotDiagnosable
-from harness.diagnosis.trace import WeightSource
+from harness.parity.reference import WeightSource
 from harness.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
 
 EMBED = "model.embed_tokens.weight"

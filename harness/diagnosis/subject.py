@@ -22,7 +22,7 @@ import torch
 from harness import dump_layout
 from harness.diagnosis import rank_dump
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
-from harness.diagnosis.trace import WeightSource
+from harness.parity.reference import WeightSource
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.

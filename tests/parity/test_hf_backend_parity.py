@@ -29,7 +29,8 @@ import torch
 from harness import known_issues, titan_api
 from harness.hf_config import Qwen3Arch, arch_from_config_object
 from harness import workarounds as W
-from harness.parity import compare, reference
+from harness.ops.rope_torch import rope_inv_freq
+from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.settings import settings_table
 from harness.tolerances import parity_tolerance as tolerance
@@ -123,7 +124,7 @@ def test_backend_model_config_matches_config_json(backend_as_configured, dense_d
 
 
 def _expected_inv_freq(arch: Qwen3Arch) -> torch.Tensor:
-    return reference.rope_inv_freq(arch.head_dim, arch.rope_theta)
+    return rope_inv_freq(arch.head_dim, arch.rope_theta, dtype=torch.float32)
 
 
 def inv_freq_problem(inv_freq: torch.Tensor, arch: Qwen3Arch):
