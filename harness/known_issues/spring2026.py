@@ -88,7 +88,11 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
              "the saved checkpoint lacks every mlp.experts.gate_up_proj / down_proj. The "
              "2-rank CPU pretrained run's shard fingerprints: the routed experts of both layers "
              "(6 of 27 sharded parameters) identical on both ranks, the unloaded random init; "
-             "every other parameter loaded and distinct.",
+             "every other parameter loaded and distinct. In process, the adapter's to_hf of "
+             "tiny_moe's state (tests/parity/test_native_to_hf.py; with and without the "
+             "harness's custom ops) gives 21 of the 213 tensors of the harness's own conversion "
+             "(harness/conformance/native_to_hf.py), every one bit for bit equal, and lacks "
+             "exactly the other 192: 2 layers x 32 experts x gate/up/down_proj.",
     where=(Where(check="first_step_loss", backend=("nki_moe",), init=("pretrained",),
                  generation=("spring2026",)),
            Where(check="hf_checkpoint_complete", backend=("nki_moe",), generation=("spring2026",)),
@@ -99,7 +103,9 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
            # in process (tests/parity): the adapter's load and save of tiny_moe, and every
            # comparison of the native MoE model loaded through it
            Where(check="checkpoint_conformance", subject=("tiny_moe",), generation=("spring2026",)),
-           Where(check="native_moe_parity", subject=("tiny_moe",), generation=("spring2026",))),
+           Where(check="native_moe_parity", subject=("tiny_moe",), generation=("spring2026",)),
+           # the harness's own native -> HF conversion against the adapter's to_hf
+           Where(check="native_to_hf_vs_adapter", subject=("tiny_moe",), generation=("spring2026",))),
     signature=Signature(quantity="deviation", low=0.7, high=1.3),
     signatures=(("hf_checkpoint_complete",
                  Signature(quantity="missing_key_kinds",
@@ -114,7 +120,12 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
                 # 1.2698: the comparisons fail while exactly the experts were left unloaded
                 ("native_moe_parity", Signature(quantity="native_keys_not_loaded",
                                                 equals=("moe.experts.w1_EFD", "moe.experts.w2_EDF",
-                                                        "moe.experts.w3_EFD")))),
+                                                        "moe.experts.w3_EFD"))),
+                # the to_hf output lacks exactly every routed expert's tensors; the rest equal
+                ("native_to_hf_vs_adapter", Signature(quantity="missing_key_kinds",
+                                                      equals=("mlp.experts.down_proj.weight",
+                                                              "mlp.experts.gate_proj.weight",
+                                                              "mlp.experts.up_proj.weight")))),
 )
 
 SPRING_TIED_OUTPUT_INIT = KnownIssue(
