@@ -17,8 +17,8 @@ failure (another sign, another size, a crash) is a failure, and a check that pas
 issue should show is a failure too (upstream fixed it: delete the entry). An applied
 workaround removes the issue from the expectation, and the check is held to its tolerance.
 
-How a test uses the verdict (``settle``, the one idiom; tests/selftest/test_checks_catch_defects.py
-refuses any other way of excusing a known issue under tests/):
+How a test uses the verdict: ``settle``, the one idiom (any other way of excusing a known
+issue under tests/ fails tests/selftest/test_checks_catch_defects.py):
 
     verdict = known_issues.judge(check, problem, observed, workarounds, **where)
     known_issues.settle(verdict, problem)
@@ -185,7 +185,6 @@ def installed_version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
 
 
 def inherited(issue: KnownIssue, check: str, context: dict[str, str]) -> bool:
