@@ -269,13 +269,9 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
     return True
 
 
-def enforce(check: str, run: RunResult, steps: int) -> None:
-    """Run ``check`` on ``run`` under pytest: fail, xfail naming a known issue, or pass; the
-    verdict is recorded for the run report (``record``)."""
-    import pytest
-
+def judge_and_record(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdict, Outcome]:
+    """``check``'s verdict on ``run``, recorded for the run report (``record``); a test ends on
+    it with ``known_issues.settle``."""
     result, outcome = verdict(check, run, steps)
     record(check, run, result, outcome)
-    if result.status == "fail":
-        pytest.fail(f"{result.message}\n{run.describe()}", pytrace=False)
-    known_issues.xfail_if_known(result, outcome.problem)
+    return result, outcome
