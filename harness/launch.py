@@ -58,7 +58,7 @@ class RunSpec:
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
-    # Workarounds for named upstream defects (harness/known_issues.py), on top of the ones the
+    # Workarounds for named upstream defects (harness/known_issues/), on top of the ones the
     # backend always gets (BackendSpec.workarounds).
     workarounds: tuple[str, ...] = ()
     # Plants (harness/plants): defects the self-tests put into the ranks' torchtitan.

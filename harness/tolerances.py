@@ -466,7 +466,7 @@ BASELINE_THRESHOLDS = {t.name: t for t in (
 # Why float64 and not a float32 reference: a float32 reference shares float32 failure modes
 # with the implementation. Measured: at positions >= 32768 a float32 reference and torchtitan's
 # float32 RoPE round the angle ``pos * inv_freq`` identically and agree to ~1e-7 while both are
-# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/known_issues.py).
+# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/known_issues/).
 #
 # Rule 2 -- arbitration against float64 when rule 1 fails
 # --------------------------------------------------------
@@ -540,7 +540,7 @@ class KernelTolerance:
 #       router gate gradient that are mathematically zero) and go to arbitration.
 #   K = 2 x the largest arbitration ratio measured on any tensor of a conforming
 #       implementation, rounded up to a power of two (minimum 4).
-# "Conforming" excludes the checks a known issue excuses (harness/known_issues.py, check "kernel"),
+# "Conforming" excludes the checks a known issue excuses (harness/known_issues/, check "kernel"),
 # which are reported, never absorbed.
 _KERNEL = {
     ("elementwise", torch.float32): (16.0, 8.0),

@@ -14,7 +14,7 @@ k, v the module itself produced). The HF side is the config.json, read without t
 (:class:`~harness.hf_config.Qwen3Arch`).
 
 Known violations (confirmed upstream defects) are not listed here: they are entries of the
-one registry, harness/known_issues.py (check ``config_conformance``, ``subject``).
+one registry, harness/known_issues/ (check ``config_conformance``, ``subject``).
 
 Every violation is listed (grouped per field and value, with the module count and the first
 module), not just the first.

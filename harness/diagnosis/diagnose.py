@@ -87,7 +87,7 @@ def request(run) -> dict:
 
 
 def known_explanation(run, deviation: float | None) -> str | None:
-    """The known issue (harness/known_issues.py) that a failing step-1 loss of this run is, by
+    """The known issue (harness/known_issues/) that a failing step-1 loss of this run is, by
     its recorded signature here (backend, size, init, device, attention, generation, the run's
     workarounds): that is the answer, and rebuilding the model would only say it again."""
     from harness import known_issues

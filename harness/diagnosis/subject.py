@@ -256,7 +256,7 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
 
 def known_load_gap_issues(kinds) -> list[str]:
     """The tensors (``kinds``: layer index dropped) the trainer's HF load leaves at their init,
-    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues.py). A
+    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues/). A
     gap that is a known issue's signature is named, and is to be filled from the checkpoint
     under the right names, so that the module walk looks past it for a further defect; any
     other gap is an error (the diagnosis cannot say which weights the model computes with).
@@ -273,7 +273,7 @@ def known_load_gap_issues(kinds) -> list[str]:
     if not issues:
         raise NotDiagnosable(f"the run's HF load left {list(kinds)} at their init, which no known "
                              f"issue records: fix the load (or record it in "
-                             f"harness/known_issues.py) before a module walk can mean anything")
+                             f"harness/known_issues/) before a module walk can mean anything")
     return [f"known issue {issue.name}: the HF load left {', '.join(kinds)} at their init "
             f"(the run's step-1 loss shows it); the diagnosis loaded them from the checkpoint "
             f"to look past it" for issue in issues]

@@ -21,9 +21,7 @@ modules whose outputs are the canonical activations (``embed``, ``layers.{i}.att
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
