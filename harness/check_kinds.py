@@ -147,6 +147,7 @@ KINDS: tuple[CheckKind, ...] = (
               (E2E + "test_backend_registry.py::test_a_registered_backend_is_instantiated_on_every_device",
                SELF + "test_upstream_shims.py::test_generation_names",
                SELF + "test_startup_gc.py::test_a_launched_rank_imports_with_collection_off_until_its_trainer_is_built",
+               SELF + "test_rank_observers.py::test_every_rank_boots_with_every_observer_on_every_device",
                E2E + "test_workflows.py::test_workflows_pass_linter",
                SELF + "test_parallel_tier.py::test_a_run_launched_twice_is_found",
                SELF + "test_parallel_tier.py::test_workers_for_a_selection",

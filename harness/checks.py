@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import known_issues
+from harness import dump_layout, known_issues
 from harness.expectations import ExpectationRegistry, MissingExpectation
+from harness.reference_forward import FORWARDS
 from harness.results import RunResult
 
 
@@ -60,7 +61,7 @@ def first_step_loss(run: RunResult, steps: int) -> Outcome:
     if not run.steps:
         return Outcome("no step was logged")
     try:
-        expectation = ExpectationRegistry().for_run(run)
+        expectation = ExpectationRegistry().for_run(run, FORWARDS)
     except MissingExpectation as error:
         observed = run.steps[0].loss
         return Outcome(f"{error}. Observed step-1 loss {observed:.6f}: record it in "
@@ -93,7 +94,7 @@ def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
 
     dirs = run.hf_checkpoint_dirs
     if not dirs:
-        problem = f"no HF checkpoint under {run.run_dir / 'dump' / 'checkpoint'}"
+        problem = f"no HF checkpoint under {dump_layout.checkpoints(run.run_dir)}"
         return Outcome(problem, {"error": problem})
     spec = backend(run.backend).size(run.size)
     model_dir = spec.resolve(spec.model_dir, run.assets_dir)
@@ -143,9 +144,9 @@ def shards_distinct(run: RunResult, steps: int) -> Outcome:
     one whose parameters are all replicated, has nothing to compare and passes."""
     from harness import rank_step0
 
-    by_rank = rank_step0.read_fingerprints(run.run_dir)
+    by_rank = dump_layout.read_fingerprints(run.run_dir)
     if by_rank is None:
-        return Outcome(f"no shard fingerprints under {run.run_dir / 'dump' / rank_step0.SHARDS} "
+        return Outcome(f"no shard fingerprints under {dump_layout.dump_folder(run.run_dir) / dump_layout.SHARDS} "
                        "(the ranks write them at step 1: harness/rank_step0.py)")
     checked, identical = rank_step0.identical_shards(by_rank)
     fraction = len(identical) / len(checked) if checked else 0.0
@@ -268,13 +269,9 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
     return True
 
 
-def enforce(check: str, run: RunResult, steps: int) -> None:
-    """Run ``check`` on ``run`` under pytest: fail, xfail naming a known issue, or pass; the
-    verdict is recorded for the run report (``record``)."""
-    import pytest
-
+def judge_and_record(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdict, Outcome]:
+    """``check``'s verdict on ``run``, recorded for the run report (``record``); a test ends on
+    it with ``known_issues.settle``."""
     result, outcome = verdict(check, run, steps)
     record(check, run, result, outcome)
-    if result.status == "fail":
-        pytest.fail(f"{result.message}\n{run.describe()}", pytrace=False)
-    known_issues.xfail_if_known(result, outcome.problem)
+    return result, outcome

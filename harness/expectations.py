@@ -1,7 +1,14 @@
-"""Expected first-step losses, read from fixtures/expectations.toml.
+"""Expected first-step losses: the registry of fixtures/expectations.toml, the one home of its
+lookup (``ExpectationRegistry``, ``Expectation``) and of the values it derives from data alone
+(the recorded losses, the analytic random-init loss ``ln V + s^2/2`` and its init std rules).
 
 Like HF's ``Expectations``, values are keyed by where they apply (backend, model, init, device
 kind); unlike it, there is no "closest key" fallback: a missing key is an error that names it.
+
+The entries whose value is computed from a launched run (``hf_forward``, and a random-init
+run's ``initial_weights_forward``) are computed by the forwards the caller passes in
+(``RunForwards``; harness/reference_forward.py ``FORWARDS``): this registry reads data and
+imports no computation.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from harness import paths
 from harness.tolerances import RANDOM_INIT_DRAW, LossBand, loss_band
@@ -21,6 +29,16 @@ EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"
 
 class MissingExpectation(KeyError):
     pass
+
+
+@dataclass(frozen=True)
+class RunForwards:
+    """How a launched run's computed expectations are computed (harness/reference_forward.py
+    ``FORWARDS``): ``hf_forward(run) -> (value, source)`` and ``initial_weights_forward(run) ->
+    (value, source, band)``, or None where the run dumped nothing to recompute it from."""
+
+    hf_forward: Callable[[Any], tuple[float, str]]
+    initial_weights_forward: Callable[[Any], "tuple[float, str, LossBand] | None"]
 
 
 @dataclass(frozen=True)
@@ -168,114 +186,6 @@ def _analytic(model: str, spec: dict, model_dir=None) -> tuple[float, str]:
     return value, f"ln V + std^2*hidden/2 (V={hf['vocab_size']}, hidden={hf['hidden_size']}, std={std:.4g})"
 
 
-def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
-    """torchtitan's logged step-1 ``global_avg_loss`` recomputed independently: the HF model
-    (transformers, float32, host CPU) with the run's initial weights on every rank's dumped
-    step-1 batch (harness/rank_step0.py), with the run's masking of packed rows
-    (``row_causal``: causal over the row at row positions; ``causal``: causal over the row at
-    per-document positions; ``document``: per document), each rank's summed token CE over the
-    global count of valid labels. Holds on any data, so on C4 as on the fixture corpus."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    if mask not in ("row_causal", "causal", "document"):
-        raise ValueError(f"unknown masking {mask!r}")
-    model = AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=torch.float32).eval()
-    ignore = -100
-    valid = sum(int((b["model_labels"] != ignore).sum()) for b in batches)
-    total = 0.0
-    with torch.no_grad():
-        for batch in batches:
-            tokens, labels = batch["model_input"], batch["model_labels"]
-            if mask == "row_causal" or batch.get("positions") is None:
-                positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-            else:
-                positions = batch["positions"]
-            attention = None if mask == "document" else torch.ones_like(tokens)
-            logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention,
-                           use_cache=False).logits
-            total += float(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                                           reduction="sum", ignore_index=ignore)) / valid
-    return total
-
-
-def _hf_forward(run) -> tuple[float, str]:
-    from harness.data.loss_reference import load_batches
-    from harness.launch import pretrained_weights_dir, RunSpec
-
-    if run is None:
-        raise MissingExpectation("an hf_forward expectation is computed from a launched run")
-    weights = pretrained_weights_dir(RunSpec(backend=run.backend, size=run.size, init=run.init,
-                                             attention=run.attention,
-                                             hf_assets_path=run.assets_dir))
-    try:
-        batches = load_batches(run.run_dir)
-    except FileNotFoundError as error:
-        raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
-                                 f"step-1 batch: harness/backends/common.py dump_first_batch)") from None
-    value = independent_first_step_loss(weights, batches, run.mask)
-    return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
-                   f"batch ({len(batches)} rank(s), {run.mask} masking)")
-
-
-def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
-    """A random-init run's step-1 loss recomputed from what it started from: the float32
-    transformers forward (``independent_first_step_loss``) of the step-0 weights its ranks
-    dumped (harness/diagnosis/rank_dump.py), converted to HF by the harness
-    (harness/conformance/native_to_hf.py), on every rank's own step-1 batch
-    (harness/rank_step0.py), with the run's masking. None where the run dumped no
-    weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
-    (harness/tolerances.py ``initial_weights_forward_band``)."""
-    from harness.backends import backend
-    from harness.data.loss_reference import load_batches
-    from harness.diagnosis import rank_dump
-    from harness.tolerances import initial_weights_forward_band
-
-    if run is None or run.init != "random" or run.run_dir is None:
-        return None
-    dumped = rank_dump.initial_weights_dir(run.run_dir)
-    spec = backend(run.backend).size(run.size)
-    band = initial_weights_forward_band(spec.precision, run.device)
-    if dumped is None or band is None:
-        return None
-    try:
-        batches = load_batches(run.run_dir)
-    except FileNotFoundError as error:
-        raise MissingExpectation(f"{run.name}: its step-0 weights were dumped but not its ranks' "
-                                 f"step-1 batches ({error}; every config function installs "
-                                 f"harness/backends/common.py dump_first_batch)") from None
-    if len(batches) != run.nproc:
-        raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
-                                 f"{run.nproc} ranks: a global-average loss needs every rank's")
-    model_dir = _run_model_dir(run) or Path(spec.model_dir)
-    from harness.conformance.native_to_hf import NotConvertible
-
-    try:
-        weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
-    except NotConvertible as error:
-        raise MissingExpectation(f"{run.name}: its dumped step-0 weights ({dumped}) are not an HF "
-                                 f"checkpoint of {model_dir}: {error}") from None
-    mask = _model_masking(run)
-    value = independent_first_step_loss(weights, batches, mask)
-    return value, (f"independent HF forward (float32, CPU) of the run's dumped step-0 weights "
-                   f"on its own step-1 batches ({len(batches)} rank(s), {mask} masking)"), band
-
-
-def _model_masking(run) -> str:
-    """How the run's model masks packed rows: the run's masking, except where its generation's
-    transformers backend discards the dataloader's positions (spring-2026: causal over the row
-    at row positions, ``titan_api.transformers_backend().masking``). That defect is known
-    issue spring2026-hf_v5-row-positions and is held by the checks that see it (the parity
-    suite's attention_mask and logits_vs_reference); the forward of the run's weights holds
-    the rest of its step 1."""
-    if run.backend != "hf_v5" or run.mask != "causal":
-        return run.mask
-    from harness import titan_api
-
-    return titan_api.transformers_backend().masking
-
-
 class ExpectationRegistry:
     """Entries keyed by backend, model, init, device kind and attention mask; "any" in the
     device or mask of an entry matches every value, and an exact entry wins over "any"."""
@@ -291,10 +201,14 @@ class ExpectationRegistry:
 
     def get(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
             dp: int = 2, generation: str | None = None, run=None,
-            model_dir: str | Path | None = None) -> Expectation:
+            model_dir: str | Path | None = None, forwards: RunForwards | None = None) -> Expectation:
         """The expected first-step loss of a run; ``dp`` is its data-parallel degree (a recorded
         loss depends on the global batch), ``generation`` its torchtitan API generation
-        (default: the installed one)."""
+        (default: the installed one). A launched ``run`` comes with the ``forwards`` that
+        compute its computed entries."""
+        if (run is None) != (forwards is None):
+            raise TypeError("a launched run's expectation needs the forwards that compute it, and "
+                            "they need the run: pass both (harness/reference_forward.py FORWARDS)")
         generation = _api_generation(generation)
 
         def score(entry):  # exact matches first
@@ -321,27 +235,32 @@ class ExpectationRegistry:
             value, source = _recorded_loss(model, entry["recorded"], dp, generation)
         elif "analytic_random_init" in entry:
             value, source = _analytic(model, entry["analytic_random_init"], model_dir)
-            forward = initial_weights_forward(run) if entry.get("initial_weights_forward") else None
+            forward = (forwards.initial_weights_forward(run)
+                       if run is not None and entry.get("initial_weights_forward") else None)
             if forward is not None:
                 init = Expectation(key, value, RANDOM_INIT_DRAW.value, RANDOM_INIT_DRAW.name,
                                    source, what="step-0 weights' forward")
                 band = forward[2]
                 return Expectation(key, forward[0], band.value, band.name, forward[1], init=init)
         elif entry.get("hf_forward"):
-            value, source = _hf_forward(run)
+            if run is None:
+                raise MissingExpectation(f"{key}: an hf_forward expectation is computed from a "
+                                         f"launched run")
+            value, source = forwards.hf_forward(run)
         else:
             raise ValueError(f"expectation {key} in {self.path} gives no value source")
         band = loss_band(entry["tolerance"])
         return Expectation(key, value, band.value, band.name, source)
 
-    def for_run(self, run) -> Expectation:
-        """The expectation of a launched run (a RunResult)."""
+    def for_run(self, run, forwards: RunForwards) -> Expectation:
+        """The expectation of a launched run (a RunResult), its computed entries computed by
+        ``forwards`` (harness/reference_forward.py ``FORWARDS``)."""
         if run.model is None:
             raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
                                      f"knows, so it has no expectation")
         return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
                         run.versions.get("torchtitan-generation"), run=run,
-                        model_dir=_run_model_dir(run))
+                        model_dir=run_model_dir(run), forwards=forwards)
 
     def published(self, run) -> Expectation | None:
         """The source's published first-step loss for ``run``, where it has one: same backend,
@@ -384,7 +303,7 @@ def run_data(run) -> str:
     return "fixture"
 
 
-def _run_model_dir(run) -> Path | None:
+def run_model_dir(run) -> Path | None:
     """A full-size run's model config dir (its assets); None: the fixtures' by model key."""
     if run.size != "full" or not run.assets_dir:
         return None

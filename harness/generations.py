@@ -33,7 +33,7 @@ SUPPORTED: dict[str, tuple[str, str]] = {
 # The API module of each generation (harness/titan_api/<module>.py).
 API_OF = {"v0_3": "v0_3", "spring2026": "spring2026", "spring2026-neuron": "spring2026"}
 # A fork and the generation it forks: the fork inherits the base's known issues
-# (harness/known_issues.py: expected where their signature reproduces, named "inherited").
+# (harness/known_issues/: expected where their signature reproduces, named "inherited").
 FORK_OF = {"spring2026-neuron": "spring2026"}
 # TorchTitan Neuron releases the harness has been checked against (Neuron SDK 2.33).
 KNOWN_FORK_VERSIONS = ("0.2.2+neuron.1",)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from harness import known_issues
+from harness import dump_layout, known_issues, rank_observers
 from harness.backends import BackendSpec, backend
 from harness import paths, plants
 from harness.assets_twin import FULL_ASSETS_ENV
@@ -35,6 +35,7 @@ from harness.versions import package_versions  # also the name cli and the repor
 BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
+OBSERVERS_ENV = rank_observers.OBSERVERS_ENV
 DATA_SOURCES = ("fixture", "c4")
 
 
@@ -57,7 +58,7 @@ class RunSpec:
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
-    # Workarounds for named upstream defects (harness/known_issues.py), on top of the ones the
+    # Workarounds for named upstream defects (harness/known_issues/), on top of the ones the
     # backend always gets (BackendSpec.workarounds).
     workarounds: tuple[str, ...] = ()
     # Plants (harness/plants): defects the self-tests put into the ranks' torchtitan.
@@ -179,7 +180,7 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         "-m", "torchtitan.train",
         "--module", spec.module,
         "--config", spec.config,
-        "--dump_folder", str(run_dir / "dump"),
+        "--dump_folder", str(dump_layout.dump_folder(run_dir)),
         "--training.steps", str(spec.steps),
     ]
     if spec.hf_assets_path and not spec.subject:
@@ -217,10 +218,13 @@ def data_flags(data: str, data_path: str | None, ranks: int) -> list[str]:
 
 def remove_checkpoints(run_dir: Path) -> None:
     """Delete a run's checkpoints (``dump/checkpoint``) once its checks have read them."""
-    shutil.rmtree(Path(run_dir) / "dump" / "checkpoint", ignore_errors=True)
+    shutil.rmtree(dump_layout.checkpoints(run_dir), ignore_errors=True)
 
 
 def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
+    """What every rank starts with: the device's variables, the boot folder first on the path
+    (on every device) with the shims, plants and rank-side observers it installs
+    (harness/upstream/boot/sitecustomize.py), then ``spec.extra_env``."""
     env = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
     env.update(profile.rank_env)
     if spec.size == "full" and spec.hf_assets_path and not spec.subject:
@@ -238,8 +242,8 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
             env[variable] = ",".join(names)
         else:
             env.pop(variable, None)
-    if shims or spec.plants:
-        python_path.insert(0, str(BOOT_DIR))
+    env[OBSERVERS_ENV] = rank_observers.env_value()  # every run, every device
+    python_path.insert(0, str(BOOT_DIR))
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(python_path)
@@ -300,12 +304,6 @@ def _wait(proc: subprocess.Popen, timeout_s: float, sink: Path, on_step) -> bool
     return False
 
 
-def _lowest_rank_sink(run_dir: Path) -> Path | None:
-    files = sorted((run_dir / "dump" / "harness_metrics").glob("rank*.jsonl"),
-                   key=lambda p: int(p.stem[4:]))
-    return files[0] if files else None
-
-
 def cache_entries(folder: str | None) -> int | None:
     """Files in a compile cache folder (None: the device keeps no cache)."""
     if folder is None:
@@ -348,7 +346,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        sink = run_dir / "dump" / "harness_metrics" / "rank0.jsonl"
+        sink = dump_layout.metrics_file(dump_layout.dump_folder(run_dir), rank=0)
         try:
             timed_out = _wait(proc, spec.timeout_s, sink, on_step)
         finally:
@@ -372,7 +370,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         duration_s=time.monotonic() - start,
         run_dir=run_dir,
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
-        steps=read_step_records(_lowest_rank_sink(run_dir) or sink),
+        steps=read_step_records(dump_layout.lowest_rank_metrics(run_dir) or sink),
         rank_logs=find_rank_logs(run_dir),
         versions={**package_versions(), **profile.recorded},
         compile_cache=compile_cache_state(profile.compile_cache_dir, cache_before),

@@ -2,8 +2,9 @@
 
 ``JsonlMetricsProcessor`` is torchtitan's ``MetricsProcessor`` plus one more logger: every
 time the trainer logs a step, every rank appends the full-precision metrics dict as one JSON
-line to ``<dump_folder>/<sink_folder>/rank<R>.jsonl``. The harness reads those files; it never
-parses the coloured, 5-decimal console line.
+line to ``<dump_folder>/<sink_folder>/rank<R>.jsonl`` (harness/dump_layout.py
+``metrics_file``). The harness reads those files; it never parses the coloured, 5-decimal
+console line.
 
 A non-finite loss stops the run at that step (``stop_on_nonfinite_loss``) with an error that
 names the step, instead of training on for N more steps of NaN.
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+
+from harness import dump_layout
 
 LOSS_KEY = "loss_metrics/global_avg_loss"
 
@@ -57,7 +60,7 @@ class JsonlLogger(BaseLogger):
 class JsonlMetricsProcessor(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
-        sink_folder: str = "harness_metrics"
+        sink_folder: str = dump_layout.METRICS
         """Folder under dump_folder for the per-rank JSONL step records."""
 
         stop_on_nonfinite_loss: bool = True
@@ -68,7 +71,7 @@ class JsonlMetricsProcessor(MetricsProcessor):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dump_folder = kwargs.get("dump_folder", "./outputs")
         sink = JsonlLogger(
-            os.path.join(dump_folder, config.sink_folder, f"rank{rank}.jsonl"),
+            str(dump_layout.metrics_file(dump_folder, rank, folder=config.sink_folder)),
             config.stop_on_nonfinite_loss,
         )
         container = LoggerContainer()

@@ -104,41 +104,29 @@ SMALL_CASES = ("titan_native-tiny_dense", "hf_v5-tiny_dense", "titan_native-tiny
 
 
 def _trainer_config(name: str, seq_len: int):
-    """The backend's own trainer config for this model, with the run's sequence length."""
-    from harness.backends import hf_v5, titan_native
+    """The backend's own trainer config for this model (harness/model_build.py), with the run's
+    sequence length."""
     from harness.backends.native_qwen3 import model_spec_from_hf
+    from harness.model_build import backend_config
 
     if name == f"titan_native-{QWEN3_4B}":
-        config = titan_native.full()  # torchtitan's "4B" flavor
+        config = backend_config("titan_native", "full", assets=REFERENCE / QWEN3_4B)  # the "4B" flavor
     elif name == f"hf_v5-{QWEN3_4B}":
-        config = hf_v5.full()
-        config.hf_model = config.hf_assets_path = str(REFERENCE / QWEN3_4B)
+        config = backend_config("hf_v5", "full", assets=REFERENCE / QWEN3_4B)
     elif name == f"nki_moe-{MOE_4L}":
-        config = titan_native.full()
+        config = backend_config("titan_native", "full", assets=REFERENCE / QWEN3_4B)
         config.model_spec = model_spec_from_hf(REFERENCE / MOE_4L, flavor="30b_a3b_4l_64e_top4")
     elif name == "titan_native-tiny_dense":
-        config = titan_native.tiny()
+        config = backend_config("titan_native")
     elif name == "hf_v5-tiny_dense":
-        config = hf_v5.tiny()
+        config = backend_config("hf_v5")
     elif name == "titan_native-tiny_moe":
-        config = titan_native.tiny()
+        config = backend_config("titan_native")
         config.model_spec = model_spec_from_hf(paths.TINY_MOE, flavor="tiny_moe")
     else:
         raise ValueError(f"unknown case {name!r}")
     config.training.seq_len = seq_len
     return config
-
-
-def _build_on_meta(config):
-    """What torchtitan's Trainer.__init__ does before parallelising: the model on meta."""
-    import torch
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.tools import utils
-
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-        return model_config.build()
 
 
 def _eager_block_masks() -> None:
@@ -324,7 +312,9 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
     timings = {}
     start = time.monotonic()
     config = _trainer_config(name, seq_len)
-    model = _build_on_meta(config)
+    from harness.model_build import on_meta
+
+    model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
     s = Streamer(model, kind)
     dtype = getattr(torch, compute_dtype)
@@ -439,7 +429,9 @@ def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> d
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     config = _trainer_config(name, seq_len)
-    model = _build_on_meta(config)
+    from harness.model_build import on_meta
+
+    model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
     model.to_empty(device="cpu")
     torch.manual_seed(SEED)

@@ -1,25 +1,18 @@
-"""What a launched run's ranks leave about step 0, under the run's dump folder, and how the
-shard fingerprints are read back. One hook (``install``), installed in every launched rank:
-by the harness's ``sitecustomize`` (harness/upstream/boot, ``install_in_rank``) wherever the
-boot folder is on the ranks' path, and by every registered backend's config function
-(harness/backends/common.py ``install_rank_step0``), so a trn2 run, whose ranks get no shims,
-leaves it too. It observes only.
+"""What a launched run's ranks record about step 0, and the check on the shard fingerprints.
+Observers only (installed in every launched rank by harness/rank_observers.py); the paths are
+harness/dump_layout.py's, which reads them back.
 
-- ``harness_batches/rank{R}_step1.pt``: every rank's step-1 batch as the trainer received it
-  (``input``, ``positions`` or None, ``labels``) and as ``post_dataloading_process`` makes it
-  (``model_input``, ``model_labels``, ``model_positions``): the layout harness/data/
-  loss_reference.py ``load_batches`` reads (full-size runs' HF-forward expectation) and
-  harness/diagnosis/rank_dump.py ``first_batch`` falls back to. Not written where the data-path
-  hooks (harness/data/rank_hooks.py) are installed: they write the same files, for more steps.
-- ``harness_initial/native_rank0_<unit>.pt``: a random-init run's step-0 weights under
-  torchtitan's names, one file per unit (embedding, each layer, final norm, head), written by
-  rank 0 after every rank gathered its shards, so memory stays that of one layer; models over
-  ``MAX_PARAMS`` are not dumped (read by harness/diagnosis/rank_dump.py).
-- ``harness_step0/shards_rank{R}.json``: every rank's fingerprint of each parameter's local
-  shard, as step 1 starts from it (after init, and after the checkpoint load of a pretrained
-  run): its mesh coordinate on the sharded mesh dimensions, shape, a hash of its bytes, float64
-  sum and sum of squares, a few fixed-index samples, whether all its values are equal. One pass
-  over the local shard, no collective: cheap at every size (``identical_shards`` reads them).
+- the step-0 weights of a random-init run (``dump_initial``), under torchtitan's names, one
+  file per unit (embedding, each layer, final norm, head), written by rank 0 after every rank
+  gathered its shards, so memory stays that of one layer; models over ``MAX_PARAMS`` are not
+  dumped;
+- every rank's fingerprint of each parameter's local shard, as step 1 starts from it (after
+  init, and after the checkpoint load of a pretrained run; ``write_fingerprints``): its mesh
+  coordinate on the sharded mesh dimensions, shape, a hash of its bytes, float64 sum and sum
+  of squares, a few fixed-index samples, whether all its values are equal. One pass over the
+  local shard, no collective: cheap at every size (``identical_shards`` judges them);
+- every rank's batch of a step (``dump_batch``), as the trainer received it and as
+  ``post_dataloading_process`` makes it (what the model and the loss are fed).
 """
 
 from __future__ import annotations
@@ -27,15 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 
-BATCHES = "harness_batches"
-BATCH_FILE = "rank{rank}_step{step}.pt"
-INITIAL = "harness_initial"
-NATIVE = "native_rank0_{unit}.pt"  # one file per unit (embedding, each layer, norm, head)
+from harness import dump_layout
+
 MAX_PARAMS = 200_000_000  # a larger model is not dumped (a 4B random init would be 16 GB)
-SHARDS = "harness_step0"
-SHARD_FILE = "shards_rank{rank}.json"
 SAMPLES = 4  # fixed flat indices per shard: 0, n/4, n/2, 3n/4
 CHECKPOINT_WRAPPER = "_checkpoint_wrapped_module."  # activation checkpointing's, not in names users know
 
@@ -95,9 +83,8 @@ def fingerprint(param) -> dict:
     return out
 
 
-def _write_fingerprints(trainer) -> None:
-    folder = Path(trainer.config.dump_folder) / SHARDS
-    folder.mkdir(parents=True, exist_ok=True)
+def write_fingerprints(trainer) -> None:
+    """This rank's fingerprints of every parameter's local shard."""
     params = {}
     for i, part in enumerate(trainer.model_parts):
         prefix = f"part{i}." if len(trainer.model_parts) > 1 else ""
@@ -106,20 +93,10 @@ def _write_fingerprints(trainer) -> None:
     import torch.distributed as dist
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    (folder / SHARD_FILE.format(rank=rank_of_process())).write_text(json.dumps(
+    path = dump_layout.shard_file(trainer.config.dump_folder, rank_of_process())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(
         {"rank": rank_of_process(), "world": world, "step": int(trainer.step), "params": params}, indent=0))
-
-
-def read_fingerprints(run_dir: Path) -> dict[int, dict] | None:
-    """rank -> its fingerprints (``None`` when the run left none)."""
-    files = sorted((Path(run_dir) / "dump" / SHARDS).glob(SHARD_FILE.format(rank="*")))
-    if not files:
-        return None
-    out = {}
-    for path in files:
-        record = json.loads(path.read_text())
-        out[int(record["rank"])] = record
-    return out
 
 
 def identical_shards(by_rank: dict[int, dict]) -> tuple[list[str], list[str]]:
@@ -153,19 +130,19 @@ def _unit(name: str) -> str:
     return f"{parts[0]}.{parts[1]}" if parts[0] == "layers" else parts[0]
 
 
-def _dump_initial(trainer) -> None:
-    """Every rank takes part (a sharded parameter is gathered); rank 0 writes, one unit at a
-    time, so memory stays that of one layer."""
+def dump_initial(trainer) -> None:
+    """The model's step-0 weights. Every rank takes part (a sharded parameter is gathered);
+    rank 0 writes, one unit at a time, so memory stays that of one layer."""
     import torch
 
-    folder = Path(trainer.config.dump_folder) / INITIAL
+    dump = trainer.config.dump_folder
     rank = rank_of_process()
     model = trainer.model_parts[0]
     named = list(model.state_dict().items())
     if sum(t.numel() for _, t in named) > MAX_PARAMS:
         return
     if rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
+        dump_layout.initial_folder(dump).mkdir(parents=True, exist_ok=True)
     units: dict[str, dict] = {}
     for name, tensor in named:
         t = tensor.detach()
@@ -174,13 +151,13 @@ def _dump_initial(trainer) -> None:
             units.setdefault(_unit(name), {})[name] = t.cpu().clone()
             if len(units) > 1:  # the previous unit is complete
                 done = next(iter(units))
-                torch.save(units.pop(done), folder / NATIVE.format(unit=done))
+                torch.save(units.pop(done), dump_layout.initial_file(dump, done))
     if rank == 0:
         for unit, tensors in units.items():
-            torch.save(tensors, folder / NATIVE.format(unit=unit))
+            torch.save(tensors, dump_layout.initial_file(dump, unit))
 
 
-# ------------------------------------------------------------------ the step-1 batch
+# ------------------------------------------------------------------ the batches
 
 def dump_batch(trainer, input_dict, labels, processed) -> None:
     """This rank's batch of the trainer's current step: as the dataloader gave it and as
@@ -190,8 +167,8 @@ def dump_batch(trainer, input_dict, labels, processed) -> None:
     from harness import titan_api
 
     inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
-    folder = Path(trainer.config.dump_folder) / BATCHES
-    folder.mkdir(parents=True, exist_ok=True)
+    path = dump_layout.batch_file(trainer.config.dump_folder, rank_of_process(), int(trainer.step))
+    path.parent.mkdir(parents=True, exist_ok=True)
     positions, model_positions = input_dict.get("positions"), extra.get("positions")
     torch.save({
         "input": plain(input_dict["input"]),
@@ -200,46 +177,4 @@ def dump_batch(trainer, input_dict, labels, processed) -> None:
         "model_input": plain(inputs),
         "model_labels": plain(model_labels),
         "model_positions": None if model_positions is None else plain(model_positions),
-    }, folder / BATCH_FILE.format(rank=rank_of_process(), step=int(trainer.step)))
-
-
-# ------------------------------------------------------------------ the hook
-
-def install(trainer_module) -> None:
-    """Patch ``trainer_module.Trainer`` (idempotent): the step-0 weights of a random-init run
-    right after the trainer built and initialised them; at step 1, before the batch reaches
-    the model, the shard fingerprints and every rank's batch."""
-    cls = trainer_module.Trainer
-    if getattr(cls, "_harness_rank_step0", False):
-        return
-    cls._harness_rank_step0 = True
-    original_init = cls.__init__
-
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        if not getattr(self.config.checkpoint, "initial_load_path", None):
-            _dump_initial(self)
-        post = self.post_dataloading_process
-
-        def step1(input_dict, labels, *rest, **kw):
-            if self.step != 1:
-                return post(input_dict, labels, *rest, **kw)
-            if not getattr(self, "_harness_fingerprinted", False):  # once, whatever the microbatches
-                self._harness_fingerprinted = True
-                _write_fingerprints(self)
-            processed = post(input_dict, labels, *rest, **kw)
-            if not getattr(type(self), "_harness_data_hooks", False):
-                dump_batch(self, input_dict, labels, processed)
-            return processed
-
-        self.post_dataloading_process = step1
-
-    cls.__init__ = __init__
-
-
-def install_in_rank() -> None:
-    """``install`` right after ``torchtitan.trainer`` is imported, on top of whatever other
-    post-import patches (shims, plants) that module gets (post-import hooks chain)."""
-    from harness.upstream.install import after_import
-
-    after_import("torchtitan.trainer", install)
+    }, path)

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import dump_layout
 from harness.metrics_sink import LOSS_KEY
 
 GIB = 1024**3
@@ -106,8 +107,7 @@ class RunResult:
     @property
     def hf_checkpoint_dirs(self) -> list[Path]:
         """Folders of HF safetensors written by ``checkpoint.last_save_in_hf``."""
-        root = self.run_dir / "dump" / "checkpoint"
-        return sorted({p.parent for p in root.glob("step-*/*.safetensors")}) if root.exists() else []
+        return dump_layout.hf_checkpoint_dirs(self.run_dir)
 
     def where(self) -> dict[str, str]:
         """Where the run happened, in the known-issues registry's terms."""

@@ -12,12 +12,14 @@ starts: the model spec against the config.json it loads, the assets dir, paramet
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from harness.backends import BACKENDS
+from harness.model_build import is_transformers_backend, on_meta
 from harness import paths
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
@@ -102,10 +104,6 @@ class Facts:
                 f"assets {self.assets_dir}")
 
 
-def _is_transformers_backend(config) -> bool:
-    return hasattr(config, "hf_model")
-
-
 def _native_attention(model_config) -> str:
     inner = type(getattr(model_config.layers[0].attention, "inner_attention", None)).__qualname__
     if "ScaledDotProduct" in inner:
@@ -124,17 +122,8 @@ def _uses_custom_ops(model_config) -> bool:
 
 
 def _meta_parameters(config) -> int:
-    import torch
-
-    if _is_transformers_backend(config):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.hf_model))
-    else:
-        with torch.device("meta"):
-            model = config.model_spec.model.build()
-    return sum(p.numel() for p in model.parameters())
+    """Parameters of the model the trainer builds from ``config`` (harness/model_build.py)."""
+    return sum(p.numel() for p in on_meta(copy.deepcopy(config)).parameters())
 
 
 @lru_cache(maxsize=None)
@@ -164,7 +153,7 @@ def _match_model(config, parameters: int, own_dirs: list[Path]) -> tuple[str | N
     """(model key, config.json folder) of the model: the folder is the subject's own weights or
     assets dir when its config.json describes the model, else a known one; the key is the known
     model of the same shape and size (so any copy of Qwen3-4B-Instruct-2507 gets its key)."""
-    if _is_transformers_backend(config):
+    if is_transformers_backend(config):
         shape = _config_shape(Path(config.hf_model))
     else:
         model = config.model_spec.model
@@ -183,7 +172,7 @@ def infer(subject: Subject, config=None) -> Facts:
     weights = Path(checkpoint.initial_load_path) if pretrained else None
     assets = Path(config.hf_assets_path)
     notes = []
-    if _is_transformers_backend(config):
+    if is_transformers_backend(config):
         kind = "hf_v5"
         mask_type = getattr(config.model_spec.model, "attn_mask_type", "causal")
         attention, mask = mask_type, {"causal": "causal", "block_causal": "document"}.get(mask_type, mask_type)

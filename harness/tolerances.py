@@ -68,7 +68,7 @@ INIT_STD_RTOL = 0.15
 
 
 # A random-init run's step 1 vs the independent float32 forward (transformers, host CPU) of its
-# own dumped step-0 weights on every rank's own step-1 batch (harness/expectations.py
+# own dumped step-0 weights on every rank's own step-1 batch (harness/reference_forward.py
 # ``initial_weights_forward``): by what the run computes in (its size's precision,
 # harness/backends SizeSpec.precision) and where. Measured on the default suite's random-init
 # runs, both generations (see the "why" of each band); a device not listed has no measured band,
@@ -343,7 +343,7 @@ def parity_regime_for(arch) -> str:
 # 2b. Diagnosis: the run's model, module by module, against the float64 reference trace
 # =============================================================================================
 # harness/diagnosis/localize.py compares every module's output (the run's starting weights,
-# its first batch) with harness/diagnosis/trace.py in float64, and names the first outside
+# its first batch) with harness/parity/reference.py in float64, and names the first outside
 # these bounds. Regimes as for parity; the reference emulates bf16 experts where the model
 # computes them in bf16 (``bf16_experts``), so only the rounding of the expert inputs differs.
 #
@@ -466,7 +466,7 @@ BASELINE_THRESHOLDS = {t.name: t for t in (
 # Why float64 and not a float32 reference: a float32 reference shares float32 failure modes
 # with the implementation. Measured: at positions >= 32768 a float32 reference and torchtitan's
 # float32 RoPE round the angle ``pos * inv_freq`` identically and agree to ~1e-7 while both are
-# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/known_issues.py).
+# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/known_issues/).
 #
 # Rule 2 -- arbitration against float64 when rule 1 fails
 # --------------------------------------------------------
@@ -540,7 +540,7 @@ class KernelTolerance:
 #       router gate gradient that are mathematically zero) and go to arbitration.
 #   K = 2 x the largest arbitration ratio measured on any tensor of a conforming
 #       implementation, rounded up to a power of two (minimum 4).
-# "Conforming" excludes the checks a known issue excuses (harness/known_issues.py, check "kernel"),
+# "Conforming" excludes the checks a known issue excuses (harness/known_issues/, check "kernel"),
 # which are reported, never absorbed.
 _KERNEL = {
     ("elementwise", torch.float32): (16.0, 8.0),

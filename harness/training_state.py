@@ -1,8 +1,10 @@
 """State beyond the weights: torchtitan DCP checkpoints read back in process, compared key by
-key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of them.
+key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of them; and what
+breaks tied embeddings and load balancing in the ranks' own records (``tie_findings``,
+``balance_findings``; recorded by harness/data/rank_hooks.py, read by harness/dump_layout.py).
 
-A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``) is a torch.distributed.checkpoint
-(DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
+A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/dump_layout.py
+``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
 nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
 """
 
@@ -12,6 +14,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from harness import dump_layout
 
 
 def _flatten(obj, prefix: str, out: dict) -> None:
@@ -39,10 +43,6 @@ def load_dcp(folder: str | Path) -> dict:
     flat: dict = {}
     _flatten(state, "", flat)
     return flat
-
-
-def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "dump" / "checkpoint" / f"step-{step}"
 
 
 def canonical_key(key: str) -> str:
@@ -84,27 +84,6 @@ def differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
 
 # ---- tied embeddings -------------------------------------------------------------------------
 
-def rank_state_records(run_dir: str | Path) -> dict[int, dict]:
-    """The rank-side records (harness/data/rank_hooks.py): rank -> phase -> record."""
-    import json
-
-    folder = Path(run_dir) / "dump" / "harness_state"
-    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))}
-
-
-def saved_hf_tensors(run_dir: str | Path, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    folder = checkpoint_dir(run_dir, step)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no safetensors (was the run saved with save_hf?)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
-
-
 def tie_findings(run_dir: str | Path, step: int,
                  phases=("built", "loaded", "trained")) -> list[str]:
     """What breaks "the tied embedding is one tensor" in a run of a tied model: in every rank's
@@ -112,7 +91,7 @@ def tie_findings(run_dir: str | Path, step: int,
     storage, equal values); the saved HF checkpoint must hold no separate ``lm_head.weight``, or
     one bitwise equal to ``model.embed_tokens.weight``."""
     found = []
-    records = rank_state_records(run_dir)
+    records = dump_layout.rank_state_records(run_dir)
     if not records:
         found.append("no rank-side state records (was the run instrumented?)")
     for rank, record in records.items():
@@ -126,7 +105,7 @@ def tie_findings(run_dir: str | Path, step: int,
                     if part.get(key) is not True:
                         found.append(f"rank {rank} {phase} (step {record[phase]['step']}) "
                                      f"part {i}: {key} = {part.get(key)}")
-    saved = saved_hf_tensors(run_dir, step)
+    saved = dump_layout.saved_hf_tensors(run_dir, step)
     emb = saved.get("model.embed_tokens.weight")
     if emb is None:
         found.append("saved HF checkpoint lacks model.embed_tokens.weight")
@@ -139,14 +118,6 @@ def tie_findings(run_dir: str | Path, step: int,
 
 
 # ---- MoE load balancing ----------------------------------------------------------------------
-
-def balance_records(run_dir: str | Path) -> dict[int, list[dict]]:
-    """The rank-side load-balancing records (harness/data/rank_hooks.py): rank -> one record
-    per optimizer step."""
-    folder = Path(run_dir) / "dump" / "harness_state"
-    return {int(p.name[4:].split("_")[0]): torch.load(p)
-            for p in sorted(folder.glob("rank*_balance.pt"))}
-
 
 def expected_bias_update(counts: torch.Tensor, coeff: float) -> torch.Tensor:
     """Aux-loss-free load balancing (arXiv 2408.15664, as torchtitan documents it): each

@@ -1,4 +1,5 @@
-"""The registry's workarounds (harness/known_issues.py ``WORKAROUNDS``), realised in-process.
+"""The registry's workarounds (harness/known_issues ``WORKAROUNDS``), realised in-process: the one
+home of their in-process bodies.
 
 Which workarounds exist, and how each is realised, is data in the registry: ``in_process``
 names the function applied in this process; ``rank_shim`` / ``rank_overrides`` are what a
@@ -33,7 +34,7 @@ def in_process(name: str) -> Callable:
     ``module:function``); an unknown name, or one without an in-process form, is an error."""
     w = known_issues.workaround(name)
     if not w.in_process:
-        raise ValueError(f"workaround {name!r} has no in-process form in harness/known_issues.py")
+        raise ValueError(f"workaround {name!r} has no in-process form in harness/known_issues/")
     module, _, function = w.in_process.partition(":")
     return getattr(importlib.import_module(module), function)
 

@@ -416,51 +416,23 @@ def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int,
     return batches
 
 
-def global_avg_loss(model, batches, document_mask: bool, row_positions: bool = False) -> float:
-    """torchtitan's logged ``global_avg_loss`` for one step: each rank's summed token CE divided
-    by the global valid-token count, summed over ranks (same float32 order as the trainer).
-
-    Labels from torchtitan are already shifted, so CE is taken on the logits directly (no HF
-    label shift). RoPE gets torchtitan's per-document positions. ``document_mask=True``
-    confines attention to each packed document (what HF does by itself when position_ids
-    restart and attention_mask is None; torchtitan's native flex/varlen masks do the same);
-    False is plain causal attention over the packed row (the transformers backend's default
-    ``attn_mask_type="causal"``): an all-ones 2D mask turns HF's packing detection off.
-    ``row_positions=True`` gives RoPE the row positions 0..seq-1 instead (native SDPA)."""
-    import torch
-    import torch.nn.functional as F
-
-    ignore = -100
-    n_valid = sum(int((labels != ignore).sum()) for _, _, labels in batches)
-    total = torch.tensor(0.0)
-    with torch.no_grad():
-        for inputs, positions, labels in batches:
-            mask = None if document_mask else torch.ones_like(inputs)
-            if row_positions:
-                positions = torch.arange(inputs.shape[1]).expand_as(inputs)
-            logits = model(input_ids=inputs, position_ids=positions, attention_mask=mask,
-                           use_cache=False).logits
-            local_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1),
-                                        reduction="sum", ignore_index=ignore)
-            total += local_sum / n_valid
-    return total.item()
-
-
 def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,
                              c4_dir: Path | None = None) -> dict:
     """``{"document": {shape_key: loss}, "causal": {...}, "row_causal": {...}}`` for every
     RECORD_SHAPES (the masking names of harness/backends BackendSpec.attention), and with
     ``c4_dir`` every C4_RECORD_SHAPES read from it as torchtitan's "c4" dataset."""
-    recorded: dict[str, dict[str, float]] = {"document": {}, "causal": {}, "row_causal": {}}
+    import torch
+
+    from harness.reference_forward import MASKINGS, first_step_loss
+
+    recorded: dict[str, dict[str, float]] = {mask: {} for mask in MASKINGS}
     shapes = [(key, shape, corpus_dir, "c4_test") for key, shape in RECORD_SHAPES.items()]
     if c4_dir is not None:
         shapes += [(key, shape, c4_dir, "c4") for key, shape in C4_RECORD_SHAPES.items()]
     for key, (dp, lbs, seq_len), data_dir, dataset in shapes:
         batches = first_global_batch(data_dir, tokenizer_dir, dp, lbs, seq_len, dataset)
-        recorded["document"][key] = global_avg_loss(model, batches, document_mask=True)
-        recorded["causal"][key] = global_avg_loss(model, batches, document_mask=False)
-        recorded["row_causal"][key] = global_avg_loss(model, batches, document_mask=False,
-                                                      row_positions=True)
+        for mask in MASKINGS:  # torchtitan's logged loss: the trainer's float32 arithmetic
+            recorded[mask][key] = first_step_loss(model, batches, mask, dtype=torch.float32)
     return recorded
 
 

@@ -41,7 +41,7 @@ class SizeSpec:
     # download of its own: harness/assets_twin.py full_size_assets_dir).
     assets: str | None = None
     derive_assets_from: str | None = None
-    # Workarounds (harness/known_issues.py) every run of this size gets, where they change the
+    # Workarounds (harness/known_issues/) every run of this size gets, where they change the
     # backend (``Workaround.backends``): a known defect of the model the size builds.
     workarounds: tuple[str, ...] = ()
 
@@ -73,7 +73,7 @@ class BackendSpec:
     attention: dict[str, str]
     # Trainer-config flags that take the HF assets dir on the command line.
     asset_flags: tuple[str, ...] = ("--hf_assets_path",)
-    # Workarounds (harness/known_issues.py) applied to every run: without them a known upstream
+    # Workarounds (harness/known_issues/) applied to every run: without them a known upstream
     # defect would hide every other defect of this backend.
     workarounds: tuple[str, ...] = ()
 

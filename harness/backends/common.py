@@ -1,4 +1,8 @@
-"""What every backend's trainer config shares: data, optimizer, metrics sink, run shape."""
+"""What every backend's trainer config shares: data, optimizer, metrics sink, run shape.
+
+The config functions built from it are pure, as torchtitan's are: they build and return a
+``Trainer.Config``, nothing else (what the ranks record about a run is installed by the
+launcher in every rank, harness/rank_observers.py)."""
 
 from __future__ import annotations
 
@@ -48,25 +52,6 @@ def assets_config(assets: str) -> dict | None:
     from harness.hf_config import read_config_json
 
     return read_config_json(assets) if (Path(assets) / "config.json").is_file() else None
-
-
-def dump_first_batch() -> None:
-    """Every rank leaves what it has about step 0 (harness/rank_step0.py: its step-1 batch, the
-    independent HF forward on which is a full-size run's expectation on any data, harness/
-    expectations.py; its shard fingerprints; a random-init run's step-0 weights) and the state
-    records the training-state, tied-embedding and load-balancing checks read
-    (harness/data/rank_hooks.py: tying and expert_bias after build, checkpoint load and
-    training; per step, what MoE load balancing saw and did). Called by every registered config
-    function, so every run of the template carries them and a device without shims (trn2) gets
-    them too; the boot ``sitecustomize`` installs the step-0 hook (idempotent) where it runs.
-    Both observe only."""
-    import torchtitan.trainer
-
-    from harness import rank_step0
-    from harness.data import rank_hooks
-
-    rank_step0.install(torchtitan.trainer)
-    rank_hooks.install_trainer_hooks(torchtitan.trainer)
 
 
 def shared_fields(shape: RunShape, hf_assets_path: str) -> dict:

@@ -12,7 +12,7 @@ each generation routes HF attention differently (``titan_api.transformers_backen
 
 from harness import titan_api
 from harness import paths
-from harness.backends.common import FULL, TINY, dump_first_batch, full_assets, shared_fields
+from harness.backends.common import FULL, TINY, full_assets, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
 
 _backend = titan_api.transformers_backend()
@@ -28,10 +28,8 @@ def _config(model_dir: str, shape) -> TransformersBackendConfig:
 
 
 def tiny() -> TransformersBackendConfig:
-    dump_first_batch()
     return _config(str(paths.TINY_DENSE), TINY)
 
 
 def full() -> TransformersBackendConfig:
-    dump_first_batch()
     return _config(full_assets(FULL_ASSETS), FULL)

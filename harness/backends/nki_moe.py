@@ -16,8 +16,7 @@ row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the pe
 from torchtitan.trainer import Trainer
 
 from harness import paths
-from harness.backends.common import (FULL, TINY, assets_config, dump_first_batch, full_assets,
-                                     shared_fields)
+from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 from harness.ops import use_custom_ops
 
@@ -35,14 +34,12 @@ def _config(model_dir, flavor: str, shape, hf_assets_path: str,
 
 
 def _tiny(attn_backend: str) -> Trainer.Config:
-    dump_first_batch()
     return _config(paths.TINY_MOE, "tiny_moe", TINY, str(paths.TINY_MOE), attn_backend)
 
 
 def _full(attn_backend: str) -> Trainer.Config:
     # Random init only, from its own assets dir, whose config.json is the model's shape (the
     # reference cut on trn2, the tiny MoE in the CPU twin).
-    dump_first_batch()
     assets = full_assets(FULL_ASSETS)
     shape = assets if assets_config(assets) is not None else FULL_SHAPE
     return _config(shape, "30b_a3b_4l_64e_top4", FULL, assets, attn_backend)

@@ -12,8 +12,7 @@ from torchtitan.trainer import Trainer
 
 from harness import titan_api
 from harness import paths
-from harness.backends.common import (FULL, TINY, assets_config, dump_first_batch, full_assets,
-                                     shared_fields)
+from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 
 # The default assets dir; the launcher sets the run's (common.FULL_ASSETS_ENV, --hf_assets_path).
@@ -23,7 +22,6 @@ QWEN3_4B_SHAPE = {"vocab_size": 151936, "hidden_size": 2560, "num_hidden_layers"
 
 
 def _tiny(attn_backend: str) -> Trainer.Config:
-    dump_first_batch()
     return Trainer.Config(
         model_spec=model_spec_from_hf(paths.TINY_DENSE, flavor="tiny_dense",
                                       attn_backend=attn_backend),
@@ -41,7 +39,6 @@ def full_model_spec(assets: str, attn_backend: str):
 
 
 def _full(attn_backend: str) -> Trainer.Config:
-    dump_first_batch()
     assets = full_assets(FULL_ASSETS)
     return Trainer.Config(
         model_spec=full_model_spec(assets, attn_backend),

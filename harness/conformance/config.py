@@ -14,7 +14,7 @@ k, v the module itself produced). The HF side is the config.json, read without t
 (:class:`~harness.hf_config.Qwen3Arch`).
 
 Known violations (confirmed upstream defects) are not listed here: they are entries of the
-one registry, harness/known_issues.py (check ``config_conformance``, ``subject``).
+one registry, harness/known_issues/ (check ``config_conformance``, ``subject``).
 
 Every violation is listed (grouped per field and value, with the module count and the first
 module), not just the first.
@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from harness import titan_api
-from harness.parity import reference
 from harness.conformance.checkpoint import Violation
 from harness.hf_config import Qwen3Arch
+from harness.ops.rope_torch import apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -66,8 +66,11 @@ class ConformanceReport:
 
 
 def build_meta(model_config) -> nn.Module:
-    with torch.device("meta"):
-        return model_config.build()
+    """The model of ``model_config`` as given (no ``update_from_config``: the config under
+    conformance is the one a config function wrote), on the meta device."""
+    from harness.model_build import meta_module
+
+    return meta_module(model_config)
 
 
 def _values(pairs: list[tuple[str, object]]) -> dict[object, list[str]]:
@@ -127,8 +130,8 @@ def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int =
         q_n, k_n = module(q, k, pos)
 
     def rel_error(theta: float) -> float:
-        cos, sin = reference.rope_cos_sin(pos, D, theta)
-        q_r, k_r = reference.apply_rope(q, cos, sin), reference.apply_rope(k, cos, sin)
+        cos, sin = rope_cos_sin(pos, D, theta, dtype=torch.float32)
+        q_r, k_r = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         err = max(float((q_n - q_r).abs().max()), float((k_n - k_r).abs().max()))
         return err / max(float(q_r.abs().max()), float(k_r.abs().max()))
 

@@ -1,3 +1,3 @@
-"""Data-path checks: an independent reference for what the trainer feeds, rank-side batch
-dumps, an SFT (ignored-label) data path, and the instrumented ``--module`` that carries the
-rank-side hooks into torchtitan's real trainer."""
+"""Data-path checks: an independent reference for what the trainer feeds, the rank-side
+state records, an SFT (ignored-label) data path, and the ``--module`` that runs another config
+module under a registered backend's name (``instrumented``)."""

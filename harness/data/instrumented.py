@@ -1,15 +1,16 @@
-"""A torchtitan ``--module`` that proxies another module's config functions and installs the
-rank-side hooks of harness/data/rank_hooks.py in the real trainer (batch dumps and state
-records), for config modules whose functions do not install them themselves (the SFT config,
-harness/data/sft_config.py; the registered backends' config functions do). Launched like any
-backend:
+"""A torchtitan ``--module`` that proxies another module's config functions, so a config
+module the registry does not list (the SFT config, harness/data/sft_config.py), or a registered
+backend's under a name of its own, runs as a registered backend whose sizes and attention
+variants it borrows, with the batches of as many steps dumped as the run asks
+(``env(..., dump_steps=)``). Launched like any backend:
 
     torchrun ... -m torchtitan.train --module harness.data.instrumented --config tiny
     (env: HARNESS_INSTRUMENT_TARGET=harness.backends.titan_native)
 
-The config is the target's own, unchanged. In tests,
-``instrumented_backend(base)`` registers it for the duration as a backend whose sizes and
-attention variants are ``base``'s, so ``RunSpec``/``launch``/``backend_runs`` launch it.
+The config is the target's own, unchanged; what the ranks record comes from the launcher, as
+for every run (harness/rank_observers.py). In tests, ``instrumented_backend(base)`` registers
+it for the duration as a backend whose sizes and attention variants are ``base``'s, so
+``RunSpec``/``launch``/``backend_runs`` launch it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import contextlib
 import importlib
 import os
 from dataclasses import replace
+
+from harness.rank_observers import DUMP_STEPS_ENV
 
 TARGET_ENV = "HARNESS_INSTRUMENT_TARGET"
 MODULE = __name__
@@ -30,26 +33,13 @@ def _target():
     return importlib.import_module(name)
 
 
-def _instrumented(function):
-    def config():
-        import torchtitan.trainer
-
-        from harness.data import rank_hooks
-
-        rank_hooks.install_trainer_hooks(torchtitan.trainer)
-        return function()
-
-    config.__name__ = function.__name__
-    return config
-
-
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
     function = getattr(_target(), name, None)
     if function is None or not callable(function):
         raise AttributeError(f"{os.environ.get(TARGET_ENV)} has no config function {name!r}")
-    return _instrumented(function)
+    return function
 
 
 def backend_name(base: str) -> str:
@@ -74,8 +64,6 @@ def instrumented_backend(base: str):
 
 def env(target: str, *, dump_steps: int = 1) -> tuple:
     """RunSpec.extra_env for an instrumented run of config module ``target``."""
-    from harness.data.rank_hooks import DUMP_STEPS_ENV
-
     return ((TARGET_ENV, target), (DUMP_STEPS_ENV, str(dump_steps)))
 
 

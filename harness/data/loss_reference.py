@@ -1,17 +1,49 @@
-"""An independent step-1 loss over the batches a run was fed: the HF model (transformers, float32)
-on each rank's dumped batch, cross entropy summed over the tokens whose label is not -100, and
-normalised the way torchtitan 0.3.0 documents ``global_avg_loss``: the sum over dp ranks of each
-rank's summed token CE, divided by the global count of valid (non-ignored) labels."""
+"""torchtitan's loss contract, written once: how a training step's logged loss is made from its
+ranks' batches.
+
+Each dp rank's token cross entropy summed over its valid labels (those not ``IGNORE_INDEX``),
+computed as torchtitan's loss computes it (``F.cross_entropy`` on float32 logits, reduction
+"sum"; the math itself: harness/ops/cross_entropy_torch.py, against which the kernel registry
+holds torch's), divided by the global count of valid labels, summed over the ranks: the
+``global_avg_loss`` torchtitan 0.3.0 documents and logs. ``global_avg_loss`` accumulates in a
+dtype: float32 is the trainer's own arithmetic (the recorded fixture losses, scripts/
+make_fixtures.py), float64 the independent forward's (harness/reference_forward.py, whose bands
+were measured so). ``LossParts`` holds one step's parts with two wrong normalisations beside the
+right one, which a check must tell apart (tests/e2e/test_ignored_labels.py). The batches the
+ranks dumped are read by harness/dump_layout.py ``load_batches``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from harness.ops.cross_entropy_torch import IGNORE_INDEX
+
+
+def rank_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One rank's summed token cross entropy over its valid labels, as torchtitan computes it:
+    ``logits (B, L, V)`` in float32, ``labels (B, L)`` already aligned with them (no shift)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                           ignore_index=IGNORE_INDEX)
+
+
+def valid_labels(labels: Iterable[torch.Tensor]) -> int:
+    """The global count of valid (not ignored) labels over every rank's ``labels``."""
+    return sum(int((rank_labels != IGNORE_INDEX).sum()) for rank_labels in labels)
+
+
+def global_avg_loss(rank_ce_sums: Iterable[torch.Tensor | float], valid: int, *,
+                    dtype: torch.dtype = torch.float32) -> float:
+    """The logged loss: each rank's summed CE divided by the global ``valid`` count, summed over
+    the ranks, in ``dtype`` (float32: the trainer's order and rounding)."""
+    total = torch.zeros((), dtype=dtype)
+    for ce_sum in rank_ce_sums:
+        total += torch.as_tensor(ce_sum).to(dtype) / valid
+    return total.item()
 
 
 @dataclass
@@ -21,10 +53,17 @@ class LossParts:
     total: int  # all labels, all ranks
     per_rank: list[tuple[float, int, int]]  # (ce_sum, valid, total) per rank
 
+    @classmethod
+    def of(cls, rank_ce_sums: list[torch.Tensor], labels: list[torch.Tensor]) -> "LossParts":
+        per_rank = [(float(ce), valid_labels([rank_labels]), rank_labels.numel())
+                    for ce, rank_labels in zip(rank_ce_sums, labels)]
+        return cls(sum(c for c, _, _ in per_rank), sum(v for _, v, _ in per_rank),
+                   sum(t for _, _, t in per_rank), per_rank)
+
     @property
     def global_avg(self) -> float:
-        """torchtitan's contract: sum of ranks' CE sums / global valid tokens."""
-        return self.ce_sum / self.valid
+        """torchtitan's contract (``global_avg_loss``, accumulated in float64)."""
+        return global_avg_loss([c for c, _, _ in self.per_rank], self.valid, dtype=torch.float64)
 
     @property
     def all_token_avg(self) -> float:
@@ -36,28 +75,3 @@ class LossParts:
         """Another wrong one: each rank normalised by its own valid tokens, then averaged."""
         return sum(c / v for c, v, _ in self.per_rank) / len(self.per_rank)
 
-
-def load_batches(run_dir: str | Path, step: int = 1) -> list[dict]:
-    folder = Path(run_dir) / "dump" / "harness_batches"
-    files = sorted(folder.glob(f"rank*_step{step}.pt"), key=lambda p: int(p.name[4:].split("_")[0]))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no batch dumps of step {step}")
-    return [torch.load(f) for f in files]
-
-
-def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.eval()
-    per_rank = []
-    with torch.no_grad():
-        for batch in batches:
-            tokens, labels = batch["model_input"], batch["model_labels"]
-            positions = batch.get("model_positions")
-            logits = model(input_ids=tokens, position_ids=positions).logits.float()
-            ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum",
-                                 ignore_index=IGNORE_INDEX)
-            per_rank.append((float(ce), int((labels != IGNORE_INDEX).sum()), labels.numel()))
-    return LossParts(sum(c for c, _, _ in per_rank), sum(v for _, v, _ in per_rank),
-                     sum(t for _, _, t in per_rank), per_rank)

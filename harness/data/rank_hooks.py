@@ -1,26 +1,20 @@
-"""Rank-side hooks for the data-path and training-state checks, installed in torchtitan's real
-trainer by every registered config function (harness/backends/common.py ``dump_first_batch``:
-every run of the run template carries them), by the instrumented ``--module`` for other config
-modules (harness/data/instrumented.py), or as a post-import patch of ``torchtitan.trainer``
-(``install_trainer_hooks(module)``). They observe only (a run's losses and grad norms are
-bitwise those of the same run without them); the defects the checks are shown failing on are
-plants (harness/plants/in_torchtitan.py). Their cost is a few tensor copies per phase and, for
-a MoE model, a top-k and a histogram of each router's output per microbatch.
+"""What a launched run's ranks record about the trainer's state beyond step 0, for the
+training-state, tied-embedding and load-balancing checks. Observers only (installed in every
+launched rank by harness/rank_observers.py: a run's losses and grad norms are bitwise those of
+the same run without them); the paths are harness/dump_layout.py's, which reads them back. The
+defects the checks are shown failing on are plants (harness/plants/in_torchtitan.py). Their
+cost is a few tensor copies per phase and, for a MoE model, a top-k and a histogram of each
+router's output per microbatch.
 
-What they write, under the run's dump folder:
-- ``harness_batches/rank{R}_step{S}.pt``: for the first ``HARNESS_DUMP_STEPS`` steps (default
-  1), the dataloader's batch as the trainer receives it (``input``, ``positions`` or None,
-  ``labels``) and what ``post_dataloading_process`` (with every shim) makes of it, i.e. what
-  the model and the loss are fed (``model_input``, ``model_labels``, ``model_positions``).
-- ``harness_state/rank{R}.json``: per phase (``built``: trainer built; ``loaded``: after the
+- ``record_state(trainer, phase)``: per phase (``built``: trainer built; ``loaded``: after the
   checkpoint load at the start of ``train``; ``trained``: after the last step) whether the
   output projection and the token embedding are one parameter, and whether their values agree;
-  ``harness_state/rank{R}_{phase}.pt``: every ``expert_bias`` buffer's local values.
-- ``harness_state/rank{R}_balance.pt`` (MoE models): per optimizer step, per MoE layer, what
-  the aux-loss-free load balancing saw and did: the router's own choices in that step (a
-  histogram of the chosen expert ids, counted here from the router's output, independently of
-  torchtitan's ``tokens_per_expert_E``), how many tokens' choices differ from the top-k of
-  the scores plus the layer's ``expert_bias_E`` (the bias applied in routing), and
+  and every ``expert_bias`` buffer's local values.
+- ``record_balance(trainer)`` (MoE models): per optimizer step, per MoE layer, what the
+  aux-loss-free load balancing saw and did: the router's own choices in that step (a histogram
+  of the chosen expert ids, counted here from the router's output, independently of
+  torchtitan's ``tokens_per_expert_E``), how many tokens' choices differ from the top-k of the
+  scores plus the layer's ``expert_bias_E`` (the bias applied in routing), and
   ``tokens_per_expert_E`` and ``expert_bias_E`` right before and right after the optimizer
   step (whose pre-hook updates the bias from the counts and resets them), with the layer's
   ``load_balance_coeff``. Judged by harness/training_state.py ``balance_findings``.
@@ -29,14 +23,11 @@ What they write, under the run's dump folder:
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import torch
 
-from harness.rank_step0 import dump_batch, rank_of_process as _rank
-
-DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
+from harness import dump_layout
+from harness.rank_step0 import rank_of_process as _rank
 
 
 def _local(t):
@@ -63,65 +54,21 @@ def _state_of(model) -> dict:
     return out, bias
 
 
-def _record(trainer, phase: str) -> None:
-    folder = Path(trainer.config.dump_folder) / "harness_state"
-    folder.mkdir(parents=True, exist_ok=True)
-    rank = _rank()
+def record_state(trainer, phase: str) -> None:
+    """This rank's tying and expert-bias state at ``phase``."""
+    dump, rank = trainer.config.dump_folder, _rank()
     states, biases = [], {}
     for i, part in enumerate(trainer.model_parts):
         state, bias = _state_of(part)
         states.append(state)
         biases.update({f"part{i}.{k}": v for k, v in bias.items()})
-    path = folder / f"rank{rank}.json"
+    path = dump_layout.state_file(dump, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
     record = json.loads(path.read_text()) if path.is_file() else {}
     record[phase] = {"step": int(trainer.step), "parts": states}
     path.write_text(json.dumps(record, indent=1))
     if biases:
-        torch.save(biases, folder / f"rank{rank}_{phase}.pt")
-
-
-def install_trainer_hooks(trainer_module) -> None:
-    """Patch ``torchtitan.trainer.Trainer``: batch dumps and state records. Usable as a
-    post-import patch."""
-    cls = trainer_module.Trainer
-    if getattr(cls, "_harness_data_hooks", False):
-        return
-    cls._harness_data_hooks = True
-    dump_steps = int(os.environ.get(DUMP_STEPS_ENV, "1"))
-    original_init = cls.__init__
-    original_train = cls.train
-
-    def _dump(self, input_dict, labels, original_post):
-        processed = original_post(input_dict, labels)
-        if self.step <= dump_steps:
-            dump_batch(self, input_dict, labels, processed)
-        return processed
-
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        # Outermost, per instance: sees the dataloader's batch before any class-level patch
-        # (upstream shims) rewrites it, and what comes out (what the model is fed).
-        class_post = self.post_dataloading_process
-        self.post_dataloading_process = lambda input_dict, labels: _dump(
-            self, input_dict, labels, class_post)
-        _record(self, "built")
-        checkpointer_load = self.checkpointer.load
-
-        def load(*a, **k):
-            loaded = checkpointer_load(*a, **k)
-            _record(self, "loaded")
-            return loaded
-
-        self.checkpointer.load = load
-        _record_balance(self)
-
-    def train(self, *args, **kwargs):
-        result = original_train(self, *args, **kwargs)
-        _record(self, "trained")
-        return result
-
-    cls.__init__ = __init__
-    cls.train = train
+        torch.save(biases, dump_layout.expert_bias_file(dump, rank, phase))
 
 
 # ---- MoE load balancing ----------------------------------------------------------------------
@@ -140,14 +87,15 @@ def _plain_local(t):
     return None if t is None else _local(t.detach()).cpu().clone().float()
 
 
-def _record_balance(trainer) -> None:
-    """Per-step load-balancing records (module docstring), for MoE models only."""
+def record_balance(trainer) -> None:
+    """Per-step load-balancing records (module docstring), for MoE models only: hooks on each
+    router and around the optimizer step."""
     moes = _moe_layers(trainer)
     if not moes:
         return
     seen: dict[str, dict] = {name: {} for name, _ in moes}  # this step's router observations
     records: list[dict] = []
-    path = Path(trainer.config.dump_folder) / "harness_state" / f"rank{_rank()}_balance.pt"
+    path = dump_layout.balance_file(trainer.config.dump_folder, _rank())
 
     def router_hook(name, moe):
         def hook(_router, _args, out):

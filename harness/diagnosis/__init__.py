@@ -15,6 +15,6 @@ what comes back.
   known issues recorded elsewhere);
 - ``baseline``: tonight's report against a previous one;
 - ``errors``: ``NotDiagnosable``, a run the diagnosis cannot diagnose, with the reason;
-- ``rank_dump``: reading what the ranks leave for the diagnosis (written by
-  harness/rank_step0.py).
+- ``rank_dump``: the step-0 weights a random-init run's ranks dumped, as an HF checkpoint
+  (read through harness/dump_layout.py).
 """

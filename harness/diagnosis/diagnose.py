@@ -87,7 +87,7 @@ def request(run) -> dict:
 
 
 def known_explanation(run, deviation: float | None) -> str | None:
-    """The known issue (harness/known_issues.py) that a failing step-1 loss of this run is, by
+    """The known issue (harness/known_issues/) that a failing step-1 loss of this run is, by
     its recorded signature here (backend, size, init, device, attention, generation, the run's
     workarounds): that is the answer, and rebuilding the model would only say it again."""
     from harness import known_issues
@@ -154,7 +154,7 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
 
     start = time.monotonic()
     diagnosis = Diagnosis()
-    from harness.diagnosis import rank_dump
+    from harness import dump_layout
     from harness.diagnosis.subject import NATIVE_BUILDS
 
     try:
@@ -165,9 +165,9 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
         if run.backend not in NATIVE_BUILDS:
             diagnosis.not_diagnosed = (f"backend {run.backend!r}: the diagnosis rebuilds only "
                                        f"{sorted(NATIVE_BUILDS)}")
-        elif req["weights_dir"] is None and rank_dump.initial_weights_dir(run.run_dir) is None:
+        elif req["weights_dir"] is None and dump_layout.initial_weights_dir(run.run_dir) is None:
             diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "
-                                       f"under {run.run_dir}/dump/{rank_dump.INITIAL}")
+                                       f"under {dump_layout.initial_folder(dump_layout.dump_folder(run.run_dir))}")
     diagnosis.explained_by = known_explanation(run, deviation)
     if diagnosis.not_diagnosed is None and diagnosis.explained_by is None:
         cap = WALKS_PER_SESSION.get(run.device)

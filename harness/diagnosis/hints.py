@@ -4,7 +4,7 @@ For a failing pretrained run's step-1 loss, each signature the harness can compu
 
 - the random-init loss of its config, ``ln V + s^2/2`` (harness/expectations.py): a pretrained
   run that starts there did not load its weights;
-- every known issue's recorded first-step signature (harness/known_issues.py) that is recorded
+- every known issue's recorded first-step signature (harness/known_issues/) that is recorded
   for another backend, generation, device or size: the same failure may have moved here.
 
 Each hint carries the numbers behind it; no signature that fits, no hint.

@@ -3,7 +3,7 @@ the policy, found in one walk, unit by unit, on both sides.
 
 ``first_divergence(under_test, weights, arch, inputs, positions)`` walks the model under test
 (harness/diagnosis/streamed.py: one unit in memory at a time) and the float64 reference
-(harness/diagnosis/trace.py ``Reference``: one unit's math from one unit's weights) together:
+(harness/parity/reference.py ``Reference``: one unit's math from one unit's weights) together:
 
 - forward, for each unit (embedding, each decoder layer, final norm, lm_head): the model runs
   its unit, the reference its same unit on its own float64 input, and that unit's modules are
@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from harness.diagnosis import trace as reference_trace
+from harness.conformance.native_to_hf import module_of_weight
 from harness.diagnosis.live_bytes import LiveBytes
 from harness.hf_config import Qwen3Arch
+from harness.parity import reference as reference_trace
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.tolerances import diagnosis_tolerance
 
@@ -379,7 +380,7 @@ class Walk:
                                         self.table, kind="gradient", quantity=label))
             self.before, self.before_rel = max(self.before, diff.max_abs), max(self.before_rel, diff.rel)
         for grads in (self.model_grads, self.reference_grads):
-            for key in [k for k in grads if reference_trace.unit_of(reference_trace.module_of_weight(k)) == unit]:
+            for key in [k for k in grads if reference_trace.unit_of(module_of_weight(k)) == unit]:
                 del grads[key]  # one side only (a gradient the model names no HF weight for)
 
     def _gradient_items(self, name: str, want, got_grads):
@@ -393,7 +394,7 @@ class Walk:
             if len(mine) == len(theirs):
                 items += [(f"{name} (output)", m, t) for m, t in zip(mine, theirs)]
         keys = sorted(k for k in set(self.model_grads) & set(self.reference_grads)
-                      if reference_trace.module_of_weight(k) == name)
+                      if module_of_weight(k) == name)
         items += [(f"{name} ({key})", self.model_grads.pop(key), self.reference_grads.pop(key))
                   for key in keys]
         return items
@@ -448,7 +449,7 @@ def _output_tensors(want) -> list[torch.Tensor]:
 def _how(regime: str, gradients: bool = False) -> str:
     tol = diagnosis_tolerance("activations", regime)
     text = (f"every module's output on the run's first batch and starting weights vs the "
-            f"float64 reference (harness/diagnosis/trace.py), in forward order; diagnosis "
+            f"float64 reference (harness/parity/reference.py), in forward order; diagnosis "
             f"tolerance {regime}: atol {tol.atol:g} + rtol {tol.rtol:g} x scale ({tol.metric})")
     if gradients:
         g = diagnosis_tolerance("gradients", regime)

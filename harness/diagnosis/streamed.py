@@ -24,7 +24,6 @@ step but its input.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +31,7 @@ import torch
 from torch import nn
 
 from harness.diagnosis.errors import NotDiagnosable
-from harness.diagnosis.trace import WeightSource
+from harness.parity.reference import WeightSource
 from harness.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
 
 EMBED = "model.embed_tokens.weight"
@@ -42,17 +41,14 @@ def native_on_meta(model_dir: Path, *, custom_ops: bool, attention: str):
     """torchtitan's native Qwen3 on the meta device as the trainer builds it (the config of
     harness/parity/models.py ``build_native``), and the trainer's HF state-dict adapter."""
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
-    from torchtitan.tools.utils import set_default_dtype
 
-    from harness.parity.models import native_model_config, prepare_in_process, trainer_config_for
+    from harness import model_build as build
+    from harness.parity.models import native_model_config, prepare_in_process
 
     prepare_in_process()
     config = native_model_config(model_dir, custom_ops=custom_ops, attention=attention)
-    spec = copy.copy(model_registry("debugmodel"))  # a shared object: never edit it in place
-    spec.model = config
-    config.update_from_config(config=trainer_config_for(spec, model_dir))
-    with torch.device("meta"), set_default_dtype(torch.float32):
-        model = config.build()
+    model = build.on_meta(build.trainer_config_for(build.with_model(model_registry("debugmodel"), config),
+                                                   model_dir))
     model.eval()
     return model, Qwen3StateDictAdapter(config, str(model_dir))
 
@@ -212,14 +208,11 @@ def known_gaps_report(model: nn.Module, adapter):
 def hf_backend_on_meta(model_dir: Path, configure=None):
     """torchtitan's transformers-backend model on the meta device, as the trainer builds it
     (the config and patches of harness/parity/models.py ``build_hf_backend``)."""
-    from torchtitan.tools.utils import set_default_dtype
+    from harness import model_build as build
+    from harness.parity.models import hf_backend_config
 
-    from harness.parity.models import hf_backend_config, transformers_backend_patches_restored
-
-    config, _api = hf_backend_config(model_dir, configure)
-    with transformers_backend_patches_restored():
-        with torch.device("meta"), set_default_dtype(torch.float32):
-            model = config.build()
+    trainer_config, _api = hf_backend_config(model_dir, configure)
+    model = build.on_meta(trainer_config, updated=True)
     model.eval()
     return model
 

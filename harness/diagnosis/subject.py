@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from harness import dump_layout
 from harness.diagnosis import rank_dump
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
-from harness.diagnosis.trace import WeightSource
+from harness.parity.reference import WeightSource
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
@@ -51,7 +52,7 @@ class Subject:
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
     from harness.parity.models import Batch, load_batches
 
-    dumped = rank_dump.first_batch(run_dir)
+    dumped = dump_layout.first_batch(run_dir)
     if dumped is not None:
         return Batch(dumped["input"], dumped["positions"], dumped["labels"]), "rank 0's dump"
     batch = load_batches(tokenizer_dir, steps=1, dp=nproc)[0][0]
@@ -75,7 +76,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
 
     stack = contextlib.ExitStack()
     stack.enter_context(planted(*plants))
-    dumped = rank_dump.initial_weights_dir(run_dir)
+    dumped = dump_layout.initial_weights_dir(run_dir)
     if weights_dir is None and dumped is None:
         stack.close()
         raise NotDiagnosable(f"random init, and no step-0 weights dumped under {run_dir}")
@@ -255,7 +256,7 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
 
 def known_load_gap_issues(kinds) -> list[str]:
     """The tensors (``kinds``: layer index dropped) the trainer's HF load leaves at their init,
-    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues.py). A
+    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues/). A
     gap that is a known issue's signature is named, and is to be filled from the checkpoint
     under the right names, so that the module walk looks past it for a further defect; any
     other gap is an error (the diagnosis cannot say which weights the model computes with).
@@ -272,7 +273,7 @@ def known_load_gap_issues(kinds) -> list[str]:
     if not issues:
         raise NotDiagnosable(f"the run's HF load left {list(kinds)} at their init, which no known "
                              f"issue records: fix the load (or record it in "
-                             f"harness/known_issues.py) before a module walk can mean anything")
+                             f"harness/known_issues/) before a module walk can mean anything")
     return [f"known issue {issue.name}: the HF load left {', '.join(kinds)} at their init "
             f"(the run's step-1 loss shows it); the diagnosis loaded them from the checkpoint "
             f"to look past it" for issue in issues]

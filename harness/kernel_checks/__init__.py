@@ -12,7 +12,7 @@ Modules: ``references`` (the registry's references; the harness kernels' twins l
 the kernels as ``X_torch.py``), ``cases`` (seeded inputs), ``adapters/`` (one per implementing
 library), ``registry`` (also checks each kernel's torch twin), ``compare`` (the rules),
 ``runner``, ``diagnostics`` (report + replay file), ``calibrate``, ``cli``, ``neuron_env`` (the LNC for in-process NKI
-calls). Upstream deviations are ``KnownIssue`` entries in ``harness/known_issues.py``
+calls). Upstream deviations are ``KnownIssue`` entries in ``harness/known_issues/``
 (check ``"kernel"``), judged per property. The broken implementations the checker must
 catch are plants (``harness/plants/kernels.py``).
 """

@@ -7,7 +7,7 @@ the arbitration always computed and prints, per (op class, precision):
   over elements, via the worst element's ratio to the current bound),
 * ``arb``: the largest arbitration ratio (max and rms) among tensors rule 1 rejected,
 
-excluding the checks a known issue excuses (check "kernel" in harness/known_issues.py, per
+excluding the checks a known issue excuses (check "kernel" in harness/known_issues/, per
 property), which are reported separately with their numbers.
 """
 

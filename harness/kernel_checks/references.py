@@ -1,56 +1,48 @@
-"""Reference implementations written from the math, in plain torch.
+"""The kernel registry's op-level references: each op's math in the registry's calling
+convention (the op's inputs and parameters by name, a dict of its named outputs).
 
-Rules: no torchtitan / transformers import; every function computes in the dtype of its
+The math is not written here: it has one home per op beside the kernels, nki-library's
+``X.py`` / ``X_torch.py`` (harness/ops/rope_torch.py, grouped_swiglu_torch.py, and for the ops
+with no kernel of the harness's own rms_norm_torch.py, moe_router_torch.py,
+cross_entropy_torch.py), where the model reference (harness/parity/reference.py) builds on it
+too. Rules: no torchtitan / transformers import; every function computes in the dtype of its
 floating inputs (call it with float64 tensors for the float64 truth; ``gradcheck`` runs on
 them); autograd is torch's, so the references carry no hand-written backward to get wrong.
-
-Each returns a dict of named outputs; the names are the op's output names in the registry.
-
-References of ops the harness itself implements live beside their kernel (nki-library's
-``X.py`` / ``X_torch.py``) and are re-exported here: RoPE from ``harness.ops.rope_torch`` (the
-repository's one RoPE reference), the grouped SwiGLU from ``harness.ops.grouped_swiglu_torch``.
-The others are references of upstream kernels only and are written here.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from harness.ops.grouped_swiglu_torch import grouped_swiglu  # noqa: F401  (re-export)
-from harness.ops.rope_torch import rotary_embedding  # noqa: F401  (re-export)
+from harness.ops import grouped_swiglu_torch, moe_router_torch, rms_norm_torch, rope_torch
+from harness.ops.cross_entropy_torch import IGNORE_INDEX, summed_cross_entropy
 
-IGNORE_INDEX = -100
+
+def rotary_embedding(x: Tensor, positions: Tensor, *, theta: float) -> dict[str, Tensor]:
+    """RoPE of ``x (B, S, H, D)`` at ``positions (B|1, S)`` int, entirely in ``x``'s dtype."""
+    cos, sin = rope_torch.rope_cos_sin(positions, x.shape[-1], theta, dtype=x.dtype)
+    return {"y": rope_torch.apply_rope(x, cos, sin)}
 
 
 def rms_norm(x: Tensor, weight: Tensor, *, eps: float) -> dict[str, Tensor]:
-    """``y = x / sqrt(mean(x^2 over the last dim) + eps) * weight``."""
-    mean_square = (x * x).mean(dim=-1, keepdim=True)
-    return {"y": x / torch.sqrt(mean_square + eps) * weight}
+    return {"y": rms_norm_torch.rms_norm(x, weight, eps)}
 
 
 def moe_router(x: Tensor, gate_weight: Tensor, *, top_k: int, ids: Tensor | None = None) -> dict[str, Tensor]:
-    """Softmax over experts, top-k, renormalise the k probabilities to sum to one.
+    """``x`` (T, D), ``gate_weight`` (E, D); the k weights renormalised to sum to one. ``ids``
+    pins the selected experts (T, K): the reference evaluated on the set an implementation chose
+    where probabilities tie. ``probs`` (T, E) is the full distribution."""
+    weights, ids, probs = moe_router_torch.route(x, gate_weight, top_k, ids=ids)
+    return {"weights": weights, "ids": ids, "probs": probs}
 
-    ``x`` (T, D), ``gate_weight`` (E, D). ``ids`` pins the selected experts (T, K) -- used to
-    evaluate the reference on the set an implementation chose when probabilities tie; the
-    returned ``weights`` are in ``ids``' order. ``probs`` (T, E) is the full distribution.
-    """
-    logits = x @ gate_weight.transpose(0, 1)
-    probs = torch.softmax(logits, dim=-1)
-    if ids is None:
-        ids = torch.topk(probs, k=top_k, dim=-1).indices
-    chosen = probs.gather(-1, ids)
-    return {"weights": chosen / chosen.sum(dim=-1, keepdim=True), "ids": ids, "probs": probs}
+
+def grouped_swiglu(x: Tensor, num_tokens_per_expert: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> dict[str, Tensor]:
+    """Rows of ``x`` (R, D) sorted by expert: expert ``e`` owns the next
+    ``num_tokens_per_expert[e]`` rows. Rows owned by no expert are zero."""
+    return {"y": grouped_swiglu_torch.grouped_swiglu_rows(x, num_tokens_per_expert.tolist(), w1, w2, w3)}
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, *, ignore_index: int = IGNORE_INDEX) -> dict[str, Tensor]:
-    """Summed negative log-likelihood of ``labels`` (B, L) under ``logits`` (B, L, V); labels
-    equal to ``ignore_index`` contribute nothing. Labels are already aligned with logits
-    (position t predicts labels[t]); no shift happens here."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    target = labels.reshape(-1)
-    keep = target != ignore_index
-    log_z = torch.logsumexp(flat[keep], dim=-1)
-    picked = flat[keep].gather(-1, target[keep][:, None]).squeeze(-1)
-    return {"loss": (log_z - picked).sum()}
+    """Summed token cross entropy of ``labels`` (B, L) under ``logits`` (B, L, V), already
+    aligned (no shift); ``ignore_index`` labels contribute nothing."""
+    return {"loss": summed_cross_entropy(logits, labels, ignore_index)}

@@ -304,7 +304,7 @@ def _dense_check(op, name, value, reference, compute, arbiter: _Arbiter, always_
 
 # ------------------------------------------------------------------ verdicts per property
 
-KNOWN_ISSUE_CHECK = "kernel"  # the check name of kernel cells in harness/known_issues.py
+KNOWN_ISSUE_CHECK = "kernel"  # the check name of kernel cells in harness/known_issues/
 
 
 def context(result: RunResult, prop: str) -> dict[str, str]:

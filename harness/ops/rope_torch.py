@@ -1,9 +1,10 @@
 """The repository's one RoPE reference (rotate-half, as Qwen3 in HF and torchtitan), in torch.
 
 Torch twin of ``harness/ops/rope.py`` (``rope_torch_ref`` has the custom op's signature) and
-the op-level reference of the kernel registry (``rotary_embedding``). Everything computes in
-the dtype it is given (float64 for the truth; ``gradcheck`` runs on it), with no torchtitan or
-transformers import. Other code that needs RoPE imports it from here::
+the math of the kernel registry's op-level reference (harness/kernel_checks/references.py
+``rotary_embedding``). Everything computes in the dtype it is given (float64 for the truth;
+``gradcheck`` runs on it), with no torchtitan or transformers import. Other code that needs
+RoPE imports it from here::
 
     from harness.ops.rope_torch import rope_inv_freq, rope_cos_sin, apply_rope
 
@@ -12,7 +13,7 @@ rotate together: ``y_i = x_i cos - x_{i+D/2} sin``, ``y_{i+D/2} = x_{i+D/2} cos 
 
 ``rope_inv_freq`` / ``rope_cos_sin`` use torchtitan's expression (``1 / theta**(arange(0, D, 2)
 / D)``, positions times inverse frequencies, halves repeated), so with ``dtype=float32`` they are
-bitwise torchtitan's ``CosSinRoPE`` cache (tests/kernels/test_references.py); with float64 they
+bitwise torchtitan's ``CosSinRoPE`` cache (tests/kernels/test_twins.py); with float64 they
 are the truth.
 """
 
@@ -63,10 +64,3 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def rope_torch_ref(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Twin of ``harness::rope(x, cos, sin)``: the rotation, returned in ``x``'s dtype."""
     return apply_rope(x, cos, sin).to(x.dtype)
-
-
-def rotary_embedding(x: Tensor, positions: Tensor, *, theta: float) -> dict[str, Tensor]:
-    """Registry reference: RoPE of ``x (B, S, H, D)`` at ``positions (B|1, S)`` int, computed
-    entirely in ``x``'s dtype (call it with float64 for the truth)."""
-    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, dtype=x.dtype)
-    return {"y": apply_rope(x, cos, sin)}

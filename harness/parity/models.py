@@ -21,9 +21,7 @@ modules whose outputs are the canonical activations (``embed``, ``layers.{i}.att
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,6 +29,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from harness import model_build as build
+from harness.model_build import seed_everything  # noqa: F401  (the parity suites seed through it)
 from harness.parity import reference
 from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
@@ -85,11 +85,6 @@ def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_siz
             rows.append(Batch(input_dict["input"], input_dict["positions"], labels))
         per_rank.append(rows)
     return [[per_rank[r][s] for r in range(dp)] for s in range(steps)]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _first_tensor(output):
@@ -291,30 +286,6 @@ def checkpoint_keys(model_dir: str | Path) -> set[str]:
     return keys
 
 
-def trainer_config_for(model_spec, hf_assets_path: str | Path, trainer_cls=None):
-    """A ``Trainer.Config`` with the harness's tiny run shape, for ``update_from_config``."""
-    from torchtitan.trainer import Trainer
-
-    from harness.backends.common import TINY, shared_fields
-
-    cls = trainer_cls or Trainer.Config
-    return cls(model_spec=model_spec, **shared_fields(TINY, hf_assets_path=str(hf_assets_path)))
-
-
-def build_on_meta_and_init(model_config, seed: int) -> nn.Module:
-    """The trainer's construction: meta device, ``to_empty``, ``init_weights``, ``train()``."""
-    from torchtitan.tools.utils import set_default_dtype
-
-    seed_everything(seed)
-    with torch.device("meta"), set_default_dtype(torch.float32):
-        model = model_config.build()
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.train()
-    return model
-
-
 def load_hf_checkpoint_like_trainer(model: nn.Module, adapter, model_dir: str | Path) -> HFLoadReport:
     """torchtitan's ``dcp_load(from_hf=True)``, step for step, on one process."""
     import torch.distributed.checkpoint as dcp
@@ -397,11 +368,9 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
     arch = Qwen3Arch.from_dir(model_dir)
     config = model_config if model_config is not None else native_model_config(
         model_dir, custom_ops=custom_ops, attention=attention)
-    spec = copy.copy(model_registry("debugmodel"))  # a shared object: never edit it in place
-    spec.model = config
-    trainer_config = trainer_config_for(spec, model_dir)
-    config.update_from_config(config=trainer_config)
-    model = build_on_meta_and_init(config, seed)
+    trainer_config = build.trainer_config_for(build.with_model(model_registry("debugmodel"), config),
+                                              model_dir)
+    model = build.initialised(trainer_config, seed)
     make_adapter = adapter_factory or (lambda cfg, d: Qwen3StateDictAdapter(cfg, str(d)))
     adapter = make_adapter(config, model_dir)
     report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
@@ -440,31 +409,9 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
 # torchtitan transformers backend
 # --------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def transformers_backend_patches_restored():
-    """``HFTransformerModel.__init__`` monkey-patches transformers globally
-    (``PreTrainedModel._init_weights`` / ``_initialize_weights`` and the decoder layers'
-    ``__init__``): whatever is built (and initialised) inside this block has them; they are
-    restored after it, so other models built in this process are unaffected."""
-    import transformers.models.qwen3.modeling_qwen3 as q3
-    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
-    from transformers.modeling_utils import PreTrainedModel
-
-    saved = {
-        (PreTrainedModel, "_init_weights"): PreTrainedModel.__dict__["_init_weights"],
-        (PreTrainedModel, "_initialize_weights"): PreTrainedModel.__dict__["_initialize_weights"],
-        (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
-        (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
-    }
-    try:
-        yield
-    finally:
-        for (owner, attr), value in saved.items():
-            setattr(owner, attr, value)
-
-
 def hf_backend_config(model_dir: str | Path, configure: Callable | None = None):
-    """(the transformers backend's model config as the trainer makes it for ``model_dir``,
+    """(the transformers backend's ``Trainer.Config`` for ``model_dir``, its model config
+    updated from it as the trainer updates it and adjusted by ``configure``;
     ``titan_api.transformers_backend()``)."""
     prepare_in_process()
     from harness import titan_api
@@ -474,12 +421,12 @@ def hf_backend_config(model_dir: str | Path, configure: Callable | None = None):
     # ``configure`` (a workaround) would leak into every later build in this process.
     spec = copy.deepcopy(api.model_registry("full"))
     config = spec.model
-    trainer_config = trainer_config_for(spec, model_dir, api.TransformersBackendConfig)
+    trainer_config = build.trainer_config_for(spec, model_dir, api.TransformersBackendConfig)
     trainer_config.hf_model = str(model_dir)
     config.update_from_config(config=trainer_config)
     if configure is not None:
         configure(config)
-    return config, api
+    return trainer_config, api
 
 
 def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
@@ -498,10 +445,10 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
     weights are copied into the inner HF model from transformers' own load of the same
     checkpoint, so that everything else about the backend's model stays compared.
     """
-    config, api = hf_backend_config(model_dir, configure)
+    trainer_config, api = hf_backend_config(model_dir, configure)
+    config = trainer_config.model_spec.model
     arch = Qwen3Arch.from_dir(model_dir)
-    with transformers_backend_patches_restored():
-        model = build_on_meta_and_init(config, seed)
+    model = build.initialised(trainer_config, seed, updated=True)
     if api.state_dict_adapter is not None:
         report = load_hf_checkpoint_like_trainer(
             model, api.state_dict_adapter(config, str(model_dir)), model_dir)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.ops.rms_norm_torch import rms_norm
 from harness.parity import reference
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.parity.models import Batch, ParityModel
@@ -37,8 +38,8 @@ def moe_inputs(ref: ParityModel, batch: Batch) -> list[LayerRouting]:
         if not arch.layer_is_moe(i):
             continue
         h_after_attn = record[f"layers.{i}"] - record[f"layers.{i}.mlp"]
-        x = reference.rms_norm(h_after_attn, weights[f"model.layers.{i}.post_attention_layernorm.weight"],
-                               arch.rms_norm_eps)
+        x = rms_norm(h_after_attn, weights[f"model.layers.{i}.post_attention_layernorm.weight"],
+                     arch.rms_norm_eps)
         out.append(LayerRouting(i, x.reshape(-1, x.shape[-1])))
     return out
 
@@ -79,8 +80,9 @@ def hf_block(model: ParityModel, layer: int, x_TD: torch.Tensor) -> torch.Tensor
 def reference_block(model: ParityModel, layer: int, x_TD: torch.Tensor, expert_dtype=None) -> torch.Tensor:
     w = model.module.weights()  # type: ignore[union-attr]
     with torch.no_grad():
-        return reference.moe(x_TD[None], w, model.arch, f"model.layers.{layer}.mlp", expert_dtype,
-                             None, "").reshape(x_TD.shape)
+        out, _, _ = reference.moe(x_TD, w, model.arch, f"model.layers.{layer}.mlp",
+                                  expert_dtype=expert_dtype)
+        return out
 
 
 def _align(weights: torch.Tensor, ids: torch.Tensor):

@@ -10,7 +10,7 @@ TorchTitan Neuron is a generation of its own that shares the spring2026 API modu
 (``API_OF``) and inherits its known issues (``FORK_OF``): what was found wrong in public ``main``
 (known issues recorded with ``generation="spring2026"``) is expected on the fork where its
 signature reproduces, named "inherited", and where the fork does not show it the check passes
-and says so (harness/known_issues.py). Expectations computed from the API (init rules, the
+and says so (harness/known_issues/). Expectations computed from the API (init rules, the
 dataloader's batches) are the API's (``api_generation``). A fork version the harness has not
 been run against is accepted and named as such in every result (``fork_note``).
 """

@@ -8,5 +8,5 @@ upstream no longer needs it, so it can be deleted.
 
 The rank-side realisations of opt-in workarounds live here too: ``hf_rope_init`` (a shim) and
 ``titan_overrides`` (torchtitan ``--override.imports``). Each belongs to a known issue in
-harness/known_issues.py, whose check fails as stale the day upstream fixes the issue.
+harness/known_issues/, whose check fails as stale the day upstream fixes the issue.
 """

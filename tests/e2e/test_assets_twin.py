@@ -24,7 +24,8 @@ from harness import known_issues, paths, titan_api
 from harness.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, derived_assets,
                                  full_size_assets_dir)
 from harness.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
-from harness.expectations import independent_first_step_loss, run_data
+from harness.expectations import run_data
+from harness.reference_forward import independent_first_step_loss
 from harness.tolerances import loss_band
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")

@@ -9,7 +9,7 @@ packed row), and compared token for token, positions included, for
 dp ranks 0 and 1 (dp 2, local batch 2, seq 256: the tiny runs' shape) with:
 - the dataloader the backend config builds (``titan_native.tiny().dataloader``), in process;
 - what torchtitan's real trainer (torchrun, 2 ranks) receives and feeds the model, dumped by a
-  rank-side hook (harness/data/rank_hooks.py, installed by every registered config function):
+  rank-side observer (harness/rank_observers.py, installed by the launcher in every rank):
   in the default tier the run template's own titan_native random-init run; in the slow tier
   the one-step instrumented run (harness/data/instrumented.py) of the flex variant and with
   each plant.
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from harness.backends import BACKENDS, titan_native
-from harness import paths, titan_api
+from harness import dump_layout, paths, titan_api
 from harness.backends.common import TINY
 from harness.plants import planted
 from harness.data import instrumented
@@ -118,9 +118,7 @@ def trainer_run(backend_runs, name, attention=None, plants=()):
 
 
 def trainer_batches(result) -> list[dict]:
-    from harness.data.loss_reference import load_batches
-
-    return load_batches(result.run_dir)
+    return dump_layout.load_batches(result.run_dir)
 
 
 def check_trainer_feed(result, attention: str) -> list[str]:

@@ -26,9 +26,11 @@ from harness.backends.common import TINY
 from harness.data import instrumented, sft_config
 from harness.data import reference as ref
 from harness.data.sft_reference import sft_reference_batches
-from harness.data.loss_reference import IGNORE_INDEX, hf_loss_parts, load_batches
+from harness.data.loss_reference import IGNORE_INDEX
+from harness.dump_layout import load_batches
 from harness.launch import RunSpec
 from harness.plants import planted
+from harness.reference_forward import hf_loss_parts
 from harness.tolerances import parity_tolerance
 
 # fp32 step-1 loss, torchrun 2 ranks vs in-process HF (the parity policy's torchrun_loss band;

@@ -1,11 +1,13 @@
 """A random-init run's step 1 is held to the weights it really started from.
 
-Specification (harness/expectations.py ``initial_weights_forward``):
+Specification (harness/reference_forward.py ``initial_weights_forward``):
 - a CPU random-init run whose ranks dumped its step-0 weights is held to the independent
   float32 HF forward of exactly those weights on every rank's own step-1 batch, in the band of
   its precision, and those weights to ln V + s^2/2 in the draw band;
 - the same run paired with weights it did not start from (another draw of the same init, which
   ln V + s^2/2 cannot tell apart) fails, and so does a step-1 loss just outside the band;
+- the registry (harness/expectations.py) computes none of it: it holds the run to what the
+  forwards passed in compute, and refuses a run without them;
 - (slow) a run whose forward is planted wrong (RoPE theta x10, a defect ln V + s^2/2 cannot see
   at random init) fails.
 The default-tier tests reuse the default suite's own random-init runs (no launch of their own).
@@ -19,10 +21,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from harness import dump_layout
 from harness.backends import BACKENDS
-from harness.expectations import ExpectationRegistry
+from harness.expectations import ExpectationRegistry, RunForwards
 from harness.launch import RunSpec
+from harness.reference_forward import FORWARDS
 from harness.run_matrix import RunCase
+from harness.tolerances import initial_weights_forward_band
 
 
 def _suite_run(backend, device_runs, steps, workarounds):
@@ -40,11 +45,11 @@ def _with_dump_of(run, tmp_path, edit=None):
     """``run`` pointing at a copy of its dumped step-0 weights and step-1 batches, the weights
     passed through ``edit(name, tensor) -> tensor``."""
     copy = tmp_path / "run"
-    for part in ("harness_initial", "harness_batches"):
-        shutil.copytree(run.run_dir / "dump" / part, copy / "dump" / part,
-                        ignore=shutil.ignore_patterns("hf"))
+    for part in (dump_layout.INITIAL, dump_layout.BATCHES):
+        shutil.copytree(dump_layout.dump_folder(run.run_dir) / part, dump_layout.dump_folder(copy) / part,
+                        ignore=shutil.ignore_patterns(dump_layout.INITIAL_HF))
     if edit is not None:
-        for path in (copy / "dump" / "harness_initial").glob("native_rank0_*.pt"):
+        for path in dump_layout.initial_weight_files(dump_layout.initial_weights_dir(copy)):
             torch.save({k: edit(k, v) for k, v in torch.load(path, weights_only=True).items()}, path)
     return replace(run, run_dir=copy)
 
@@ -61,15 +66,28 @@ def _another_draw(seed=1234):
 
 
 def test_a_random_init_run_is_held_to_the_forward_of_its_own_step0_weights(dense_random):
-    expectation = ExpectationRegistry().for_run(dense_random)
+    expectation = ExpectationRegistry().for_run(dense_random, FORWARDS)
     assert "dumped step-0 weights" in expectation.source and expectation.init is not None
     assert expectation.tolerance_name == "initial_forward_fp32"
     assert abs(dense_random.steps[0].loss - expectation.value) <= expectation.tolerance
 
 
+def test_the_registry_computes_nothing_itself(dense_random):
+    """The registry holds the run to what the forwards passed in compute (harness/
+    reference_forward.py ``FORWARDS``), and refuses a run without them."""
+    band = initial_weights_forward_band("float32", "cpu")
+    stub = RunForwards(hf_forward=None, initial_weights_forward=lambda run: (8.25, "a stub", band))
+    expectation = ExpectationRegistry().for_run(dense_random, stub)
+    assert (expectation.value, expectation.source, expectation.tolerance) == (8.25, "a stub", band.value)
+    assert expectation.init is not None and "ln V" in expectation.init.source
+    with pytest.raises(TypeError, match="FORWARDS"):
+        ExpectationRegistry().get("titan_native", "tiny_dense", "random", "cpu", run=dense_random)
+
+
 def test_weights_the_run_did_not_start_from_fail(dense_random, tmp_path):
-    own = ExpectationRegistry().for_run(dense_random)
-    other = ExpectationRegistry().for_run(_with_dump_of(dense_random, tmp_path, _another_draw()))
+    own = ExpectationRegistry().for_run(dense_random, FORWARDS)
+    other = ExpectationRegistry().for_run(_with_dump_of(dense_random, tmp_path, _another_draw()),
+                                          FORWARDS)
     problem = other.check(dense_random.steps[0].loss)
     assert problem and problem.startswith("first-step loss") and "initial_forward_fp32" in problem
     # ln V + s^2/2 cannot tell the two draws apart: they are as far from it as each other
@@ -77,7 +95,7 @@ def test_weights_the_run_did_not_start_from_fail(dense_random, tmp_path):
 
 
 def test_a_step1_loss_just_outside_the_band_fails(dense_random, tmp_path):
-    expectation = ExpectationRegistry().for_run(_with_dump_of(dense_random, tmp_path))
+    expectation = ExpectationRegistry().for_run(_with_dump_of(dense_random, tmp_path), FORWARDS)
     problem = expectation.check(expectation.value + 2 * expectation.tolerance)
     assert problem and problem.startswith("first-step loss")
 
@@ -86,16 +104,16 @@ def test_every_rank_s_batch_is_needed(dense_random, tmp_path):
     from harness.expectations import MissingExpectation
 
     run = _with_dump_of(dense_random, tmp_path)
-    (run.run_dir / "dump" / "harness_batches" / "rank1_step1.pt").unlink()
+    dump_layout.batch_file(dump_layout.dump_folder(run.run_dir), rank=1, step=1).unlink()
     with pytest.raises(MissingExpectation, match="1 rank batch dump.* for 2 ranks"):
-        ExpectationRegistry().for_run(run)
+        ExpectationRegistry().for_run(run, FORWARDS)
 
 
 @pytest.mark.slow
 def test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it(backend_runs):
     run = backend_runs.get(RunSpec("titan_native", init="random", steps=2,
                                    plants=("rope_theta_x10",)))
-    expectation = ExpectationRegistry().for_run(run)
+    expectation = ExpectationRegistry().for_run(run, FORWARDS)
     problem = expectation.check(run.steps[0].loss)
     assert problem and problem.startswith("first-step loss"), problem
 
@@ -106,4 +124,4 @@ def test_a_dump_that_is_not_this_model_s_state_is_an_error_naming_it(dense_rando
     wo = "layers.0.attention.wo.weight"
     run = _with_dump_of(dense_random, tmp_path, lambda k, v: v[:, :-1] if k == wo else v)
     with pytest.raises(MissingExpectation, match="not an HF checkpoint.*mis-shaped.*o_proj"):
-        ExpectationRegistry().for_run(run)
+        ExpectationRegistry().for_run(run, FORWARDS)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import checks, known_issues, rank_step0
+from harness import checks, dump_layout, known_issues
 from harness.launch import RunSpec
 
 pytestmark = pytest.mark.slow
@@ -41,11 +41,11 @@ def test_the_workaround_draws_distinct_shards_equal_to_a_one_rank_init(backend_r
     assert outcome.observed["checked"] >= 11  # tiny_dense: 11 sharded non-constant parameters, tiny_moe 14
     single = backend_runs.get(RunSpec(backend, init="random", steps=STEPS, nproc=1))
     assert single.ok, f"{single.name} failed: see {single.run_dir}"
-    dumped = sorted((run.run_dir / "dump" / rank_step0.INITIAL).glob(rank_step0.NATIVE.format(unit="*")))
+    dumped = dump_layout.initial_weights_dir(run.run_dir)
     assert dumped, f"{run.name} dumped no step-0 weights"
-    for path in dumped:
+    for path in dump_layout.initial_weight_files(dumped):
         two = torch.load(path, weights_only=True)
-        one = torch.load(single.run_dir / "dump" / rank_step0.INITIAL / path.name, weights_only=True)
+        one = torch.load(dump_layout.initial_weights_dir(single.run_dir) / path.name, weights_only=True)
         for name, tensor in two.items():
             assert torch.equal(tensor, one[name]), f"{backend} {name}: 2-rank init != 1-rank init"
 

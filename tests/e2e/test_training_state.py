@@ -13,7 +13,7 @@
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
 (d) MoE load balancing step by step (harness/training_state.py ``balance_findings``, from the
-    rank-side records of harness/data/rank_hooks.py): the routing counts are the step's router
+    rank-side records of harness/data/rank_hooks.py, read by harness/dump_layout.py): the routing counts are the step's router
     choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
     exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
     the bias of its step.
@@ -21,7 +21,8 @@ The default tier runs (a), (b) and (d) in their cheap form on the run template's
 random-init run (harness/run_matrix.py ``TRAINING_STATE_STEPS``: 3 steps, a full checkpoint
 after steps 1 and 2, the HF checkpoint at step 3), resumed from its step-1 checkpoint for
 steps 2 and 3 (one launch of its own), and (c) on the template's titan_native random-init run:
-every registered config function installs the rank-side hooks (harness/backends/common.py).
+the launcher installs the rank-side observers in every rank of every run
+(harness/rank_observers.py).
 The slow tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
 failing on planted defects (harness/plants/in_torchtitan.py): expert_bias zeroed after the
 checkpoint load or never checkpointed; the balancing update dropped, of the wrong sign, its
@@ -36,7 +37,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import known_issues
+from harness import dump_layout, known_issues
 from harness import training_state as ts
 from harness.backends import BACKENDS
 from harness.data import instrumented
@@ -82,7 +83,7 @@ def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_pl
     env = instrumented.env(f"harness.backends.{base}")
     first = _ok(first_run(backend_runs, names, base, first_plants, k, steps))
     resume = checkpointing(k) + (
-        "--checkpoint.initial_load_path", str(ts.checkpoint_dir(first.run_dir, k).resolve()),
+        "--checkpoint.initial_load_path", str(dump_layout.checkpoint_dir(first.run_dir, k).resolve()),
         "--checkpoint.no-initial-load-model-only")
     second = _ok(backend_runs.get(RunSpec(
         names[base], steps=steps, overrides=resume, plants=plants, extra_env=env)))
@@ -100,7 +101,7 @@ def template_run_spec(backend: str, steps: int, workarounds, plants=()) -> RunSp
 def resumed_spec(first: RunSpec, first_dir, k: int, plants=()) -> RunSpec:
     """``first`` resumed from its step-``k`` checkpoint: model, optimizer, lr schedule,
     dataloader and train state (``--checkpoint.no-initial-load-model-only``)."""
-    resume = ("--checkpoint.initial_load_path", str(ts.checkpoint_dir(first_dir, k).resolve()),
+    resume = ("--checkpoint.initial_load_path", str(dump_layout.checkpoint_dir(first_dir, k).resolve()),
               "--checkpoint.no-initial-load-model-only")
     return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants))
 
@@ -128,12 +129,12 @@ def resume_findings(first, second, k=K, steps=STEPS, full_at=None) -> list[str]:
         if loss != want.get(step):
             found.append(f"[{ts.RESUME}] step {step}: resumed loss {loss!r} != uninterrupted "
                          f"{want.get(step)!r}")
-    diffs = ts.differences(ts.load_dcp(ts.checkpoint_dir(first.run_dir, full_at)),
-                           ts.load_dcp(ts.checkpoint_dir(second.run_dir, full_at)))
+    diffs = ts.differences(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, full_at)),
+                           ts.load_dcp(dump_layout.checkpoint_dir(second.run_dir, full_at)))
     found += [f"[{ts.RESUME}] step-{full_at} checkpoint: {d}" for d in diffs[:20]]
     if full_at != steps:
-        diffs = ts.differences(ts.saved_hf_tensors(first.run_dir, steps),
-                               ts.saved_hf_tensors(second.run_dir, steps))
+        diffs = ts.differences(dump_layout.saved_hf_tensors(first.run_dir, steps),
+                               dump_layout.saved_hf_tensors(second.run_dir, steps))
         found += [f"[{ts.RESUME}] step-{steps} HF checkpoint: {d}" for d in diffs[:20]]
     return found
 
@@ -149,8 +150,8 @@ def test_resume_reproduces_uninterrupted_run(backend_runs, instrumented_names, b
 def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
     """``steps``: the first run's last full checkpoint."""
     found = []
-    saved_k = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, k)))
-    saved_end = ts.expert_bias(ts.load_dcp(ts.checkpoint_dir(first.run_dir, steps)))
+    saved_k = ts.expert_bias(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, k)))
+    saved_end = ts.expert_bias(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, steps)))
     if not saved_k:
         return [f"[{ts.CHECKPOINT}] no expert_bias in the step-{k} checkpoint"]
     for key, value in saved_k.items():
@@ -159,7 +160,7 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
         if torch.equal(value, saved_end.get(key)):
             found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: unchanged between step {k} and step {steps}")
     # the checkpoint holds the bias the trainer had after step k's update
-    records = ts.balance_records(first.run_dir)
+    records = dump_layout.balance_records(first.run_dir)
     for rank, steps_seen in records.items():
         after_k = {ts.canonical_key(n): rec["bias_after"] for s in steps_seen if s["step"] == k
                    for n, rec in s["layers"].items()}
@@ -173,7 +174,7 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
                              f"step {k} {match[0].tolist()}")
     # what the resumed trainer holds right after the load, on every rank
     for rank in range(first.nproc):
-        loaded = torch.load(second.run_dir / "dump" / "harness_state" / f"rank{rank}_loaded.pt")
+        loaded = dump_layout.expert_bias_at(second.run_dir, rank, "loaded")
         loaded = {ts.canonical_key(k): v for k, v in loaded.items()}
         for key, value in saved_k.items():
             if key not in loaded:
@@ -188,9 +189,8 @@ def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
 def test_expert_bias_updated_saved_restored(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe")
     problem, verdict = judge_balance(
-        expert_bias_findings(first, second) + ts.balance_findings(ts.balance_records(first.run_dir)), first)
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+        expert_bias_findings(first, second) + ts.balance_findings(dump_layout.balance_records(first.run_dir)), first)
+    known_issues.settle(verdict, problem)
 
 
 def _tagged(run_name: str, findings: list[str]) -> list[str]:
@@ -199,8 +199,8 @@ def _tagged(run_name: str, findings: list[str]) -> list[str]:
 
 def quick_findings(first, second) -> list[str]:
     """Every training-state finding of the default tier's nki_moe pair (each ``[kind] ...``)."""
-    return (_tagged("first run", ts.balance_findings(ts.balance_records(first.run_dir)))
-            + _tagged("resumed run", ts.balance_findings(ts.balance_records(second.run_dir)))
+    return (_tagged("first run", ts.balance_findings(dump_layout.balance_records(first.run_dir)))
+            + _tagged("resumed run", ts.balance_findings(dump_layout.balance_records(second.run_dir)))
             + expert_bias_findings(first, second, QUICK_K, QUICK_FULL)
             + resume_findings(first, second, QUICK_K, QUICK_STEPS, QUICK_FULL))
 
@@ -222,8 +222,7 @@ def test_moe_load_balancing_through_a_checkpoint(device_runs, steps, workarounds
     checkpoint with optimizer state, the step-3 HF checkpoint)."""
     first, second = quick_pair(device_runs, steps, workarounds)
     problem, verdict = judge_balance(quick_findings(first, second), first)
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+    known_issues.settle(verdict, problem)
 
 
 def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
@@ -240,10 +239,10 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
         found.append(f"{len(rerun.steps)} and {len(first.steps)} steps logged, not {QUICK_STEPS}")
     for step in range(QUICK_K, QUICK_STEPS, QUICK_K):
         found += [f"step-{step} checkpoint: {d}" for d in ts.differences(
-            ts.load_dcp(ts.checkpoint_dir(first.run_dir, step)),
-            ts.load_dcp(ts.checkpoint_dir(rerun.run_dir, step)))[:20]]
+            ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, step)),
+            ts.load_dcp(dump_layout.checkpoint_dir(rerun.run_dir, step)))[:20]]
     found += [f"step-{QUICK_STEPS} HF checkpoint: {d}" for d in ts.differences(
-        ts.saved_hf_tensors(first.run_dir, QUICK_STEPS), ts.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
+        dump_layout.saved_hf_tensors(first.run_dir, QUICK_STEPS), dump_layout.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
     assert not found, "seeded rerun differs:\n" + "\n".join(found)
 
 
@@ -258,7 +257,7 @@ def test_load_balancing_check_catches_planted_defect(device_runs, steps, workaro
     broken balancing update or routing (the plant breaks the template's run)."""
     spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds, (plant,))
     first = _ok(device_runs("cpu").get(spec))
-    assert ts.balance_findings(ts.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
+    assert ts.balance_findings(dump_layout.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
 
 
 @pytest.mark.slow

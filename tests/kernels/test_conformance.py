@@ -4,9 +4,10 @@ Generated from harness.kernel_checks.registry.OPS: op x implementation x device 
 Each test checks forward outputs, the gradients of every differentiable input (for
 implementations with a backward), the documented output dtypes and, for the router, the
 routing-set rule. Unavailable libraries/devices give one skip per (op, impl, device) with the
-reason. Known upstream issues (harness/known_issues.py, check "kernel") are judged per property
-(runner.outcome): a cell xfails only when every failing property is excused by an issue and
-fails exactly as recorded; any other failure, or an excused property that passes, fails.
+reason. Known upstream issues (harness/known_issues/kernels.py, check "kernel") are judged per
+property (runner.outcome): a cell xfails only when every failing property is excused by an
+issue and fails exactly as recorded; any other failure, or an excused property that passes,
+fails (``known_issues.settle``).
 """
 
 from __future__ import annotations
@@ -52,5 +53,4 @@ def test_conformance(op_name, impl_name, device, case_name, dtype, tmp_path):
         warnings.simplefilter("ignore")  # upstream warnings (CPU autocast) are known issues, not noise
         result = run(op, op.implementation(impl_name), device, op.case(case_name), dtype, save_dir=tmp_path)
     verdict = outcome(result)  # per property, judged against the known issues
-    known_issues.xfail_if_known(verdict, verdict.message)
-    assert verdict.status == "pass", f"{verdict.message}\n{result.report()}"
+    known_issues.settle(verdict, verdict.message, result.report())

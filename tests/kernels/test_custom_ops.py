@@ -204,7 +204,8 @@ def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
         lambda: titan_api.grouped_experts_compute(module, x.clone().requires_grad_(), counts).sum().backward(),
         "Invalid strides/sizes",
     )
-    known_issues.enforce("grouped_mm_expanded_grad", problem, observed, impl="torchtitan", device="cpu")
+    verdict = known_issues.judge("grouped_mm_expanded_grad", problem, observed, impl="torchtitan", device="cpu")
+    known_issues.settle(verdict, problem)
 
 
 def test_torchtitan_grouped_experts_needs_16_byte_strides_in_bfloat16():
@@ -218,10 +219,11 @@ def test_torchtitan_grouped_experts_needs_16_byte_strides_in_bfloat16():
     assert torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3).isfinite().all()
     problem, observed = _raised(lambda: titan_api.grouped_experts_compute(module, x, counts),
                                 "strides should be multiple of 16 bytes")
-    known_issues.enforce("grouped_mm_alignment", problem, observed, impl="torchtitan", dtype="bfloat16")
+    verdict = known_issues.judge("grouped_mm_alignment", problem, observed, impl="torchtitan", dtype="bfloat16")
+    known_issues.settle(verdict, problem)
 
 
-def test_enforce_fails_a_grouped_mm_error_other_than_the_recorded_one():
+def test_the_verdict_fails_a_grouped_mm_error_other_than_the_recorded_one():
     """The two tests above can fail: another error (or none) where the issue applies is a failure."""
     other = known_issues.judge("grouped_mm_alignment", "RuntimeError: out of memory",
                                {"error": "RuntimeError: out of memory"}, impl="torchtitan", dtype="bfloat16")

@@ -1,4 +1,4 @@
-"""Known issues excuse exactly the property they document (harness/known_issues.py, check
+"""Known issues excuse exactly the property they document (harness/known_issues/kernels.py, check
 "kernel"; judged per property by harness/kernel_checks/runner.py).
 
 Both directions on planted implementations run through the same ``run`` as the real ones,

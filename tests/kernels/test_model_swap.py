@@ -21,7 +21,7 @@ from harness.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_custom_o
 
 DIM, VOCAB, LAYERS = 64, 128, 2
 
-# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/known_issues.py): torchtitan's router warns that CPU autocast ignores float32.
+# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/known_issues/): torchtitan's router warns that CPU autocast ignores float32.
 pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
 
 

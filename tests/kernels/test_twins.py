@@ -5,13 +5,12 @@ tests/kernels/test_moe_blockwise.py.)"""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import pytest
 import torch
 
-from harness import plants
+from harness import paths, plants
 from harness.kernel_checks import registry
 from harness.kernel_checks.registry import OPS, op_twin_problems, twin_problems
 from harness.ops import rope_torch
@@ -98,15 +97,35 @@ def test_rope_cos_sin_in_float32_is_torchtitans_cache_bitwise():
     assert torch.equal(torch.cat((cos, sin), dim=-1), module.cache[:64])
 
 
-def test_rope_reference_can_replace_the_parity_reference_bitwise():
-    """The import the parity code should switch to computes the same float32 values."""
-    parity = importlib.import_module("harness.parity.reference")
+def _model_reference_rope_step(arch, positions):
+    """(q, k) into and out of the model reference's RoPE step (layer 0 of the tiny dense
+    fixture, float32: the parity comparison's precision)."""
+    from harness.parity import reference
+
+    weights = reference.load_hf_tensors(paths.TINY_DENSE)
+    unit = reference.unit_weight_names(arch, "layers.0", set(weights))
+    x = torch.randn(*positions.shape, arch.hidden_size, generator=torch.Generator().manual_seed(5))
+    steps = dict(reference.Reference(arch, torch.zeros_like(positions), positions, dtype=torch.float32)
+                 .unit("layers.0", {k: weights[k].float() for k in unit}, x))
+    return (steps["layers.0.attention.q_norm"], steps["layers.0.attention.k_norm"]), steps["layers.0.attention.rope"]
+
+
+def test_the_model_reference_rotates_with_the_one_rope_reference_bitwise():
+    """The model reference's RoPE step is this RoPE in float32 (torchtitan's cache, bitwise):
+    the rotation of its own q and k by ``rope_cos_sin(dtype=float32)``, and one at a planted
+    theta is not."""
+    import dataclasses
+
+    from harness.hf_config import Qwen3Arch
+
+    arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
     positions = torch.tensor([[0, 1, 2, 900], [7, 8, 40000, 3]])
-    ours = rope_torch.rope_cos_sin(positions, 16, 1e6, dtype=torch.float32)
-    theirs = parity.rope_cos_sin(positions, 16, 1e6)
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
-    x = torch.randn(2, 4, 3, 16)
-    assert torch.equal(rope_torch.apply_rope(x, *ours), parity.apply_rope(x, *theirs))
+    (q, k), rotated = _model_reference_rope_step(arch, positions)
+    cos, sin = rope_torch.rope_cos_sin(positions, arch.head_dim, arch.rope_theta, dtype=torch.float32)
+    assert rotated[0].dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(rotated, (rope_torch.apply_rope(t, cos, sin) for t in (q, k))))
+    _, planted = _model_reference_rope_step(dataclasses.replace(arch, rope_theta=arch.rope_theta * 10), positions)
+    assert not torch.equal(planted[1], rotated[1])
 
 
 def test_rope_reference_catches_a_planted_wrong_theta():

@@ -3,9 +3,9 @@
 Models are built once per session from the fixtures (in-process, no torchrun) and shared by
 read-only tests; tests that train or perturb build their own.
 
-Known upstream issues come from the one registry, harness/known_issues.py, and are applied
-with ``known_issues.enforce``. Their workarounds are never applied by default: ask with the
-root ``--workaround NAME`` (validated against ``known_issues.WORKAROUNDS``; read here through
+Known upstream issues come from the one registry, harness/known_issues/, and a test ends on
+its verdict with ``known_issues.settle``. Their workarounds are never applied by default: ask
+with the root ``--workaround NAME`` (validated against ``known_issues.WORKAROUNDS``; read here through
 the root session fixture ``workarounds``).
 """
 

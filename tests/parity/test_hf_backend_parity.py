@@ -6,11 +6,11 @@
 with ``to_empty`` + ``init_weights``, and loaded through ``HFTransformerStateDictAdapter`` with
 the trainer's ``dcp.load`` path.
 
-Two confirmed upstream issues (harness/known_issues.py) make it compute a different model
+Two confirmed upstream issues (harness/known_issues/) make it compute a different model
 than torchtitan's native Qwen3: uninitialised RoPE ``inv_freq`` (check ``rope_inv_freq``) and
 a causal-only mask on packed documents (checks ``attention_mask``, ``logits_vs_reference``).
-Each is judged with ``known_issues.enforce``: an xfail naming it only when the failure has the
-recorded signature. Their workarounds are applied only when asked (root ``--workaround``),
+Each is judged with ``known_issues.judge``, then ``settle``: an xfail naming it only when the
+failure has the recorded signature. Their workarounds are applied only when asked (root ``--workaround``),
 except that the comparisons of logits always recompute RoPE (``hf_rope_init``), so that the
 mask is the only known difference they can see (the RoPE issue has its own test).
 
@@ -29,7 +29,8 @@ import torch
 from harness import known_issues, titan_api
 from harness.hf_config import Qwen3Arch, arch_from_config_object
 from harness import workarounds as W
-from harness.parity import compare, reference
+from harness.ops.rope_torch import rope_inv_freq
+from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.settings import settings_table
 from harness.tolerances import parity_tolerance as tolerance
@@ -108,8 +109,7 @@ def test_backend_loads_every_checkpoint_tensor(backend_as_configured, workaround
     problem = compare.parity_message(*problems) if problems else None
     verdict = known_issues.judge("completed", problem, {"error": rep.error}, workarounds,
                                  backend="hf_v5", init="pretrained", generation=titan_api.generation())
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+    known_issues.settle(verdict, problem)
 
 
 def test_backend_model_config_matches_config_json(backend_as_configured, dense_dir):
@@ -123,7 +123,7 @@ def test_backend_model_config_matches_config_json(backend_as_configured, dense_d
 
 
 def _expected_inv_freq(arch: Qwen3Arch) -> torch.Tensor:
-    return reference.rope_inv_freq(arch.head_dim, arch.rope_theta)
+    return rope_inv_freq(arch.head_dim, arch.rope_theta, dtype=torch.float32)
 
 
 def inv_freq_problem(inv_freq: torch.Tensor, arch: Qwen3Arch):
@@ -164,8 +164,7 @@ def test_backend_rope_frequencies_are_initialised(dense_dir, workarounds, alloca
     assert len(distinct) == 1, (f"the verdict depends on leftover memory: {reruns} builds gave "
                                 f"(verdict, inv_freq_wrong_fraction) {sorted(distinct)}")
     verdict, problem, _ = outcomes[0]
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+    known_issues.settle(verdict, problem)
 
 
 def test_rope_issue_signature_fails_another_size_or_a_pass():
@@ -198,8 +197,7 @@ def test_backend_masks_attention_per_document(dense_dir, backend_as_configured, 
     observed = {"deviation": _deviation(rope_fixed, dense_models["reference"], dense_batch)}
     verdict = known_issues.judge("attention_mask", problem, observed, workarounds, backend="hf_v5",
                                  attention="flex", generation=titan_api.generation())
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+    known_issues.settle(verdict, problem)
 
 
 def _report(model, ref, batch):
@@ -226,8 +224,7 @@ def test_backend_logits_match_reference(attention, dense_dir, reference_with_mas
     verdict = known_issues.judge("logits_vs_reference", problem, {"deviation": _deviation(model, ref, batch)},
                                  applied, backend="hf_v5", attention=attention,
                                  generation=titan_api.generation())
-    known_issues.xfail_if_known(verdict, problem)
-    assert verdict.status == "pass", verdict.message
+    known_issues.settle(verdict, problem)
 
 
 def test_backend_has_no_other_difference_once_known_defects_are_worked_around(

@@ -1,12 +1,24 @@
 """The checks of a run fail on broken runs, and known issues excuse only their own signature
-(fabricated results; no launch needed)."""
+(fabricated results; no launch needed).
 
+Specification of how a test excuses a known issue, the one idiom: a check's verdict against
+the registry (``known_issues.judge``, or a producer of such a verdict: ``checks.verdict``,
+``compare.judge_parity``, the kernel runner's ``outcome``), then ``known_issues.settle`` on it.
+No file under tests/ (nor the root conftest.py) excuses a known issue another way: no xfail of
+its own (``pytest.xfail``, ``pytest.mark.xfail``), none of the retired helpers (``enforce``,
+``xfail_if_known``), and no skip whose reason names a known issue or speaks of one.
+"""
+
+import ast
+import re
+import types
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness import checks, known_issues
+from harness import checks, known_issues, paths
+from harness.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
 from harness.expectations import ExpectationRegistry, MissingExpectation
 from harness.results import RunResult, StepRecord
 
@@ -138,11 +150,126 @@ def test_known_issue_applies_only_where_recorded():
     assert verdict.status == "fail" and not verdict.issues
 
 
+def test_a_name_recorded_twice_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"known issue name\(s\) \['hf_v5-tied-embedding-init-scale'\] recorded twice"):
+        known_issues.Registry((TIED, replace(TIED, summary="another")))
+    other = replace(TIED, name="another", workaround=replace(known_issues.workaround("hf_rope_init")))
+    with pytest.raises(ValueError, match=r"workaround name\(s\) \['hf_rope_init'\] recorded twice"):
+        known_issues.Registry((known_issues.issue("hf_v5-rope-inv-freq-uninitialised"), other))
+
+
+ENTRY_MODULES = (hf_backend, native_qwen3, kernels, pytorch, spring2026)
+
+
+def unlisted_entries(module: types.ModuleType) -> list[str]:
+    """The known issues ``module`` defines but leaves out of its ``ISSUES`` (they never apply)."""
+    listed = {id(i) for i in module.ISSUES}
+    return sorted(name for name, value in vars(module).items()
+                  if isinstance(value, known_issues.KnownIssue) and id(value) not in listed)
+
+
+def test_every_entry_is_in_the_registry_and_reachable_by_name():
+    assert [unlisted_entries(m) for m in ENTRY_MODULES] == [[]] * len(ENTRY_MODULES)
+    assert known_issues.ISSUES == tuple(i for m in ENTRY_MODULES for i in m.ISSUES)
+    assert all(known_issues.issue(i.name) is i for i in known_issues.ISSUES)
+
+
+def test_an_entry_left_out_of_its_modules_issues_is_found():
+    module = types.ModuleType("planted_entries")
+    module.LISTED, module.FORGOTTEN = TIED, replace(TIED, name="forgotten")
+    module.ISSUES = (module.LISTED,)
+    assert unlisted_entries(module) == ["FORGOTTEN"]
+
+
+def test_settle_goes_on_on_a_pass_xfails_naming_the_issue_and_fails_with_the_message():
+    with pytest.raises(pytest.xfail.Exception, match=r"\[hf_v5-tied-embedding-init-scale\].*Observed: too high"):
+        known_issues.settle(known_issues.Verdict("known", "known issue(s) ...", (TIED,)), "too high")
+    with pytest.raises(pytest.fail.Exception, match="not as known issue\nthe run: x"):
+        known_issues.settle(known_issues.Verdict("fail", "not as known issue", (TIED,)), "p", "the run: x")
+    assert known_issues.settle(known_issues.Verdict("pass"), None) is None
+
+
 def test_an_unknown_workaround_is_refused_with_the_known_names():
     from harness.launch import RunSpec
 
     with pytest.raises(ValueError, match="unknown workaround 'hf_rope_int'.*hf_rope_init"):
         RunSpec("hf_v5", workarounds=("hf_rope_int",))
+
+
+# --- a test excuses a known issue one way only: known_issues.settle on a verdict --------------
+
+RETIRED = ("enforce", "xfail_if_known")  # the helpers ``settle`` replaced
+OWN_XFAIL_CALL, OWN_XFAIL_MARK = "pytest.xfail", "pytest.mark.xfail"
+SKIPS = ("pytest.skip", "pytest.mark.skip", "pytest.mark.skipif", "pytest.importorskip")
+SPEAKS_OF_A_KNOWN_ISSUE = re.compile(
+    r"\b(known (upstream )?issues?|upstream (defects?|bugs?)|defects?|bugs?|wrong|broken|loses|lost|"
+    r"workarounds?)\b", re.IGNORECASE)
+NAMES = tuple(i.name for i in known_issues.ISSUES) + tuple(known_issues.WORKAROUNDS)
+
+
+def _reason(call: ast.Call) -> str:
+    """The text of a skip: every string constant in its arguments (f-strings' too)."""
+    return " ".join(node.value for node in ast.walk(call)
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+def excuses_outside_the_registry(source: str, filename: str = "<test>") -> list[str]:
+    """Each place in ``source`` that excuses a known issue other than by ``known_issues.settle``,
+    as ``file:line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        where = f"{filename}:{getattr(node, 'lineno', 0)}"
+        if (isinstance(node, ast.Call) and ast.unparse(node.func) == OWN_XFAIL_CALL
+                or isinstance(node, ast.Attribute) and ast.unparse(node) == OWN_XFAIL_MARK):
+            found.append(f"{where}: {ast.unparse(node)[:60]} (only known_issues.settle xfails)")
+        elif isinstance(node, ast.Attribute) and node.attr in RETIRED:
+            found.append(f"{where}: {ast.unparse(node)} (retired: use known_issues.settle)")
+        elif isinstance(node, ast.ImportFrom) and any(a.name in RETIRED for a in node.names):
+            found.append(f"{where}: imports {[a.name for a in node.names if a.name in RETIRED]} (retired)")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in SKIPS:
+            reason = _reason(node)
+            if SPEAKS_OF_A_KNOWN_ISSUE.search(reason) or any(n in reason for n in NAMES):
+                found.append(f"{where}: {ast.unparse(node.func)}({reason!r}) skips for a known "
+                             "issue: judge the check and settle on its verdict")
+    return found
+
+
+def test_no_test_excuses_a_known_issue_outside_the_registry():
+    files = sorted((paths.REPO_ROOT / "tests").rglob("*.py")) + [paths.REPO_ROOT / "conftest.py"]
+    found = [line for path in files for line in
+             excuses_outside_the_registry(path.read_text(), str(path.relative_to(paths.REPO_ROOT)))]
+    assert not found, "known issues excused outside known_issues.settle:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    'pytest.xfail("the adapter drops the experts")',
+    '@pytest.mark.xfail(reason="flaky")\ndef test_x():\n    pass',
+    '@pytest.mark.xfail\ndef test_x():\n    pass',
+    'known_issues.xfail_if_known(verdict, problem)',
+    'known_issues.enforce("completed", problem, {})',
+    'checks.enforce("completed", run, 2)',
+    'from harness.known_issues import xfail_if_known',
+    'pytest.skip("the adapter\'s expert keys are wrong on spring-2026 only")',
+    'pytest.skip(f"known issue {name}: not comparable")',
+    '@pytest.mark.skipif(SPRING, reason="spring2026-qwen3-moe-adapter-expert-keys")\ndef test_x():\n    pass',
+    'pytest.param(1, marks=pytest.mark.skip(reason="needs hf_block_causal"))',
+], ids=["xfail", "xfail_mark", "bare_xfail_mark", "xfail_if_known", "enforce", "checks_enforce",
+        "import_retired", "skip_wording", "skip_fstring", "skipif_issue_name", "param_workaround"])
+def test_each_other_way_of_excusing_a_known_issue_is_found(source):
+    assert len(excuses_outside_the_registry(source)) == 1, source
+
+
+def test_the_idiom_and_skips_for_absent_things_are_not_excuses():
+    source = """
+verdict = known_issues.judge("completed", problem, observed, workarounds, backend="hf_v5")
+known_issues.settle(verdict, problem)
+pytest.skip("nki-library's wheel is not installed (package nkilib_src)")
+pytest.mark.skipif(generation() != "v0_3", reason="torchtitan 0.3.0 only (the v0_3 generation)")
+CHILD = 'pytest.xfail("expected in the child")'
+with pytest.raises(pytest.xfail.Exception):
+    known_issues.settle(verdict, problem)
+"""
+    assert excuses_outside_the_registry(source) == []
 
 
 # --- the saved HF checkpoint reloads completely ------------------------------------------------

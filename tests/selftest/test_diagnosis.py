@@ -295,7 +295,7 @@ def _recorded(built):
     streamed one as it hands them to the diagnosis, unit by unit (a tied weight's gradient
     summed over its uses)."""
     from harness.diagnosis import localize
-    from harness.diagnosis.trace import trace_names
+    from harness.parity.reference import trace_names
 
     modules = built.modules if built.modules is not None else localize.native_modules(
         built.module, [n for n, _ in trace_names(built.arch)])
@@ -384,6 +384,54 @@ def _beyond_inputs(memory: dict) -> int:
     return memory["peak_live_bytes"] - memory["saved_input_bytes"]
 
 
+def _first_steps_moved(model_dir) -> dict[str, str]:
+    """For each HF weight of ``model_dir`` (one routed expert per MoE layer), the first step of
+    the float64 reference whose output moves when that weight alone is scaled by 1.5: each unit
+    that reads it (``unit_weight_names``) run on its clean input, in forward order."""
+    from harness.hf_config import Qwen3Arch
+    from harness.parity import reference
+
+    arch, source = Qwen3Arch.from_dir(model_dir), reference.WeightSource(model_dir)
+    weights = {k: source[k] for k in source.keys()}
+    tokens = torch.randint(0, arch.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    walk = reference.Reference(arch, tokens, torch.arange(16)[None])
+    clean, x = {}, tokens
+    for unit in reference.unit_names(arch):
+        clean[unit] = (x, list(walk.unit(unit, weights, x)))
+        x = clean[unit][1][-1][1]
+    routed = {name: int(ids[0, 0]) for _, steps in clean.values() for name, (ids, _) in
+              ((n, o) for n, o in steps if n.endswith(".moe.router"))}
+    moved = {}
+    for unit, (x, steps) in clean.items():
+        for key in reference.unit_weight_names(arch, unit, set(weights)):
+            expert = key.split(".experts.")[-1].split(".")[0] if ".experts." in key else None
+            if key in moved or expert is not None and int(expert) != routed[f"{unit}.moe.router"]:
+                continue  # a tied weight is its first reader's
+            again = walk.unit(unit, {**weights, key: weights[key] * 1.5}, x)
+            moved[key] = next(name for (name, a), (_, b) in zip(steps, again) if not _same(a, b))
+    return moved
+
+
+def _same(a, b) -> bool:
+    pair = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+    return all(torch.equal(u, v) for u, v in zip(*pair))
+
+
+@pytest.mark.parametrize("model_dir", [paths.TINY_DENSE, paths.TINY_MOE], ids=["dense", "moe"])
+def test_each_gradient_is_filed_under_the_reference_step_that_reads_its_weight(model_dir):
+    """The diagnosis files an HF weight's gradient under the module the one HF <-> native name
+    table gives it (harness/conformance/native_to_hf.py ``module_of_weight``): the first step of
+    the reference whose output moves when only that weight moves. A table that files q_norm's
+    weight under k_norm is caught."""
+    from harness.conformance.native_to_hf import module_of_weight
+
+    moved = _first_steps_moved(model_dir)
+    assert len(moved) > 20, moved
+    assert {k: (module_of_weight(k), s) for k, s in moved.items() if module_of_weight(k) != s} == {}
+    planted = {k: s for k, s in moved.items() if "q_norm" in k}
+    assert planted and all(s != module_of_weight(k).replace("q_norm", "k_norm") for k, s in planted.items())
+
+
 def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monkeypatch):
     """The comparison runs the float64 reference unit by unit beside the model under test
     (forward, then backward from the loss): what it holds at its peak, besides the one input
@@ -391,7 +439,7 @@ def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monk
     2 decoder layers as for 8; the unit inputs grow by one activation per layer. A walk that
     keeps every unit's module outputs (as a whole-model record does) grows with depth and is
     caught by the same measure."""
-    from harness.diagnosis import trace
+    from harness.parity import reference
 
     shallow = _reference_memory(paths.TINY_DENSE, tmp_path)
     deep_dir = _deeper_dense(8, tmp_path / "deep")
@@ -408,14 +456,14 @@ def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monk
     assert deep["largest_unit_weight_bytes"] == shallow["largest_unit_weight_bytes"]
 
     kept = []
-    unit = trace.Reference.unit
+    unit = reference.Reference.unit
 
     def keeping_every_output(self, name, w, x):
         for step in unit(self, name, w, x):
             kept.append(step)
             yield step
 
-    monkeypatch.setattr(trace.Reference, "unit", keeping_every_output)
+    monkeypatch.setattr(reference.Reference, "unit", keeping_every_output)
     keeping = _reference_memory(deep_dir, tmp_path)
     print(f"8 layers, every module output kept: {keeping}")
     assert _beyond_inputs(keeping) > 2 * _beyond_inputs(shallow), keeping

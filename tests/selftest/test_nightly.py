@@ -196,13 +196,19 @@ def test_why_both_collective_timeouts_are_set_still_holds_upstream():
     """The premise of ``collective_timeout_overrides``, read from the installed code: torchtitan
     lowers the process groups' timeout to train_timeout_seconds after the first step, through
     torch's set_timeout, which lets a backend keep its own. If either changes, revisit it."""
+    import ast
     import inspect
 
     import torch.distributed.distributed_c10d as c10d
+    import torchtitan.trainer
     from torchtitan.distributed import utils
-    from torchtitan.trainer import Trainer
 
-    assert "train_timeout_seconds" in inspect.getsource(Trainer.train)
+    # Read from the file, not the live class: the rank hooks may have wrapped Trainer.train in
+    # this process.
+    tree = ast.parse(inspect.getsource(torchtitan.trainer))
+    (trainer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer"]
+    (train,) = [n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
+    assert "train_timeout_seconds" in ast.unparse(train)
     lowers = inspect.getsource(utils.set_pg_timeouts)  # 0.3.0: set_timeout; spring: its alias
     assert "distributed.set_timeout(" in lowers or "_set_pg_timeout(" in lowers
     assert "set_timeout(timeout, group)" in inspect.getsource(c10d._set_pg_timeout)

@@ -1,5 +1,5 @@
-"""A launched run's ranks start step 1 from distinct shards (harness/rank_step0.py, the
-``shards_distinct`` check of harness/checks.py).
+"""A launched run's ranks start step 1 from distinct shards (harness/rank_step0.py, read back
+by harness/dump_layout.py; the ``shards_distinct`` check of harness/checks.py).
 
 Specification:
 - each rank fingerprints its local shard of every parameter: shape, a hash of its bytes, sums
@@ -23,7 +23,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import checks, known_issues, rank_step0
+from harness import checks, dump_layout, known_issues, rank_step0
 from harness.results import RunResult
 
 ISSUE = "torch-dtensor-random-init-identical-shards-on-cpu"
@@ -58,10 +58,10 @@ def two_ranks(duplicated: int, distinct: int, constant: int = 2) -> dict[int, di
 
 
 def run_with(tmp_path, by_rank, init="random", device="cpu", workarounds=()) -> RunResult:
-    folder = tmp_path / "dump" / rank_step0.SHARDS
-    folder.mkdir(parents=True)
     for rank, record in by_rank.items():
-        (folder / rank_step0.SHARD_FILE.format(rank=rank)).write_text(json.dumps(record))
+        path = dump_layout.shard_file(dump_layout.dump_folder(tmp_path), rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
     return RunResult(name="r", backend="titan_native", size="tiny", init=init, device=device,
                      nproc=len(by_rank), command=[], returncode=0, timed_out=False, duration_s=0,
                      run_dir=tmp_path, attention="sdpa", workarounds=tuple(workarounds),

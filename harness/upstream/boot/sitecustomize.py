@@ -1,10 +1,14 @@
-"""Installed into each launched rank through PYTHONPATH (see harness/upstream/install.py).
+"""Installed into each launched rank through PYTHONPATH (harness/launch.py ``rank_environment``
+puts this folder first on every rank's path, on every device).
 
 Python imports ``sitecustomize`` at start-up, before ``-m torchtitan.train`` runs, which is the
-only point early enough for shims that must act before torchtitan imports itself. It installs
-the shims named in ``HARNESS_SHIMS`` and the plants named in ``HARNESS_PLANTS`` (self-tests
-only, harness/plants), the step-0 records and the start-up collection setting of a rank, and
-nothing else; with both variables unset it does nothing.
+only point early enough for shims that must act before torchtitan imports itself. It installs,
+in this order, the shims named in ``HARNESS_SHIMS`` (harness/upstream/install.py), the plants
+named in ``HARNESS_PLANTS`` (self-tests only, harness/plants) and the rank-side observers named
+in ``HARNESS_OBSERVERS`` (harness/rank_observers.py; last, so theirs are the outermost
+wrappers), with a rank's start-up collection setting where shims or plants are named; then it
+runs the ``sitecustomize`` it shadows, if the path holds another (an image's own), as Python
+would have without this folder. With the three variables unset it installs nothing.
 """
 
 import os
@@ -20,7 +24,9 @@ if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
     if defer_until_trainer is not None:
         defer_until_trainer()
 
-for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNESS_PLANTS", "harness.plants")):
+for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"),
+                         ("HARNESS_PLANTS", "harness.plants"),
+                         ("HARNESS_OBSERVERS", "harness.rank_observers")):
     if os.environ.get(variable):
         try:
             import importlib
@@ -32,13 +38,21 @@ for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"), ("HARNES
             print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
             raise SystemExit(2) from error
 
-# Every launched rank leaves what it has about step 0 (every rank's step-1 batch, a random-init
-# run's step-0 weights, every rank's shard fingerprints: harness/rank_step0.py). It observes only.
-# (A harness found on the path without it, e.g. another checkout's install, leaves nothing.)
-if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
-    try:
-        from harness.rank_step0 import install_in_rank
-    except ImportError:
-        install_in_rank = None
-    if install_in_rank is not None:
-        install_in_rank()
+
+def _run_the_sitecustomize_this_one_shadows() -> None:
+    """Python imports one ``sitecustomize``, the first on the path: this one. The next one
+    (a venv's or an image's own) runs here, as it would have run without this folder."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    shadowed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shadowed)
+
+
+_run_the_sitecustomize_this_one_shadows()

@@ -1,0 +1,76 @@
+"""Known issues of the kernels under conformance: the one home of the entries of check
+``kernel`` (harness/kernel_checks/runner.py judges each property of a cell; the selectors name
+the one property excused). Formerly harness/kernels/findings.py F1 and F2 (F3 and F5, torch's
+grouped GEMM, are in harness/known_issues/pytorch.py); and nki-library's kernels' races that the
+NKI emulator records (check ``nki_emu_race``, harness/ops/nki/). What an entry is:
+harness/known_issues/mechanism.py.
+"""
+
+from __future__ import annotations
+
+from harness.known_issues.mechanism import KnownIssue, Signature, Where
+
+_ROPE_CACHE_USERS = ("torchtitan", "transformers", "harness_op", "nki_contract", "nki_kernel", "nkilib")
+
+KERNEL_ROPE_FLOAT32_ANGLES = KnownIssue(
+    name="kernel-rope-float32-angles",
+    upstream="torchtitan 0.3.0 models/common/rope.py CosSinRoPE._precompute_cache; transformers "
+             "5.9.0 Qwen3RotaryEmbedding.forward (inv_freq @ position_ids in float32)",
+    summary="(F1) the RoPE cache is built in float32, so the rotation angle p*inv_freq carries "
+            "~|angle|*2^-24 rad of error, growing with the position: at long positions the "
+            "float32 outputs and gradients miss the float64 rotation by far more than float32 "
+            "rounding. bfloat16 is unaffected (below bf16 rounding up to 40960); the harness op "
+            "and the NKI kernels inherit torchtitan's cache by design (parity).",
+    evidence="vs float64 (float32 inputs), max error in u=2^-24 of the row scale: positions 0..3 "
+             "-> 7u, <= 10 -> 16u (within tolerance), 32768..40959 (case long_positions) -> y "
+             "9.37e4 u (5.6e-3 relative, 2.9e4x the float32 floor), grad_x 7.09e4 u. A cache "
+             "built in float64 and cast to float32 stays <= 1.7u at every position.",
+    where=tuple(Where(check="kernel", op=("rotary_embedding",), impl=_ROPE_CACHE_USERS,
+                      case=("long_positions",), dtype=("float32",), property=(prop,))
+                for prop in ("y", "grad_x")),
+    signature=Signature(quantity="error_u", low=1e4, high=3e5),
+)
+
+KERNEL_TITAN_ROUTER_CPU_AUTOCAST = KnownIssue(
+    name="kernel-titan-router-cpu-autocast-bf16-scores",
+    upstream="torchtitan 0.3.0 models/common/moe.py TokenChoiceTopKRouter.forward, torch 2.14 CPU",
+    summary="(F2) the gate runs under torch.autocast(device_type, dtype=float32) and the code "
+            "then assumes 'scores_BLE is already float32'; CPU autocast does not support float32 "
+            "(torch warns and disables it), so with bfloat16 activations on CPU the returned "
+            "top-k scores are bfloat16, not float32. Only the dtype is wrong: values, routing "
+            "sets and gradients stay within the bfloat16 tolerance (and are checked).",
+    evidence="every router case in bfloat16 on CPU: weights dtype torch.bfloat16 (documented "
+             "float32); on CUDA float32.",
+    where=(Where(check="kernel", op=("moe_router",), impl=("torchtitan",), device=("cpu",),
+                 dtype=("bfloat16",), property=("dtype:weights",)),),
+    signature=Signature(quantity="dtype", equals="torch.bfloat16"),
+)
+
+NKILIB_BWD_EA_GRAD_RACE = KnownIssue(
+    name="nkilib-bwd-ea-grad-lnc-race",
+    upstream="nki-library d2ad3a5 src/nkilib_src/nkilib/experimental/moe/bwd/bwmm_bwd_dropless.py: "
+             "lines 115-128 (the zeroing of expert_affinities_masked_grad) and 686-697 (the per-block "
+             "EA grad store), blockwise_mm_bwd at LNC=2",
+    summary="a cross-core write-write race: each program zeroes the flat slices [e*T, (e+1)*T) of "
+            "expert_affinities_masked_grad ([T*E, 1]) for its half of the EXPERTS (shard_E = E // 2; "
+            "with odd E the last expert's slice is zeroed by nobody; with E == 1 every program zeroes it all), while the EA grad stores split "
+            "the BLOCKS between the programs, with no core_barrier between the zeroing and the "
+            "stores: one program's zeroing can clobber the other's EA grad (on hardware the zeroing "
+            "usually runs first and wins the race by timing). harness::grouped_swiglu_backward "
+            "drops the EA grad (affinity 1.0, computed from y), so its gradients are unaffected.",
+    evidence="NKI emulator (lnc-race, harness/nki_emu/races.py), tests/kernels/test_moe_backward.py case "
+             "two_blocks_for_one_expert (counts 300/0/20, D=F=64, T=321, E=3): programs (0,) and (1,) "
+             "leave 175.0 vs 0.0 at flat index 321 of [963, 1]; conformance grouped_swiglu nki_kernel "
+             "cases qwen3_30b_dims ([6, 1], 5 elements, 6.25 vs 0.0) and all_rows_one_expert "
+            "([136, 1], 2 elements, -0.00116 vs 0.0). Every raced element lies in the slice the other "
+            "program's zeroing covers, with that program's value 0.0.",
+    where=(Where(check="nki_emu_race", op=("grouped_swiglu_backward",), impl=("nkilib_blockwise_mm_bwd",)),),
+    signature=Signature(quantity="race", equals="write-write lnc-race on expert_affinities_masked_grad [T*E, 1] "
+                                                "at elements only the zeroing program's 0.0 contests"),
+)
+
+ISSUES: tuple[KnownIssue, ...] = (
+    KERNEL_ROPE_FLOAT32_ANGLES,
+    KERNEL_TITAN_ROUTER_CPU_AUTOCAST,
+    NKILIB_BWD_EA_GRAD_RACE,
+)

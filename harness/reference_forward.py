@@ -1,0 +1,169 @@
+"""The independent HF forward of a run's weights on the batches it was fed: the computed sources
+of a launched run's expectations, and the recorded fixture losses.
+
+``first_step_loss(model, batches, mask)``: an HF model (transformers, float32, host CPU) on every
+rank's step-1 batch, with a run's masking of packed rows, reduced by torchtitan's loss contract
+(harness/data/loss_reference.py). The maskings (harness/backends BackendSpec.attention):
+
+- ``document``: attention confined to each packed document, RoPE at per-document positions (what
+  HF does by itself when position_ids restart and attention_mask is None; torchtitan's native
+  flex/varlen masks do the same);
+- ``causal``: causal attention across the packed row at per-document positions (an all-ones 2D
+  mask turns HF's packing detection off: the transformers backend's default on 0.3.0);
+- ``row_causal``: causal attention over the row at row positions 0..seq-1, the row read as one
+  sequence (native qwen3 ``attn_backend="sdpa"``).
+
+On a launched run (harness/results.py RunResult), from the rank dumps (read through
+harness/dump_layout.py):
+``hf_forward`` (a full-size run's HF weights on its own step-1 batches) and
+``initial_weights_forward`` (a random-init run's dumped step-0 weights, converted to HF by the
+harness): ``FORWARDS``, which the caller passes to the expectations registry
+(harness/expectations.py ``ExpectationRegistry.for_run``), which reads data only.
+``hf_loss_parts``: the same forward's parts of the contract, for checks of the normalisation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.data.loss_reference import LossParts, global_avg_loss, rank_ce_sum, valid_labels
+from harness.dump_layout import initial_weights_dir, load_batches
+from harness.expectations import MissingExpectation, RunForwards, run_model_dir
+from harness.tolerances import LossBand
+
+MASKINGS = ("document", "causal", "row_causal")
+
+
+def hf_model(weights_dir: str | Path):
+    """The HF model of a checkpoint folder, float32, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=torch.float32).eval()
+
+
+def _known(mask: str) -> str:
+    if mask not in MASKINGS:
+        raise ValueError(f"unknown masking {mask!r}: one of {MASKINGS}")
+    return mask
+
+
+def rank_ce_sums(model, batches, mask: str) -> list[torch.Tensor]:
+    """Each rank's summed token CE under ``model`` on its ``(inputs, positions, labels)`` with
+    ``mask`` (positions None: the row's)."""
+    _known(mask)
+    sums = []
+    with torch.no_grad():
+        for inputs, positions, labels in batches:
+            if mask == "row_causal" or positions is None:
+                positions = torch.arange(inputs.shape[1]).expand_as(inputs)
+            attention = None if mask == "document" else torch.ones_like(inputs)
+            logits = model(input_ids=inputs, position_ids=positions, attention_mask=attention,
+                           use_cache=False).logits
+            sums.append(rank_ce_sum(logits, labels))
+    return sums
+
+
+def first_step_loss(model, batches, mask: str, *, dtype: torch.dtype = torch.float32) -> float:
+    """torchtitan's logged step-1 ``global_avg_loss`` recomputed with ``model`` on every rank's
+    ``(inputs, positions, labels)``, masked as ``mask``, accumulated in ``dtype``."""
+    sums = rank_ce_sums(model, batches, mask)
+    return global_avg_loss(sums, valid_labels(labels for _, _, labels in batches), dtype=dtype)
+
+
+def _as_fed(batch: dict) -> tuple:
+    """A rank's dumped batch as the model and the loss were fed it, at the dataloader's
+    positions."""
+    return batch["model_input"], batch.get("positions"), batch["model_labels"]
+
+
+def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
+    """The step-1 loss of the HF model in ``weights_dir`` on every rank's dumped step-1 batch
+    (harness/rank_step0.py), masked as the run's model masks. Holds on any data, so on C4 as on
+    the fixture corpus."""
+    mask = _known(mask)  # before the model loads
+    return first_step_loss(hf_model(weights_dir), [_as_fed(b) for b in batches], mask,
+                           dtype=torch.float64)
+
+
+def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
+    """The parts of the contract under the HF model in ``model_dir`` on every rank's dumped
+    batch at the positions the model was fed, each document attended to on its own."""
+    fed = [(b["model_input"], b.get("model_positions"), b["model_labels"]) for b in batches]
+    return LossParts.of(rank_ce_sums(hf_model(model_dir), fed, "document"), [b["model_labels"] for b in batches])
+
+
+def hf_forward(run) -> tuple[float, str]:
+    """A full-size run's step-1 loss recomputed from its HF weights on its own step-1 batch."""
+    from harness.launch import RunSpec, pretrained_weights_dir
+
+    weights = pretrained_weights_dir(RunSpec(backend=run.backend, size=run.size, init=run.init,
+                                             attention=run.attention,
+                                             hf_assets_path=run.assets_dir))
+    try:
+        batches = load_batches(run.run_dir)
+    except FileNotFoundError as error:
+        raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
+                                 f"step-1 batch: harness/rank_observers.py)") from None
+    value = independent_first_step_loss(weights, batches, run.mask)
+    return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
+                   f"batch ({len(batches)} rank(s), {run.mask} masking)")
+
+
+def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
+    """A random-init run's step-1 loss recomputed from what it started from: the float32
+    transformers forward (``independent_first_step_loss``) of the step-0 weights its ranks
+    dumped (harness/diagnosis/rank_dump.py), converted to HF by the harness
+    (harness/conformance/native_to_hf.py), on every rank's own step-1 batch
+    (harness/rank_step0.py), with the run's masking. None where the run dumped no
+    weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
+    (harness/tolerances.py ``initial_weights_forward_band``)."""
+    from harness.backends import backend
+    from harness.conformance.native_to_hf import NotConvertible
+    from harness.diagnosis import rank_dump
+    from harness.tolerances import initial_weights_forward_band
+
+    if run.init != "random" or run.run_dir is None:
+        return None
+    dumped = initial_weights_dir(run.run_dir)
+    spec = backend(run.backend).size(run.size)
+    band = initial_weights_forward_band(spec.precision, run.device)
+    if dumped is None or band is None:
+        return None
+    try:
+        batches = load_batches(run.run_dir)
+    except FileNotFoundError as error:
+        raise MissingExpectation(f"{run.name}: its step-0 weights were dumped but not its ranks' "
+                                 f"step-1 batches ({error}; the launcher installs them in every "
+                                 f"rank: harness/rank_observers.py)") from None
+    if len(batches) != run.nproc:
+        raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
+                                 f"{run.nproc} ranks: a global-average loss needs every rank's")
+    model_dir = run_model_dir(run) or Path(spec.model_dir)
+    try:
+        weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
+    except NotConvertible as error:
+        raise MissingExpectation(f"{run.name}: its dumped step-0 weights ({dumped}) are not an HF "
+                                 f"checkpoint of {model_dir}: {error}") from None
+    mask = model_masking(run)
+    value = independent_first_step_loss(weights, batches, mask)
+    return value, (f"independent HF forward (float32, CPU) of the run's dumped step-0 weights "
+                   f"on its own step-1 batches ({len(batches)} rank(s), {mask} masking)"), band
+
+
+def model_masking(run) -> str:
+    """How the run's model masks packed rows: the run's masking, except where its generation's
+    transformers backend discards the dataloader's positions (spring-2026: causal over the row
+    at row positions, ``titan_api.transformers_backend().masking``). That defect is known
+    issue spring2026-hf_v5-row-positions and is held by the checks that see it (the parity
+    suite's attention_mask and logits_vs_reference); the forward of the run's weights holds
+    the rest of its step 1."""
+    if run.backend != "hf_v5" or run.mask != "causal":
+        return run.mask
+    from harness import titan_api
+
+    return titan_api.transformers_backend().masking
+
+
+FORWARDS = RunForwards(hf_forward=hf_forward, initial_weights_forward=initial_weights_forward)
