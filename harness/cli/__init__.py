@@ -1,0 +1,2 @@
+"""``python -m harness`` (``commands``): run, check, report.
+"""

@@ -1,0 +1,4 @@
+"""The data layer every stage reads (bottom of the import order): paths, the torchtitan
+generations, the known issues, the tolerances, the expectations lookup, the HF config reader,
+the assets and dump-folder layouts, the check kinds. Imports nothing above it.
+"""
