@@ -11,21 +11,21 @@ import os
 
 import pytest
 
-from harness import startup_gc
+from harness.rank import startup_gc
 
 # Collection off over this process's imports (torch, torchtitan, transformers: the suite's
-# collection), back on frozen once the tests are collected (harness/startup_gc.py).
+# collection), back on frozen once the tests are collected (harness/rank/startup_gc.py).
 startup_gc.pause()
 
-from harness import known_issues  # noqa: E402
-from harness.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
+from harness.registry import known_issues  # noqa: E402
+from harness.device.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
                              standin_for, tier_status, worker_threads, xdist_workers)
-from harness.children import leftover_processes  # noqa: E402
-from harness.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
+from harness.launch.children import leftover_processes  # noqa: E402
+from harness.launch.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's
-# in-process device tests in child processes, or deselected on a stand-in: harness/own_process.py.
-pytest_plugins = ("harness.diagnosis.pytest_plugin", "harness.own_process")
+# in-process device tests in child processes, or deselected on a stand-in: harness/launch/own_process.py.
+pytest_plugins = ("harness.report.pytest_plugin", "harness.launch.own_process")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device of the self-tests' runs (default: neuron > cuda > cpu, first "
                     "present); the run template runs every device of its tiers")
     group.addoption("--steps", type=int, default=10, help="training steps per backend run (on "
-                    "CPU the tiny MoE's random-init run takes 3: harness/run_matrix.py)")
+                    "CPU the tiny MoE's random-init run takes 3: harness/launch/run_matrix.py)")
     group.addoption("--assets-dir", default=None,
                     help="directory holding HF assets dirs (e.g. <dir>/Qwen3-4B-Instruct-2507)")
     group.addoption("--workaround", **known_issues.WORKAROUND_OPTION)
@@ -52,19 +52,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
     group.addoption("--c4-path", default=os.environ.get("HARNESS_C4_PATH"), metavar="DIR",
-                    help="a local copy of allenai/c4 (its README.md and en/ shards, harness/data/"
+                    help="a local copy of allenai/c4 (its README.md and en/ shards, harness/backends/"
                     "c4.py) for the full-size runs; default $HARNESS_C4_PATH, else the Hub (the "
                     "CPU twin reads fixtures/c4). Fetch one with scripts/nightly/fetch_data.py")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (the default, pyproject.toml): harness.devices.xdist_workers decides."""
+    """``-n auto`` (the default, pyproject.toml): harness.device.devices.xdist_workers decides."""
     return xdist_workers(config.getoption("--device"), config.option.markexpr, os.cpu_count())
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker's torch, and the processes its tests start, get the worker's
-    share of the cores (harness.devices.worker_threads)."""
+    share of the cores (harness.device.devices.worker_threads)."""
     threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
     if threads is not None:
         import torch
@@ -76,10 +76,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tier tests whose device is missing, naming what is missing; skip the tests the
-    installed torchtitan generation has not been ported to, naming why (harness/titan_api)."""
+    installed torchtitan generation has not been ported to, naming why (harness/upstream/titan_api)."""
     import fnmatch
 
-    from harness import titan_api
+    from harness.upstream import titan_api
 
     for pattern, why in titan_api.NOT_PORTED:
         skip = pytest.mark.skip(reason=f"not ported to torchtitan {titan_api.generation()}: {why}")
@@ -134,7 +134,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if repeated:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             print("\nharness: runs launched more than once in this session (each distinct RunSpec "
-                  "must launch once, harness/run_cache.py):\n  "
+                  "must launch once, harness/launch/run_cache.py):\n  "
                   + "\n  ".join(f"{run}: {n} launches" for run, n in sorted(repeated.items())))
 
 

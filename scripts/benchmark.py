@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this tree's harness, not whichever copy is pip-installed
 
-from harness.devices import detect  # noqa: E402
-from harness.launch import RunSpec, build_command, launch, rank_environment  # noqa: E402
-from harness.run_cache import ledger_entries  # noqa: E402
+from harness.device.devices import detect  # noqa: E402
+from harness.launch.run import RunSpec, build_command, launch, rank_environment  # noqa: E402
+from harness.launch.run_cache import ledger_entries  # noqa: E402
 
 
 def _children_cpu() -> float:
@@ -69,7 +69,7 @@ def _ratio(label: str, ours: list[tuple[float, float]], theirs: list[tuple[float
 
 
 def overhead(repeats: int, backend: str, steps: int) -> None:
-    """The same run through ``harness.launch`` and as a bare torchrun command line."""
+    """The same run through ``harness.launch.run`` and as a bare torchrun command line."""
     profile = detect("cpu")
     spec = RunSpec(backend=backend, steps=steps)
     harness_times, bare_times = [], []
@@ -137,12 +137,12 @@ def rank_import(backend: str, repeats: int) -> None:
     before the trainer exists (``torchtitan.train`` and the backend's config module, under the
     rank's shims), then what ``Trainer.__init__`` does first (the start-up collection setting
     resumed, torchtitan's ``GarbageCollection``: ``gc.disable()`` and ``gc.collect(1)``). With
-    the rank's start-up collection setting (harness/startup_gc.py: ``LOCAL_RANK`` set, as
+    the rank's start-up collection setting (harness/rank/startup_gc.py: ``LOCAL_RANK`` set, as
     torchrun sets it) and without it, alternating."""
     spec = RunSpec(backend=backend, steps=1)
     env = {k: v for k, v in rank_environment(spec, detect("cpu")).items() if k != "LOCAL_RANK"}
     command = [sys.executable, "-c",
-               f"import gc, torchtitan.train, harness.backends.{backend}, harness.startup_gc as s\n"
+               f"import gc, torchtitan.train, harness.backends.{backend}, harness.rank.startup_gc as s\n"
                "if not gc.isenabled(): s.resume_frozen()  # as the hook on Trainer.__init__ does\n"
                "gc.disable(); gc.collect(1)  # torchtitan's GarbageCollection.__init__"]
     deferred, plain = [], []
@@ -162,7 +162,7 @@ def xdist(paths: list[str], workers: int) -> None:
 
 
 def launches(basetemp: Path) -> None:
-    """Every run a pytest session launched (its run cache ledger, harness/run_cache.py): CPU and
+    """Every run a pytest session launched (its run cache ledger, harness/launch/run_cache.py): CPU and
     wall seconds of each launch's process tree, the worker that launched it, and how many
     times each distinct RunSpec launched."""
     from collections import Counter

@@ -166,7 +166,7 @@ def make_corpus(out_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# c4: documents of the same world in allenai/c4's own layout (harness/data/c4.py), for 2 ranks
+# c4: documents of the same world in allenai/c4's own layout (harness/backends/c4.py), for 2 ranks
 # ---------------------------------------------------------------------------------------------
 C4_SEED = 20261202
 C4_DOCS_PER_SHARD = 120
@@ -187,7 +187,7 @@ allenai/c4's layout and its README's `en` config (train and validation data file
 documents of this project's synthetic corpus world (scripts/make_fixtures.py --only c4): what
 `load_dataset(<dir>, name="en", split="train", streaming=True)` reads, as torchtitan's `c4`
 dataset does. Two train shards: rank r of 2 reads shard r, as rank r of 64 reads shard r of the
-Hub's 1024 (harness/data/c4.py).
+Hub's 1024 (harness/backends/c4.py).
 """
 
 
@@ -204,7 +204,7 @@ def write_gzip_jsonl(path: Path, records: list[dict]) -> None:
 
 def make_c4(out_dir: Path) -> None:
     sys.path.insert(0, str(REPO))
-    from harness.data import c4
+    from harness.backends import c4
 
     names, towns = corpus_world(random.Random(CORPUS_SEED))
     rng = random.Random(C4_SEED)
@@ -308,14 +308,14 @@ TRAIN = dict(seed=1234, steps=600, batch_size=8, seq_tokens=257, lr=3e-3, warmup
 RECORDED = "recorded_losses.json"  # per torchtitan API generation: {generation: {masking: {shape: loss}}}
 RECORD_SHAPES = {"dp1_lbs2_seq256": (1, 2, 256), "dp2_lbs2_seq256": (2, 2, 256)}
 # The full-size runs' shape on the assets twin (2 ranks, local batch 1, seq 256: harness/
-# run_matrix.py TWIN_OVERRIDES), reading fixtures/c4 as torchtitan's "c4" dataset: the twin's
+# launch/run_matrix.py TWIN_OVERRIDES), reading fixtures/c4 as torchtitan's "c4" dataset: the twin's
 # stand-ins for the source's published numbers (fixtures/expectations.toml [[published]]).
 C4_RECORD_SHAPES = {"c4_dp2_lbs1_seq256": (2, 1, 256)}
-C4_RECORDED_MODELS = ("tiny_dense",)  # the twin's weights (harness/assets_twin.py)
+C4_RECORDED_MODELS = ("tiny_dense",)  # the twin's weights (harness/registry/assets_twin.py)
 RECORD_NOTES = (
     "Step-1 global_avg_loss torchtitan should log when starting from this checkpoint (before any "
     "update): sum over dp ranks of (rank's summed token CE / global valid tokens). One section "
-    "per torchtitan API generation (harness/titan_api): its HuggingFaceTextDataLoader "
+    "per torchtitan API generation (harness/upstream/titan_api): its HuggingFaceTextDataLoader "
     "(dataset='c4_test', dataset_path=fixtures/corpus, HuggingFaceTokenizer(fixtures/tokenizer)) "
     "decides the batches (0.3.0 shifts labels within each document, spring-2026 main across the "
     "packed row). Shape keys are dp<world size>_lbs<local batch>_seq<seq_len>; rank r reads shard "
@@ -402,7 +402,7 @@ def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int,
     (``dataset``: torchtitan's dataset name; "c4" reads ``corpus_dir`` as a local C4 copy)."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from harness.titan_api import HuggingFaceTextDataLoader
+    from harness.upstream.titan_api import HuggingFaceTextDataLoader
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(tokenizer_dir))
     config = HuggingFaceTextDataLoader.Config(dataset=dataset, dataset_path=str(corpus_dir))
@@ -423,7 +423,7 @@ def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,
     ``c4_dir`` every C4_RECORD_SHAPES read from it as torchtitan's "c4" dataset."""
     import torch
 
-    from harness.reference_forward import MASKINGS, first_step_loss
+    from harness.checks.reference_forward import MASKINGS, first_step_loss
 
     recorded: dict[str, dict[str, float]] = {mask: {} for mask in MASKINGS}
     shapes = [(key, shape, corpus_dir, "c4_test") for key, shape in RECORD_SHAPES.items()]
@@ -490,7 +490,7 @@ def record_losses(name: str, corpus_dir: Path, tokenizer_dir: Path, model_dir: P
     environment (CI checks each section in its own)."""
     import transformers
 
-    from harness.titan_api import generation
+    from harness.upstream.titan_api import generation
 
     # Recorded with the model as saved and reloaded, i.e. exactly what a run will load.
     saved = getattr(transformers, MODELS[name][0]).from_pretrained(model_dir).eval()

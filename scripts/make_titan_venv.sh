@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the spring-2026 torchtitan environment: .venv-titan-spring2026/.
 #
-# The harness runs against two torchtitan API generations (harness/titan_api/): PyPI's 0.3.0
+# The harness runs against two torchtitan API generations (harness/upstream/titan_api/): PyPI's 0.3.0
 # in the system environment, and torchtitan `main` of spring 2026 (what TorchTitan Neuron
 # 0.2.2+neuron.1 forks), whose public stand-in is the wheel in ../shared/wheels. This venv
 # sees the system site-packages (torch, transformers, everything else: nothing large is

@@ -1,8 +1,8 @@
 """The MoE kernels' cost at the source's 30B-A3B cut (8192 routed rows, D 2048, F 768, 64 experts).
 
-    python3 scripts/moe_kernel_cost.py            # analytic (harness/ops/nki/grouped_swiglu_cost.py)
+    python3 scripts/moe_kernel_cost.py            # analytic (harness/kernels/ops/nki/grouped_swiglu_cost.py)
     python3 scripts/moe_kernel_cost.py --trace    # + the emulator's traces, ours and nki-library's,
-                                                  #   forward and backward (harness/ops/nki/moe_cost_table.py)
+                                                  #   forward and backward (harness/kernels/ops/nki/moe_cost_table.py)
 
 ``--trace`` traces, with no numerics (meta tensors), on two programs as an LNC=2 core launches
 them: our forward (and the kernel it replaced, read from git at ``--previous-rev``),
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.ops.nki import grouped_swiglu_cost as cost  # noqa: E402
+from harness.kernels.ops.nki import grouped_swiglu_cost as cost  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     print(cost.report())
     if not args.trace:
         return 0
-    from harness.ops.nki import moe_cost_table
+    from harness.kernels.ops.nki import moe_cost_table
 
     rows = moe_cost_table.trace_rows(previous_rev=args.previous_rev or None)
     table = moe_cost_table.markdown(rows)

@@ -12,7 +12,7 @@ What it does, each run:
 2. builds, or reuses, ``build/nkilib-tests/venv``: a venv on top of the system packages with
    the packages nki-library's test tree imports, pinned in ``constraints/nkilib_tests.txt``;
 3. runs pytest in the extracted tree as nki-library's README says (``--test-mode simulation``),
-   with ``-p harness.nki_emu.cpu_simulator.pytest_plugin`` (the emulator installed as
+   with ``-p harness.kernels.emu.cpu_simulator.pytest_plugin`` (the emulator installed as
    ``nki_cpu_simulator``, which nki-library's ``simulation_setup.py`` installs as ``nki``),
    nki-library's default selection (its large shapes skip unless NKILIB_SIMULATION_RUN_ALL=1),
    ``-n 2``, ``--force-local-cleanup`` and NEURON_PYTHONHASHSEED=0 (the sampled
@@ -46,7 +46,7 @@ WORK = REPO / "build" / "nkilib-tests"
 TREE = WORK / "nki-library"
 VENV = WORK / "venv"
 REQUIREMENTS = REPO / "constraints" / "nkilib_tests.txt"
-PLUGIN = "harness.nki_emu.cpu_simulator.pytest_plugin"
+PLUGIN = "harness.kernels.emu.cpu_simulator.pytest_plugin"
 TESTS = "test/integration/nkilib"
 FILES = (
     "core/embeddings/test_rope.py",

@@ -9,7 +9,7 @@ inputs, records each kernel's first-call (compile) time, steady time and NEFF by
 MoE forward against nki-library's, and writes ``report.json`` and ``report.md`` (default
 ``reports/trn2_first_session/<UTC time>/``). Exit status: 0 when every kernel ran and matched,
 1 when any failed, 2 when there is no usable Neuron device (the reason is printed; --stand-in
-rehearses the session on CPU). The logic is harness/kernel_checks/trn2_session.py.
+rehearses the session on CPU). The logic is harness/kernels/checks/trn2_session.py.
 
 The emulator side of the full cut takes several minutes of CPU (the MoE backward most).
 """
@@ -34,7 +34,7 @@ os.environ.setdefault("NEURON_LOGICAL_NC_CONFIG", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.kernel_checks import trn2_session  # noqa: E402
+from harness.kernels.checks import trn2_session  # noqa: E402
 
 
 def main(argv=None) -> int:

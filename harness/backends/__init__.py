@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import paths
-from harness.assets_twin import DENSE_ASSETS, MOE_ASSETS
+from harness.registry import paths
+from harness.registry.assets_twin import DENSE_ASSETS, MOE_ASSETS
 
-# The HF assets dir of a full-size run (--assets-dir/<SizeSpec.assets>, harness/assets_twin.py);
+# The HF assets dir of a full-size run (--assets-dir/<SizeSpec.assets>, harness/registry/assets_twin.py);
 # "{assets}" in a SizeSpec path stands for it.
 ASSETS_MODEL = DENSE_ASSETS
 ASSETS = "{assets}"
@@ -38,10 +38,10 @@ class SizeSpec:
     nproc: int | None = None  # ranks per run; None: every rank of the device's node
     # Full size: the assets folder under --assets-dir (its config.json, tokenizer, weights and
     # index are the run's), and the config dir it is derived from when absent (a model with no
-    # download of its own: harness/assets_twin.py full_size_assets_dir).
+    # download of its own: harness/registry/assets_twin.py full_size_assets_dir).
     assets: str | None = None
     derive_assets_from: str | None = None
-    # Workarounds (harness/known_issues/) every run of this size gets, where they change the
+    # Workarounds (harness/registry/known_issues/) every run of this size gets, where they change the
     # backend (``Workaround.backends``): a known defect of the model the size builds.
     workarounds: tuple[str, ...] = ()
 
@@ -73,7 +73,7 @@ class BackendSpec:
     attention: dict[str, str]
     # Trainer-config flags that take the HF assets dir on the command line.
     asset_flags: tuple[str, ...] = ("--hf_assets_path",)
-    # Workarounds (harness/known_issues/) applied to every run: without them a known upstream
+    # Workarounds (harness/registry/known_issues/) applied to every run: without them a known upstream
     # defect would hide every other defect of this backend.
     workarounds: tuple[str, ...] = ()
 

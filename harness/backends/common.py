@@ -2,7 +2,7 @@
 
 The config functions built from it are pure, as torchtitan's are: they build and return a
 ``Trainer.Config``, nothing else (what the ranks record about a run is installed by the
-launcher in every rank, harness/rank_observers.py)."""
+launcher in every rank, harness/rank/observers.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 
-from harness import paths
-from harness.assets_twin import FULL_ASSETS_ENV
-from harness.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
-from harness.metrics_sink import JsonlMetricsProcessor
+from harness.registry import paths
+from harness.registry.assets_twin import FULL_ASSETS_ENV
+from harness.upstream.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
+from harness.upstream.metrics_sink import JsonlMetricsProcessor
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,13 @@ SEED = 42
 def full_assets(default: str) -> str:
     """The run's assets dir, exported by the launcher (a config function runs before torchtitan
     applies the command line, and the model's shape is the assets': Qwen3-4B on trn2, the tiny
-    twin on CPU, harness/assets_twin.py)."""
+    twin on CPU, harness/registry/assets_twin.py)."""
     return os.environ.get(FULL_ASSETS_ENV) or default
 
 
 def assets_config(assets: str) -> dict | None:
     """The assets dir's config.json, or None where there is none (meta-device config tests)."""
-    from harness.hf_config import read_config_json
+    from harness.registry.hf_config import read_config_json
 
     return read_config_json(assets) if (Path(assets) / "config.json").is_file() else None
 

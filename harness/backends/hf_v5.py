@@ -5,13 +5,13 @@ the Hub); weights arrive through ``checkpoint.initial_load_in_hf`` from ``hf_ass
 and leave as HF safetensors with ``checkpoint.last_save_in_hf``. The "full" flavor takes
 every shape field from config.json, so tiny and full differ only in the directory.
 
-The backend's classes come from harness.titan_api: on spring-2026 ``main`` they need three
+The backend's classes come from harness.upstream.titan_api: on spring-2026 ``main`` they need three
 shims (harness/upstream/hf_config_kw_only.py, hf_shape_from_config.py, hf_tied_fsdp.py), and
 each generation routes HF attention differently (``titan_api.transformers_backend().attention``).
 """
 
-from harness import titan_api
-from harness import paths
+from harness.upstream import titan_api
+from harness.registry import paths
 from harness.backends.common import FULL, TINY, full_assets, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
 

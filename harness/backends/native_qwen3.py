@@ -8,11 +8,11 @@ flavors use (``torchtitan.models.qwen3._build_qwen3_layers`` and friends), takin
 normalisation, load balancing, fused or separate QKV) stays torchtitan's, so the
 config-conformance check compares torchtitan's choices with HF's instead of copying HF's into
 torchtitan. What differs between torchtitan generations (the output-projection init, whether
-"sdpa" builds) comes from harness.titan_api.
+"sdpa" builds) comes from harness.upstream.titan_api.
 
 The attention backend is a parameter: "sdpa" (the source's configurations: causal attention
 over the packed row, no per-document mask) or "flex" (FlexAttention, block-causal: each packed
-document attends only to itself). See ``harness.titan_api.ATTN_BACKENDS``.
+document attends only to itself). See ``harness.upstream.titan_api.ATTN_BACKENDS``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from torchtitan.models.common import CosSinRoPE, Embedding, Linear
 from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.protocols.model_spec import ModelSpec
 
-from harness.hf_config import num_experts, read_config_json as read_hf_config, rope_theta
+from harness.registry.hf_config import num_experts, read_config_json as read_hf_config, rope_theta
 
-from harness import titan_api
+from harness.upstream import titan_api
 
 # The source's configurations build native Qwen3 with model_registry(.., attn_backend="sdpa").
 DEFAULT_ATTN_BACKEND = "sdpa"

@@ -1,6 +1,6 @@
 """Backend 3: native Qwen3 MoE with RoPE and the expert MLP as custom operators.
 
-The operators (harness/ops) are registered with torch.library: on neuron their
+The operators (harness/kernels/ops) are registered with torch.library: on neuron their
 implementation is an NKI kernel, elsewhere a torch kernel, so the registration, autograd and
 module swap run on every device. Eager, as on Trainium.
 
@@ -10,18 +10,18 @@ module swap run on every device. Eager, as on Trainium.
 
 Attention, as the source's configurations build native Qwen3: "sdpa", causal over the packed
 row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the per-document
-(block-causal) mask. See harness.titan_api.ATTN_BACKENDS.
+(block-causal) mask. See harness.upstream.titan_api.ATTN_BACKENDS.
 """
 
 from torchtitan.trainer import Trainer
 
-from harness import paths
+from harness.registry import paths
 from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
-from harness.ops import use_custom_ops
+from harness.kernels.ops import use_custom_ops
 
 FULL_SHAPE = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
-# The default assets dir; the launcher sets the run's own (harness/assets_twin.py: the MoE's
+# The default assets dir; the launcher sets the run's own (harness/registry/assets_twin.py: the MoE's
 # config.json and Qwen3's tokenizer, no index).
 FULL_ASSETS = "./assets/hf/qwen3_30b_a3b_4l_64e_top4"
 

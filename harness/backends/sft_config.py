@@ -6,9 +6,9 @@ The conversations come from the fixture corpus: each record's first sentence is 
 the next two sentences the assistant's (``corpus_to_chat``). Config functions mirror
 harness.backends.titan_native's (``tiny``, ``tiny_flex``); ``tiny_sft`` is ``tiny``.
 
-Launch (the harness: ``harness.data.instrumented`` with HARNESS_INSTRUMENT_TARGET set to this
+Launch (the harness: ``harness.launch.instrumented`` with HARNESS_INSTRUMENT_TARGET set to this
 module; or directly, with the CPU shims):
-    torchrun ... -m torchtitan.train --module harness.data.sft_config --config tiny_sft
+    torchrun ... -m torchtitan.train --module harness.backends.sft_config --config tiny_sft
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torchtitan.hf_datasets.text_datasets import ChatDataLoader
 from torchtitan.trainer import Trainer
 
 from harness.backends import titan_native
-from harness import paths
+from harness.registry import paths
 
 CORPUS_FILE = paths.CORPUS / "train.jsonl"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")

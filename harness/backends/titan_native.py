@@ -5,13 +5,13 @@
 
 Attention, as the source's configurations build it: ``model_registry(.., attn_backend="sdpa")``,
 causal over the packed row (``tiny``, ``full``). ``tiny_flex``/``full_flex``: FlexAttention
-with the per-document (block-causal) mask. See harness.titan_api.ATTN_BACKENDS.
+with the per-document (block-causal) mask. See harness.upstream.titan_api.ATTN_BACKENDS.
 """
 
 from torchtitan.trainer import Trainer
 
-from harness import titan_api
-from harness import paths
+from harness.upstream import titan_api
+from harness.registry import paths
 from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 

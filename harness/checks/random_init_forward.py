@@ -1,7 +1,7 @@
 """Random-init first-step loss of the real architectures, forward only, on CPU (library).
 
 Used by tests/e2e/test_full_size_random_init_cpu.py (slow tier); each case runs in its own
-process, ``python -m harness.random_init_forward case NAME``.
+process, ``python -m harness.checks.random_init_forward case NAME``.
 
 Specification (slow tier, ``pytest -m slow``): from random init, the first-step loss of
 - torchtitan's native Qwen3 "4B" flavor with torchtitan's own init (``titan_native``'s ``full``),
@@ -56,9 +56,9 @@ from pathlib import Path
 
 import psutil
 
-from harness import paths
-from harness.devices import CPU_SHIMS
-from harness.launch import BOOT_DIR, package_versions
+from harness.registry import paths
+from harness.device.devices import CPU_SHIMS
+from harness.launch.run import BOOT_DIR, package_versions
 from harness.upstream import install as shim_install
 
 GIB = 1024**3
@@ -104,10 +104,10 @@ SMALL_CASES = ("titan_native-tiny_dense", "hf_v5-tiny_dense", "titan_native-tiny
 
 
 def _trainer_config(name: str, seq_len: int):
-    """The backend's own trainer config for this model (harness/model_build.py), with the run's
+    """The backend's own trainer config for this model (harness/model/build.py), with the run's
     sequence length."""
     from harness.backends.native_qwen3 import model_spec_from_hf
-    from harness.model_build import backend_config
+    from harness.model.build import backend_config
 
     if name == f"titan_native-{QWEN3_4B}":
         config = backend_config("titan_native", "full", assets=REFERENCE / QWEN3_4B)  # the "4B" flavor
@@ -150,12 +150,12 @@ class Streamer:
     def __init__(self, model, kind: str) -> None:
         import torch
 
-        from harness.unit_walk import model_units
+        from harness.model.unit_walk import model_units
 
         self.torch = torch
         self.model = model
         self.kind = kind
-        walk = model_units(model, kind)  # the one unit walk (harness/unit_walk.py)
+        walk = model_units(model, kind)  # the one unit walk (harness/model/unit_walk.py)
         self.units, self.layers, self.tied = walk.units, walk.layers, walk.tied
         self.module = dict(self.units)
         self.initialised_params = 0
@@ -182,7 +182,7 @@ class Streamer:
 
     def materialise(self, name: str) -> None:
         torch = self.torch
-        from harness.unit_walk import materialise
+        from harness.model.unit_walk import materialise
 
         unit = self.module[name]
         materialise(unit, "cpu")
@@ -205,7 +205,7 @@ class Streamer:
                 hf.tie_weights()  # what HFTransformerModel.init_states ends with
 
     def free(self, name: str) -> None:
-        from harness.unit_walk import free
+        from harness.model.unit_walk import free
 
         free(self.module[name])
 
@@ -231,7 +231,7 @@ def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
     # mask: it is causal by itself.
     positions = torch.arange(seq_len).unsqueeze(0).expand(batch, seq_len)
     if kind == "native":
-        from harness.subjects import _native_attention
+        from harness.launch.subjects import _native_attention
 
         if _native_attention(model.config) == "sdpa":
             return positions, None
@@ -307,12 +307,12 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
     """Stream-initialise and run the model of case ``name``; return its loss statistics."""
     import torch
     from harness.backends.common import SEED
-    from harness.unit_walk import run_layer
+    from harness.model.unit_walk import run_layer
 
     timings = {}
     start = time.monotonic()
     config = _trainer_config(name, seq_len)
-    from harness.model_build import on_meta
+    from harness.model.build import on_meta
 
     model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
@@ -429,7 +429,7 @@ def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> d
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     config = _trainer_config(name, seq_len)
-    from harness.model_build import on_meta
+    from harness.model.build import on_meta
 
     model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
@@ -497,8 +497,8 @@ def random_init_problems(result: dict, backend: str, published) -> tuple[list[st
     std the backend is configured with, the loss vs ``ln V + s^2/2`` at that configured std
     (never the measured one: a wrong init scale must not move its own expectation), the
     sampled vs the label-averaged loss, and the published value. Returns (problems, summary)."""
-    from harness.expectations import analytic_random_init_loss, configured_lm_head_std
-    from harness.tolerances import INIT_STD_RTOL, loss_band
+    from harness.registry.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.registry.tolerances import INIT_STD_RTOL, loss_band
 
     tolerance = loss_band("analytic_random_init").value
     configured = configured_lm_head_std(backend, result["hidden_size"])

@@ -3,7 +3,7 @@ of a launched run's expectations, and the recorded fixture losses.
 
 ``first_step_loss(model, batches, mask)``: an HF model (transformers, float32, host CPU) on every
 rank's step-1 batch, with a run's masking of packed rows, reduced by torchtitan's loss contract
-(harness/data/loss_reference.py). The maskings (harness/backends BackendSpec.attention):
+(harness/references/loss.py). The maskings (harness/backends BackendSpec.attention):
 
 - ``document``: attention confined to each packed document, RoPE at per-document positions (what
   HF does by itself when position_ids restart and attention_mask is None; torchtitan's native
@@ -13,12 +13,12 @@ rank's step-1 batch, with a run's masking of packed rows, reduced by torchtitan'
 - ``row_causal``: causal attention over the row at row positions 0..seq-1, the row read as one
   sequence (native qwen3 ``attn_backend="sdpa"``).
 
-On a launched run (harness/results.py RunResult), from the rank dumps (read through
-harness/dump_layout.py):
+On a launched run (harness/results/run_result.py RunResult), from the rank dumps (read through
+harness/registry/dump_layout.py):
 ``hf_forward`` (a full-size run's HF weights on its own step-1 batches) and
 ``initial_weights_forward`` (a random-init run's dumped step-0 weights, converted to HF by the
 harness): ``FORWARDS``, which the caller passes to the expectations registry
-(harness/expectations.py ``ExpectationRegistry.for_run``), which reads data only.
+(harness/registry/expectations.py ``ExpectationRegistry.for_run``), which reads data only.
 ``hf_loss_parts``: the same forward's parts of the contract, for checks of the normalisation.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from harness.data.loss_reference import LossParts, global_avg_loss, rank_ce_sum, valid_labels
-from harness.dump_layout import initial_weights_dir, load_batches
-from harness.expectations import MissingExpectation, RunForwards, run_model_dir
-from harness.tolerances import LossBand
+from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
+from harness.registry.dump_layout import initial_weights_dir, load_batches
+from harness.registry.expectations import MissingExpectation, RunForwards, run_model_dir
+from harness.registry.tolerances import LossBand
 
 MASKINGS = ("document", "causal", "row_causal")
 
@@ -80,7 +80,7 @@ def _as_fed(batch: dict) -> tuple:
 
 def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
     """The step-1 loss of the HF model in ``weights_dir`` on every rank's dumped step-1 batch
-    (harness/rank_step0.py), masked as the run's model masks. Holds on any data, so on C4 as on
+    (harness/rank/step0.py), masked as the run's model masks. Holds on any data, so on C4 as on
     the fixture corpus."""
     mask = _known(mask)  # before the model loads
     return first_step_loss(hf_model(weights_dir), [_as_fed(b) for b in batches], mask,
@@ -96,7 +96,7 @@ def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
 
 def hf_forward(run) -> tuple[float, str]:
     """A full-size run's step-1 loss recomputed from its HF weights on its own step-1 batch."""
-    from harness.launch import RunSpec, pretrained_weights_dir
+    from harness.launch.run import RunSpec, pretrained_weights_dir
 
     weights = pretrained_weights_dir(RunSpec(backend=run.backend, size=run.size, init=run.init,
                                              attention=run.attention,
@@ -105,7 +105,7 @@ def hf_forward(run) -> tuple[float, str]:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
         raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
-                                 f"step-1 batch: harness/rank_observers.py)") from None
+                                 f"step-1 batch: harness/rank/observers.py)") from None
     value = independent_first_step_loss(weights, batches, run.mask)
     return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
                    f"batch ({len(batches)} rank(s), {run.mask} masking)")
@@ -115,14 +115,14 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     """A random-init run's step-1 loss recomputed from what it started from: the float32
     transformers forward (``independent_first_step_loss``) of the step-0 weights its ranks
     dumped (harness/diagnosis/rank_dump.py), converted to HF by the harness
-    (harness/conformance/native_to_hf.py), on every rank's own step-1 batch
-    (harness/rank_step0.py), with the run's masking. None where the run dumped no
+    (harness/parity/conformance/native_to_hf.py), on every rank's own step-1 batch
+    (harness/rank/step0.py), with the run's masking. None where the run dumped no
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
-    (harness/tolerances.py ``initial_weights_forward_band``)."""
+    (harness/registry/tolerances.py ``initial_weights_forward_band``)."""
     from harness.backends import backend
-    from harness.conformance.native_to_hf import NotConvertible
+    from harness.parity.conformance.native_to_hf import NotConvertible
     from harness.diagnosis import rank_dump
-    from harness.tolerances import initial_weights_forward_band
+    from harness.registry.tolerances import initial_weights_forward_band
 
     if run.init != "random" or run.run_dir is None:
         return None
@@ -136,7 +136,7 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     except FileNotFoundError as error:
         raise MissingExpectation(f"{run.name}: its step-0 weights were dumped but not its ranks' "
                                  f"step-1 batches ({error}; the launcher installs them in every "
-                                 f"rank: harness/rank_observers.py)") from None
+                                 f"rank: harness/rank/observers.py)") from None
     if len(batches) != run.nproc:
         raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
                                  f"{run.nproc} ranks: a global-average loss needs every rank's")
@@ -161,7 +161,7 @@ def model_masking(run) -> str:
     the rest of its step 1."""
     if run.backend != "hf_v5" or run.mask != "causal":
         return run.mask
-    from harness import titan_api
+    from harness.upstream import titan_api
 
     return titan_api.transformers_backend().masking
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import dump_layout, known_issues
-from harness.expectations import ExpectationRegistry, MissingExpectation
-from harness.reference_forward import FORWARDS
-from harness.results import RunResult
+from harness.registry import dump_layout, known_issues
+from harness.registry.expectations import ExpectationRegistry, MissingExpectation
+from harness.checks.reference_forward import FORWARDS
+from harness.results.run_result import RunResult
 
 
 @dataclass(frozen=True)
@@ -137,24 +137,24 @@ def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
 
 def shards_distinct(run: RunResult, steps: int) -> Outcome:
     """No two data-parallel ranks start step 1 from identical shards of a parameter: each
-    rank's fingerprint of its local shards (harness/rank_step0.py) against the others', for
+    rank's fingerprint of its local shards (harness/rank/step0.py) against the others', for
     every sharded parameter whose values are not all equal (norm weights of ones and zero
     biases are constant by design). A random init must draw each shard apart; a pretrained
     run's loader must give each rank its own slice of the checkpoint. A single-rank run, or
     one whose parameters are all replicated, has nothing to compare and passes."""
-    from harness import rank_step0
+    from harness.rank import step0 as rank_step0
 
     by_rank = dump_layout.read_fingerprints(run.run_dir)
     if by_rank is None:
         return Outcome(f"no shard fingerprints under {dump_layout.dump_folder(run.run_dir) / dump_layout.SHARDS} "
-                       "(the ranks write them at step 1: harness/rank_step0.py)")
+                       "(the ranks write them at step 1: harness/rank/step0.py)")
     checked, identical = rank_step0.identical_shards(by_rank)
     fraction = len(identical) / len(checked) if checked else 0.0
     # The kinds of parameter affected, whatever their layer (a known issue's signature).
     kinds = tuple(sorted({re.sub(r"^(part\d+\.)?layers\.\d+\.", "", name) for name in identical}))
     observed = {"identical_fraction": fraction, "identical": identical, "checked": len(checked),
                 "identical_kinds": kinds, "ranks": len(by_rank)}
-    how = (f"sha1 of each rank's local shards at step 1 (harness/rank_step0.py), {len(by_rank)} "
+    how = (f"sha1 of each rank's local shards at step 1 (harness/rank/step0.py), {len(by_rank)} "
            f"rank(s), {len(checked)} sharded non-constant parameter(s)")
     if not identical:
         return Outcome(None, observed, how)
@@ -259,7 +259,7 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
     in. True when they were deleted."""
     import os
 
-    from harness.launch import remove_checkpoints
+    from harness.launch.run import remove_checkpoints
 
     folder = Path(run.run_dir) / VERDICTS
     done = readers_done or all((folder / f"{check}.json").is_file() for check in CHECKPOINT_READERS)

@@ -2,7 +2,7 @@
 
 - ``run``: the registered backends (default: all three, tiny, pretrained) or the subjects named
   by ``--module M --config C`` / ``--subject M:C``, on the detected device; every run is
-  checked (harness/checks.py) and a report folder is written. ``--compare M:C1 M:C2`` runs two
+  checked (harness/checks/run_checks.py) and a report folder is written. ``--compare M:C1 M:C2`` runs two
   subjects on the same data and seed and prints their loss curves side by side.
 - ``lint``: the config checks that need no rank (seconds, CPU, meta device).
 """
@@ -14,13 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness import checks, known_issues
+from harness.checks import run_checks as checks
+from harness.registry import known_issues
 from harness.backends import BACKENDS, INITS, SIZES
-from harness.devices import KINDS, detect
-from harness.launch import RunSpec, launch, package_versions
-from harness.diagnosis import baseline as baseline_module
-from harness.report import RunVerdict, format_table, results_document, table_rows, write_report
-from harness.subjects import Subject, SubjectError, infer, lint
+from harness.device.devices import KINDS, detect
+from harness.launch.run import RunSpec, launch, package_versions
+from harness.report import baseline as baseline_module
+from harness.report.run_report import RunVerdict, format_table, results_document, table_rows, write_report
+from harness.launch.subjects import Subject, SubjectError, infer, lint
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +88,7 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: s
     """The runs to launch: a user's config functions, or the registered backends built exactly
     as the run template builds them (``RunCase.run_spec``: a full size's own assets folder
     under ``--assets-dir``, its data, save map and timeouts)."""
-    from harness.run_matrix import RunCase
+    from harness.launch.run_matrix import RunCase
 
     common = dict(steps=args.steps, save_hf=True, workarounds=tuple(args.workaround))
     if subjects:
@@ -108,7 +109,7 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: s
 def compare_table(a, b) -> tuple[str, int | None]:
     """The two runs' loss curves side by side and the first step where they differ by more
     than the loss-curve parity tolerance of their precision regime."""
-    from harness.tolerances import parity_tolerance
+    from harness.registry.tolerances import parity_tolerance
 
     regime = "bf16_experts" if "nki_moe" in (a.backend, b.backend) else "float32"
     band = parity_tolerance("torchrun_loss", regime).atol
@@ -183,7 +184,7 @@ def code_commit() -> str:
     """The harness's git commit (with "+dirty" for uncommitted changes), or "unknown"."""
     import subprocess
 
-    from harness import paths
+    from harness.registry import paths
 
     def git(*a):
         return subprocess.run(["git", *a], cwd=paths.REPO_ROOT, capture_output=True, text=True,

@@ -19,7 +19,7 @@ KINDS = ("neuron", "cuda", "cpu")
 NEURON_LNC_DEFAULT = "2"
 
 # The model sizes each device tier runs (the run template instantiates every backend at each).
-# CPU runs the full size's code path from the assets twin (harness/assets_twin.py): a tiny
+# CPU runs the full size's code path from the assets twin (harness/registry/assets_twin.py): a tiny
 # model laid out as the real download, through the same asset flags, save maps and checks.
 TIER_SIZES = {"cpu": ("tiny", "full"), "cuda": ("tiny",), "neuron": ("tiny", "full")}
 # Attention variants a device cannot run: flex attention is always wrapped in torch.compile
@@ -29,7 +29,7 @@ UNSUPPORTED_ATTENTION = {"neuron": ("flex",)}
 TIER_MARKERS = {"neuron": "neuron", "cuda": "cuda"}
 # Tiers whose device runtime belongs to the first process that initialises it: the Neuron
 # runtime reserves every NeuronCore for it, so an in-process test of the device runs in a child
-# of its own, never in the pytest process that launches the runs (harness/own_process.py).
+# of its own, never in the pytest process that launches the runs (harness/launch/own_process.py).
 EXCLUSIVE_RUNTIME = ("neuron",)
 # The trn2 night rehearsed on CPU (scripts/nightly/rehearse.py, in .ci/run): with
 # HARNESS_NEURON_STANDIN=cpu the neuron tier runs its launched runs, test for test, on the cpu
@@ -104,7 +104,7 @@ class DeviceProfile:
     rank_env_unset: tuple[str, ...] = ()
     # Settings every result of this device records beside the package versions.
     recorded: dict[str, str] = field(default_factory=dict)
-    # Per-run timeouts by size, in seconds (a cold compile on neuron; harness/run_matrix.py).
+    # Per-run timeouts by size, in seconds (a cold compile on neuron; harness/launch/run_matrix.py).
     timeouts_s: dict[str, float] = field(default_factory=lambda: dict(CPU_TIMEOUTS_S))
 
     @property
@@ -121,7 +121,7 @@ class DeviceProfile:
 
 def neuron_status() -> tuple[bool, str]:
     """(available, reason). PyPI's torch-neuronx is a placeholder: it counts as absent."""
-    from harness.package_probe import probe_module
+    from harness.device.package_probe import probe_module
 
     importable, reason = probe_module("torch_neuronx")
     if not importable:
@@ -148,7 +148,7 @@ def device_status(kind: str) -> tuple[bool, str]:
     """(available, reason) of a device kind: the one definition every tier and suite asks.
 
     Besides ``KINDS``, kernel tests know "nki-sim" (the Neuron SDK's NKI CPU simulator) and
-    "nki-emu" (the harness's NKI emulator, harness/nki_emu: always available)."""
+    "nki-emu" (the harness's NKI emulator, harness/kernels/emu: always available)."""
     if kind == "neuron":
         return neuron_status()
     if kind == "cuda":
@@ -156,7 +156,7 @@ def device_status(kind: str) -> tuple[bool, str]:
     if kind == "cpu":
         return True, f"{os.cpu_count()} CPU cores"
     if kind == "nki-sim":
-        from harness.package_probe import nki_available
+        from harness.device.package_probe import nki_available
 
         ok, reason = nki_available()
         return ok, reason if ok else f"NKI simulator unavailable: {reason}"
@@ -184,7 +184,7 @@ NEURON_CORE_VISIBILITY = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES")
 # the ranks get it last, so it wins over anything inherited.
 NEURON_AUTO_CAST = "none"
 # TorchNeuron's compile cache: the nightly keeps it across nights (actions/cache), so a night's
-# compile time depends on whether it was warm (harness/diagnosis/baseline.py compares alike only).
+# compile time depends on whether it was warm (harness/report/baseline.py compares alike only).
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 NEFF_CACHE_DEFAULT = "~/.cache/neuron-neff"
 

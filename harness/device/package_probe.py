@@ -2,7 +2,7 @@
 
 PyPI's ``nki``, ``torch-neuronx`` and ``neuronx-cc`` are placeholders whose import raises
 ``ImportError("WRONG PACKAGE ...")``; ``probe_module`` reports them as absent with that
-reason. It sits below both ``harness.devices`` (the device probe) and ``harness.ops.neuron``
+reason. It sits below both ``harness.device.devices`` (the device probe) and ``harness.kernels.ops.neuron``
 (the Neuron registration), so neither imports the other to ask.
 """
 
@@ -29,19 +29,19 @@ def probe_module(name: str) -> tuple[bool, str]:
         if PLACEHOLDER_MARKER in str(error):
             return False, f"{name} is the PyPI placeholder package (import raises 'WRONG PACKAGE'), not the Neuron SDK's"
         return False, f"{name} failed to import: {type(error).__name__}: {error}"
-    except Exception as error:  # a broken install must not break harness.ops
+    except Exception as error:  # a broken install must not break harness.kernels.ops
         return False, f"{name} failed to import: {type(error).__name__}: {error}"
     return True, f"{name} imports"
 
 
 def is_emulator(module) -> bool:
-    """The harness's own NKI emulator (``harness.nki_emu``), which is never the real ``nki``."""
+    """The harness's own NKI emulator (``harness.kernels.emu``), which is never the real ``nki``."""
     return getattr(module, "__emulator__", False) is True
 
 
 def nki_available() -> tuple[bool, str]:
     """(available, reason) for the real ``nki`` package with ``nki.simulate`` (CPU simulator).
-    The harness's emulator (``harness.nki_emu``, device tier ``nki-emu``) is not it, even while
+    The harness's emulator (``harness.kernels.emu``, device tier ``nki-emu``) is not it, even while
     it is installed as ``sys.modules["nki"]`` (that answer is not cached)."""
     if is_emulator(sys.modules.get("nki")):
         return False, "nki is the harness's NKI emulator (nki-emu), not the Neuron SDK's nki"

@@ -16,5 +16,5 @@ what comes back.
 - ``baseline``: tonight's report against a previous one;
 - ``errors``: ``NotDiagnosable``, a run the diagnosis cannot diagnose, with the reason;
 - ``rank_dump``: the step-0 weights a random-init run's ranks dumped, as an HF checkpoint
-  (read through harness/dump_layout.py).
+  (read through harness/registry/dump_layout.py).
 """

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import paths
+from harness.registry import paths
 
 TIMEOUT_S = 900
 # Module walks a session may start, per device (none given: no limit). On trn2 every walk is a
@@ -87,10 +87,10 @@ def request(run) -> dict:
 
 
 def known_explanation(run, deviation: float | None) -> str | None:
-    """The known issue (harness/known_issues/) that a failing step-1 loss of this run is, by
+    """The known issue (harness/registry/known_issues/) that a failing step-1 loss of this run is, by
     its recorded signature here (backend, size, init, device, attention, generation, the run's
     workarounds): that is the answer, and rebuilding the model would only say it again."""
-    from harness import known_issues
+    from harness.registry import known_issues
 
     if deviation is None:
         return None
@@ -114,7 +114,7 @@ def launched(run) -> bool:
 
 
 def localize_in_child(req: dict, log: Path) -> tuple[dict | None, str | None]:
-    from harness.children import marked_env
+    from harness.launch.children import marked_env
 
     env = marked_env()  # the end-of-session sweep finds it if it outlives its timeout
     env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -154,7 +154,7 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
 
     start = time.monotonic()
     diagnosis = Diagnosis()
-    from harness import dump_layout
+    from harness.registry import dump_layout
     from harness.diagnosis.subject import NATIVE_BUILDS
 
     try:

@@ -2,9 +2,9 @@
 
 For a failing pretrained run's step-1 loss, each signature the harness can compute is tried:
 
-- the random-init loss of its config, ``ln V + s^2/2`` (harness/expectations.py): a pretrained
+- the random-init loss of its config, ``ln V + s^2/2`` (harness/registry/expectations.py): a pretrained
   run that starts there did not load its weights;
-- every known issue's recorded first-step signature (harness/known_issues/) that is recorded
+- every known issue's recorded first-step signature (harness/registry/known_issues/) that is recorded
   for another backend, generation, device or size: the same failure may have moved here.
 
 Each hint carries the numbers behind it; no signature that fits, no hint.
@@ -19,8 +19,8 @@ CHECK = "first_step_loss"
 
 def random_init_hint(observed: float, vocab: int, hidden: int, lm_head_std: float,
                      read_from: str | Path) -> str | None:
-    from harness.expectations import analytic_random_init_loss
-    from harness.tolerances import loss_band
+    from harness.registry.expectations import analytic_random_init_loss
+    from harness.registry.tolerances import loss_band
 
     analytic = analytic_random_init_loss(vocab, hidden, lm_head_std)
     band = loss_band("analytic_random_init").value
@@ -33,7 +33,7 @@ def random_init_hint(observed: float, vocab: int, hidden: int, lm_head_std: floa
 
 def known_issue_hints(deviation: float, context: dict[str, str]) -> list[str]:
     """Known issues recorded elsewhere whose first-step signature this deviation fits."""
-    from harness import known_issues
+    from harness.registry import known_issues
 
     here = {i.name for i in known_issues.applicable(CHECK, **context)}
     hints = []
@@ -61,12 +61,12 @@ def _where(where) -> str:
 
 
 def hints_for(run, observed: float, deviation: float | None) -> list[str]:
-    """Every hint for a failing pretrained ``run`` (harness.results.RunResult)."""
+    """Every hint for a failing pretrained ``run`` (harness.results.run_result.RunResult)."""
     if run.init != "pretrained":
         return []
     from harness.backends import backend
-    from harness.expectations import configured_lm_head_std
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.expectations import configured_lm_head_std
+    from harness.registry.hf_config import Qwen3Arch
 
     size = backend(run.backend).size(run.size)
     model_dir = size.resolve(size.model_dir, run.assets_dir)

@@ -3,12 +3,12 @@ the policy, found in one walk, unit by unit, on both sides.
 
 ``first_divergence(under_test, weights, arch, inputs, positions)`` walks the model under test
 (harness/diagnosis/streamed.py: one unit in memory at a time) and the float64 reference
-(harness/parity/reference.py ``Reference``: one unit's math from one unit's weights) together:
+(harness/references/model.py ``Reference``: one unit's math from one unit's weights) together:
 
 - forward, for each unit (embedding, each decoder layer, final norm, lm_head): the model runs
   its unit, the reference its same unit on its own float64 input, and that unit's modules are
   compared right away in forward order (``diff_tensors`` of harness/parity/compare.py, the
-  diagnosis tolerance of harness/tolerances.py); the first that differs is named and the walk
+  diagnosis tolerance of harness/registry/tolerances.py); the first that differs is named and the walk
   stops. Everything before it agreed, so that module is where the defect acts (or the first
   place it shows: a wrong RoPE table shows at ``attention.rope``, not at its buffer). Each side
   keeps only its units' inputs, for the backward;
@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from harness.conformance.native_to_hf import module_of_weight
+from harness.parity.conformance.native_to_hf import module_of_weight
 from harness.diagnosis.live_bytes import LiveBytes
-from harness.hf_config import Qwen3Arch
-from harness.parity import reference as reference_trace
+from harness.registry.hf_config import Qwen3Arch
+from harness.references import model as reference_trace
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
-from harness.tolerances import diagnosis_tolerance
+from harness.registry.tolerances import diagnosis_tolerance
 
 
 @dataclass
@@ -449,7 +449,7 @@ def _output_tensors(want) -> list[torch.Tensor]:
 def _how(regime: str, gradients: bool = False) -> str:
     tol = diagnosis_tolerance("activations", regime)
     text = (f"every module's output on the run's first batch and starting weights vs the "
-            f"float64 reference (harness/parity/reference.py), in forward order; diagnosis "
+            f"float64 reference (harness/references/model.py), in forward order; diagnosis "
             f"tolerance {regime}: atol {tol.atol:g} + rtol {tol.rtol:g} x scale ({tol.metric})")
     if gradients:
         g = diagnosis_tolerance("gradients", regime)

@@ -1,7 +1,7 @@
-"""The step-0 weights a random-init run's ranks dumped (harness/rank_step0.py, under
-torchtitan's names; found and read by harness/dump_layout.py ``initial_weights_dir``,
+"""The step-0 weights a random-init run's ranks dumped (harness/rank/step0.py, under
+torchtitan's names; found and read by harness/registry/dump_layout.py ``initial_weights_dir``,
 ``initial_native_state``), as an HF checkpoint: the harness's own conversion
-(harness/conformance/native_to_hf.py), not the adapter under test.
+(harness/parity/conformance/native_to_hf.py), not the adapter under test.
 
 A run without them is still diagnosable when it is pretrained (its weights are the HF
 weights it loaded; its batch comes from torchtitan's dataloader, harness/diagnosis/subject.py).
@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from harness import dump_layout
+from harness.registry import dump_layout
 
 
 def hf_weights_from_dump(folder: Path, model_dir: Path) -> Path:
@@ -22,7 +22,7 @@ def hf_weights_from_dump(folder: Path, model_dir: Path) -> Path:
     ``dump_layout.initial_hf_dir(folder)``."""
     from safetensors.torch import save_file
 
-    from harness.conformance.native_to_hf import hf_state_from_native
+    from harness.parity.conformance.native_to_hf import hf_state_from_native
 
     out = dump_layout.initial_hf_dir(folder)
     if (out / "model.safetensors").is_file():

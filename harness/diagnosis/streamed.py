@@ -3,7 +3,7 @@
 The diagnosis compares the run's own model with the float64 reference module by module. At
 full size (Qwen3-4B: 16 GB of fp32 parameters) that model is never held whole: it is built on
 the meta device exactly as the trainer builds it, and walked one unit at a time
-(harness/unit_walk.py: embedding, each decoder layer, final norm, lm_head):
+(harness/model/unit_walk.py: embedding, each decoder layer, final norm, lm_head):
 
 - forward: each unit is materialised, its buffers initialised by the model's own
   ``init_states`` (RoPE cache, expert bias), its weights loaded from the run's HF checkpoint
@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from harness.diagnosis.errors import NotDiagnosable
-from harness.parity.reference import WeightSource
-from harness.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
+from harness.references.model import WeightSource
+from harness.model.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
 
 EMBED = "model.embed_tokens.weight"
 
@@ -42,7 +42,7 @@ def native_on_meta(model_dir: Path, *, custom_ops: bool, attention: str):
     harness/parity/models.py ``build_native``), and the trainer's HF state-dict adapter."""
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
-    from harness import model_build as build
+    from harness.model import build
     from harness.parity.models import native_model_config, prepare_in_process
 
     prepare_in_process()
@@ -208,7 +208,7 @@ def known_gaps_report(model: nn.Module, adapter):
 def hf_backend_on_meta(model_dir: Path, configure=None):
     """torchtitan's transformers-backend model on the meta device, as the trainer builds it
     (the config and patches of harness/parity/models.py ``build_hf_backend``)."""
-    from harness import model_build as build
+    from harness.model import build
     from harness.parity.models import hf_backend_config
 
     trainer_config, _api = hf_backend_config(model_dir, configure)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from harness import dump_layout
+from harness.registry import dump_layout
 from harness.diagnosis import rank_dump
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
-from harness.parity.reference import WeightSource
+from harness.references.model import WeightSource
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
@@ -70,7 +70,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.hf_config import Qwen3Arch
     from harness.parity.compare import native_keys_not_loaded_kinds
     from harness.plants import planted
 
@@ -131,7 +131,7 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     (harness/diagnosis/streamed.py), at every size: the CPU tier's tiny runs walk the path the
     full-size runs walk."""
     from harness.diagnosis import streamed
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.hf_config import Qwen3Arch
     from harness.parity.compare import native_keys_not_loaded_kinds
 
     model, adapter = streamed.native_on_meta(source, custom_ops=NATIVE_BUILDS[backend]["custom_ops"],
@@ -177,7 +177,7 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
     known defects that the run did not work around are named; the mask one is compared like for
     like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
     it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
-    from harness import workarounds as W
+    from harness.upstream import workarounds as W
     from harness.diagnosis.localize import hf_modules
     from harness.parity.models import build_hf_backend
 
@@ -196,7 +196,8 @@ def _hf_known_issues(applied: set[str]) -> tuple[list[str], str]:
     mask its model applies). The uninitialised RoPE is recomputed after it is named, since the
     run's RoPE table is whatever memory held and cannot be rebuilt; the mask one is compared
     like for like (the reference masked as the run masked)."""
-    from harness import known_issues, titan_api
+    from harness.registry import known_issues
+    from harness.upstream import titan_api
 
     api = titan_api.transformers_backend()
     known = []
@@ -222,10 +223,10 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     """torchtitan's transformers backend on the meta device, built as the run built it (its
     config-level workarounds), streamed one unit at a time through its own forward
     (harness/diagnosis/streamed.py)."""
-    from harness import workarounds as W
+    from harness.upstream import workarounds as W
     from harness.diagnosis import streamed
     from harness.diagnosis.localize import hf_modules
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.hf_config import Qwen3Arch
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     applied = set(workarounds)
@@ -256,12 +257,13 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
 
 def known_load_gap_issues(kinds) -> list[str]:
     """The tensors (``kinds``: layer index dropped) the trainer's HF load leaves at their init,
-    judged as the parity suite judges them (``native_moe_parity``: harness/known_issues/). A
+    judged as the parity suite judges them (``native_moe_parity``: harness/registry/known_issues/). A
     gap that is a known issue's signature is named, and is to be filled from the checkpoint
     under the right names, so that the module walk looks past it for a further defect; any
     other gap is an error (the diagnosis cannot say which weights the model computes with).
     Returns one line per known issue."""
-    from harness import known_issues, titan_api
+    from harness.registry import known_issues
+    from harness.upstream import titan_api
 
     if not kinds:
         return []
@@ -273,7 +275,7 @@ def known_load_gap_issues(kinds) -> list[str]:
     if not issues:
         raise NotDiagnosable(f"the run's HF load left {list(kinds)} at their init, which no known "
                              f"issue records: fix the load (or record it in "
-                             f"harness/known_issues/) before a module walk can mean anything")
+                             f"harness/registry/known_issues/) before a module walk can mean anything")
     return [f"known issue {issue.name}: the HF load left {', '.join(kinds)} at their init "
             f"(the run's step-1 loss shows it); the diagnosis loaded them from the checkpoint "
             f"to look past it" for issue in issues]

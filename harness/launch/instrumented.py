@@ -1,14 +1,14 @@
 """A torchtitan ``--module`` that proxies another module's config functions, so a config
-module the registry does not list (the SFT config, harness/data/sft_config.py), or a registered
+module the registry does not list (the SFT config, harness/backends/sft_config.py), or a registered
 backend's under a name of its own, runs as a registered backend whose sizes and attention
 variants it borrows, with the batches of as many steps dumped as the run asks
 (``env(..., dump_steps=)``). Launched like any backend:
 
-    torchrun ... -m torchtitan.train --module harness.data.instrumented --config tiny
+    torchrun ... -m torchtitan.train --module harness.launch.instrumented --config tiny
     (env: HARNESS_INSTRUMENT_TARGET=harness.backends.titan_native)
 
 The config is the target's own, unchanged; what the ranks record comes from the launcher, as
-for every run (harness/rank_observers.py). In tests, ``instrumented_backend(base)`` registers
+for every run (harness/rank/observers.py). In tests, ``instrumented_backend(base)`` registers
 it for the duration as a backend whose sizes and attention variants are ``base``'s, so
 ``RunSpec``/``launch``/``backend_runs`` launch it.
 """
@@ -20,7 +20,7 @@ import importlib
 import os
 from dataclasses import replace
 
-from harness.rank_observers import DUMP_STEPS_ENV
+from harness.rank.observers import DUMP_STEPS_ENV
 
 TARGET_ENV = "HARNESS_INSTRUMENT_TARGET"
 MODULE = __name__
@@ -71,7 +71,7 @@ def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str 
     """The one-step instrumented titan_native run (random init, HF save at step 1) of the slow
     tier's data-path checks (the flex variant, the plants); the default tier's reads the run
     template's titan_native random-init run."""
-    from harness.launch import RunSpec
+    from harness.launch.run import RunSpec
 
     return RunSpec(name, steps=1, attention=attention, save_hf=True, plants=plants,
                    extra_env=env("harness.backends.titan_native"))

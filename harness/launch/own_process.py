@@ -13,7 +13,7 @@ reached (a child costs an import of torch and the device's stack; the nightly's 
 would pay it 73 times); under pytest-xdist each test gets its own. The child runs with the
 parent's harness options (the "harness" option group, as given), under a time limit of
 ``CHILD_TIMEOUT_PER_TEST_S`` per test, and carries the session's marker
-(harness/children.py) so the end-of-session sweep finds it if it outlives its tests. Its reports
+(harness/launch/children.py) so the end-of-session sweep finds it if it outlives its tests. Its reports
 (setup, call, teardown) come back serialised through pytest's own
 ``pytest_report_to_serializable``, so the parent reports pass, fail, skip and xfail exactly as
 the child saw them; a test the child never reported fails, with the child's last lines.
@@ -49,10 +49,10 @@ _DESELECTED = pytest.StashKey[list]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The in-process tests of a tier whose runtime is exclusive (harness/devices.py
+    """The in-process tests of a tier whose runtime is exclusive (harness/device/devices.py
     ``EXCLUSIVE_RUNTIME``) run in a child; on a stand-in (the rehearsal) they are deselected,
     and the session's summary says why: the stand-in is a profile for launches, not a device."""
-    from harness import devices
+    from harness.device import devices
 
     for kind in devices.TIER_MARKERS:
         in_process = [i for i in items if i.get_closest_marker(kind)
@@ -78,7 +78,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: runs in a child pytest process of its own "
-                            "(harness/own_process.py)")
+                            "(harness/launch/own_process.py)")
     _CONFIG[:] = [config]
 
 
@@ -147,7 +147,7 @@ def child_command(items: list[pytest.Item]) -> list[str]:
 
 def run_in_child(items: list[pytest.Item]) -> dict[str, list[pytest.TestReport]]:
     """Every report of ``items``, run in one child pytest process, by nodeid."""
-    from harness.children import marked_env
+    from harness.launch.children import marked_env
 
     config = items[0].config
     timeout_s = CHILD_TIMEOUT_PER_TEST_S * len(items)

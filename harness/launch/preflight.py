@@ -18,7 +18,7 @@ class PreflightError(ValueError):
 
 
 def _fix_for(path: Path) -> str:
-    from harness import paths
+    from harness.registry import paths
 
     if paths.FIXTURES in path.resolve().parents:
         return REGENERATE

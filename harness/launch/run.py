@@ -3,7 +3,7 @@
 The launcher owns the process tree: torchrun runs in its own session (process group), every
 rank's stdout/stderr lands in its own file, and whatever happens (success, crash, timeout,
 Ctrl-C) the whole tree is gone when ``launch`` returns. Results come back from the JSONL sink
-(harness/metrics_sink.py), never from console text.
+(harness/upstream/metrics_sink.py), never from console text.
 """
 
 from __future__ import annotations
@@ -19,20 +19,22 @@ from pathlib import Path
 
 import psutil
 
-from harness import dump_layout, known_issues, rank_observers
+from harness.registry import dump_layout, known_issues
+from harness.rank import observers as rank_observers
 from harness.backends import BackendSpec, backend
-from harness import paths, plants
-from harness.assets_twin import FULL_ASSETS_ENV
-from harness.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
-from harness.data import c4
-from harness.devices import DeviceProfile
-from harness.preflight import check_run_inputs
-from harness.results import RunResult, read_step_records
-from harness.subjects import Facts
+from harness.registry import paths
+from harness import plants
+from harness.registry.assets_twin import FULL_ASSETS_ENV
+from harness.launch.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
+from harness.backends import c4
+from harness.device.devices import DeviceProfile
+from harness.launch.preflight import check_run_inputs
+from harness.results.run_result import RunResult, read_step_records
+from harness.launch.subjects import Facts
 from harness.upstream import install as shim_install
-from harness.versions import package_versions  # also the name cli and the reports import
+from harness.upstream.versions import package_versions  # also the name cli and the reports import
 
-BOOT_DIR = Path(__file__).resolve().parent / "upstream" / "boot"
+BOOT_DIR = Path(__file__).resolve().parents[1] / "rank" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
 OBSERVERS_ENV = rank_observers.OBSERVERS_ENV
@@ -52,19 +54,19 @@ class RunSpec:
     hf_assets_path: str | None = None  # full-size runs: the HF assets dir
     # What the dataloader reads: "fixture" (the harness's corpus) or "c4" (the source's data:
     # allenai/c4 "en" as spring-2026's qwen3_32b() loads it: from a local copy at ``data_path``
-    # (harness/data/c4.py), else streamed from the Hub).
+    # (harness/backends/c4.py), else streamed from the Hub).
     data: str = "fixture"
     data_path: str | None = None
     overrides: tuple[str, ...] = ()  # extra torchtitan CLI overrides
     rendezvous: tuple[str, ...] = ()  # torchrun rendezvous options; default --standalone
     extra_env: tuple[tuple[str, str], ...] = ()
-    # Workarounds for named upstream defects (harness/known_issues/), on top of the ones the
+    # Workarounds for named upstream defects (harness/registry/known_issues/), on top of the ones the
     # backend always gets (BackendSpec.workarounds).
     workarounds: tuple[str, ...] = ()
     # Plants (harness/plants): defects the self-tests put into the ranks' torchtitan.
     plants: tuple[str, ...] = ()
     # A user's config function instead of a registered backend's (``RunSpec.for_subject``):
-    # what the harness inferred about it (harness/subjects.py); ``backend`` is then its kind.
+    # what the harness inferred about it (harness/launch/subjects.py); ``backend`` is then its kind.
     subject: Facts | None = None
     pythonpath: tuple[str, ...] = ()  # folders the ranks need to import a subject's module
 
@@ -207,7 +209,7 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
 
 def data_flags(data: str, data_path: str | None, ranks: int) -> list[str]:
     """The dataloader overrides of a run's data (the configs read the fixture corpus): a C4 run
-    always names its dataset path (harness/data/c4.py), a local copy checked to hold what
+    always names its dataset path (harness/backends/c4.py), a local copy checked to hold what
     ``ranks`` ranks read."""
     if data == "fixture":
         return []
@@ -224,7 +226,7 @@ def remove_checkpoints(run_dir: Path) -> None:
 def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     """What every rank starts with: the device's variables, the boot folder first on the path
     (on every device) with the shims, plants and rank-side observers it installs
-    (harness/upstream/boot/sitecustomize.py), then ``spec.extra_env``."""
+    (harness/rank/boot/sitecustomize.py), then ``spec.extra_env``."""
     env = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
     env.update(profile.rank_env)
     if spec.size == "full" and spec.hf_assets_path and not spec.subject:

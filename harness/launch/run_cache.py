@@ -27,9 +27,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from harness.devices import DeviceProfile
-from harness.launch import RunSpec, launch
-from harness.results import RunResult
+from harness.device.devices import DeviceProfile
+from harness.launch.run import RunSpec, launch
+from harness.results.run_result import RunResult
 
 LEDGER = "launches.jsonl"
 # A pytest-xdist worker's own basetemp under the session's root (``<root>/popen-gwN``).

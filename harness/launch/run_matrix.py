@@ -2,7 +2,7 @@
 (``instantiate_device_type_tests`` for launched runs).
 
 A ``RunCase`` is one (device, backend, size, attention, init). Each device runs the sizes of
-its tier (harness/devices.py ``TIER_SIZES``); each backend runs every init of the size with
+its tier (harness/device/devices.py ``TIER_SIZES``); each backend runs every init of the size with
 its default attention (the source's configuration), and its other attention variants from the
 pretrained fixture at tiny size, where a recorded loss tells the masks apart (on the devices
 that can run them: ``UNSUPPORTED_ATTENTION``).
@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness import paths
+from harness.registry import paths
 from harness.backends import BACKENDS
-from harness.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
-from harness import known_issues
-from harness.launch import RunSpec
-from harness.titan_api import generation
-from harness.subjects import Subject, infer
+from harness.device.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
+from harness.registry import known_issues
+from harness.launch.run import RunSpec
+from harness.upstream.titan_api import generation
+from harness.launch.subjects import Subject, infer
 
-# Per-run timeouts by device and size (harness/devices.py TIMEOUTS_S: a cold compile on
+# Per-run timeouts by device and size (harness/device/devices.py TIMEOUTS_S: a cold compile on
 # neuron). Every neuron run at its timeout must fit the nightly test step's limit
 # (.github/workflows/nightly-trn2.yml; tests/e2e/test_workflows.py checks the sum).
 FULL_TIMEOUT_S = TIMEOUTS_S["neuron"]["full"]
 TINY_TIMEOUT_S = TIMEOUTS_S["cpu"]["tiny"]
 # The full size on a device without the real model runs from the assets twin
-# (harness/assets_twin.py), kept cheap: 2 ranks, short rows, one init per backend (pretrained
+# (harness/registry/assets_twin.py), kept cheap: 2 ranks, short rows, one init per backend (pretrained
 # where the size has weights). Random init of the tied dense models is left to the real width
 # (tests/e2e/test_full_size_random_init_cpu.py): at the twin's width the tied-embedding init
 # rules dominate it (hf_v5-tied-embedding-init-scale), as at tiny size.
 TWIN_DEVICES = ("cpu",)
 TWIN_OVERRIDES = ("--training.seq_len", "256")
 # Full-size runs read the source's data: C4 as spring-2026's qwen3_32b() loads it (torchtitan's
-# "c4" dataset), always with an explicit path (harness/data/c4.py): a local copy (--c4-path;
+# "c4" dataset), always with an explicit path (harness/backends/c4.py): a local copy (--c4-path;
 # the twin's default is fixtures/c4, allenai/c4's layout) or the Hub's repository.
 SOURCE_DATA = "c4"
 C4_FIXTURE = paths.FIXTURES / "c4"
@@ -53,7 +53,7 @@ def collective_timeout_overrides(timeout_s: float) -> tuple[str, ...]:
     changing their timeout ... leave their timeout unchanged" (torch 2.14 ``set_timeout``): on a
     backend that ignores it (as the review found for the neuron process group) the 300 s of
     init stays, and a cold compile of step 1 or the HF save (gather and consolidation on every
-    rank) outlasts it. Both are set to the run's own timeout (harness/devices.py TIMEOUTS_S,
+    rank) outlasts it. Both are set to the run's own timeout (harness/device/devices.py TIMEOUTS_S,
     sized for a cold compile, the steps and the save), so whichever one applies, no collective
     times out before the run does."""
     seconds = str(int(timeout_s))
@@ -110,7 +110,7 @@ class RunCase:
 
     @property
     def twin(self) -> bool:
-        """A full-size code path run from the assets twin (harness/assets_twin.py)."""
+        """A full-size code path run from the assets twin (harness/registry/assets_twin.py)."""
         return self.size == "full" and self.runs_on in TWIN_DEVICES
 
     @property
@@ -148,7 +148,7 @@ class RunCase:
         """``assets_root``: the --assets-dir of a full-size run (the twin's root on CPU);
         ``workdir``: where an assets folder derived for the run is built; ``data_path``: a local
         C4 copy for a full-size run (the twin's default: fixtures/c4; else the Hub's)."""
-        from harness.assets_twin import full_size_assets_dir
+        from harness.registry.assets_twin import full_size_assets_dir
 
         full = self.size == "full"
         assets = None
@@ -214,7 +214,7 @@ def cases(devices=KINDS) -> list[RunCase]:
 def _distinguishable(spec, size: str, attention: str) -> bool:
     """Whether the pretrained step-1 expectation of ``attention`` differs from the default
     variant's by more than its band (else a mask mix-up would pass the check anyway)."""
-    from harness.expectations import ExpectationRegistry, MissingExpectation
+    from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 
     registry, model = ExpectationRegistry(), spec.size(size).model
     try:

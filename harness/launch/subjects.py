@@ -19,8 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.backends import BACKENDS
-from harness.model_build import is_transformers_backend, on_meta
-from harness import paths
+from harness.model.build import is_transformers_backend, on_meta
+from harness.registry import paths
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
 KNOWN_MODEL_DIRS = {
@@ -116,13 +116,13 @@ def _native_attention(model_config) -> str:
 
 
 def _uses_custom_ops(model_config) -> bool:
-    from harness.ops.modules import CustomOpCosSinRoPE
+    from harness.kernels.ops.modules import CustomOpCosSinRoPE
 
     return any(isinstance(layer.attention.rope, CustomOpCosSinRoPE.Config) for layer in model_config.layers)
 
 
 def _meta_parameters(config) -> int:
-    """Parameters of the model the trainer builds from ``config`` (harness/model_build.py)."""
+    """Parameters of the model the trainer builds from ``config`` (harness/model/build.py)."""
     return sum(p.numel() for p in on_meta(copy.deepcopy(config)).parameters())
 
 
@@ -138,7 +138,7 @@ def hf_parameters(model_dir: Path) -> int:
 
 
 def _config_shape(model_dir: Path) -> tuple:
-    from harness.hf_config import read_config_json
+    from harness.registry.hf_config import read_config_json
 
     hf = read_config_json(model_dir)
     return (hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"])
@@ -217,9 +217,9 @@ def lint(subject: Subject) -> LintReport:
     """Everything that can be checked about a config before any rank starts (seconds, CPU,
     meta device): the model spec against the config.json it loads, the assets dir, the
     parameter count, and what it will run with (attention, torchtitan)."""
-    from harness import known_issues
-    from harness.versions import package_versions
-    from harness.preflight import PreflightError, check_run_inputs
+    from harness.registry import known_issues
+    from harness.upstream.versions import package_versions
+    from harness.launch.preflight import PreflightError, check_run_inputs
 
     report = LintReport(subject.name)
     try:
@@ -260,8 +260,8 @@ def lint(subject: Subject) -> LintReport:
             report.notes.append(f"the HF model class is built from {config.hf_model}/config.json, "
                                 f"the weights come with {hf_json}")
         return report
-    from harness.hf_config import read_config_json
-    from harness.conformance.config import config_violations
+    from harness.registry.hf_config import read_config_json
+    from harness.parity.conformance.config import config_violations
 
     conformance = config_violations(config.model_spec.model, read_config_json(hf_json.parent), subject.name)
     fields = {v.key for v in conformance.violations}

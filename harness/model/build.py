@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness.assets_twin import FULL_ASSETS_ENV
+from harness.registry.assets_twin import FULL_ASSETS_ENV
 from harness.backends import backend as backend_spec
 
 

@@ -7,7 +7,7 @@ has no parameters). ``model_units`` lists them in forward order for torchtitan's
 when the model's children are not the ones it knows (an upstream change must be read, not
 guessed at). ``run_layer`` calls one decoder layer as the model's own forward calls it.
 
-Used by harness/random_init_forward.py (stream-initialised full-size forward) and
+Used by harness/checks/random_init_forward.py (stream-initialised full-size forward) and
 harness/diagnosis/streamed.py (the diagnosis's model under test, one unit in memory).
 """
 
@@ -39,7 +39,7 @@ def model_units(model: nn.Module, kind: str) -> Units:
         children = [n for n, _ in model.named_children()]
         if children != NATIVE_CHILDREN:
             raise AssertionError(f"native Decoder children changed: {children} (known: "
-                                 f"{NATIVE_CHILDREN}); update harness/unit_walk.py")
+                                 f"{NATIVE_CHILDREN}); update harness/model/unit_walk.py")
         layers = [(f"layers.{k}", m) for k, m in model.layers.items()]
         return Units([("tok_embeddings", model.tok_embeddings), *layers, ("norm", model.norm),
                       ("lm_head", model.lm_head)], layers, bool(model.enable_weight_tying))
@@ -49,7 +49,7 @@ def model_units(model: nn.Module, kind: str) -> Units:
         children = [n for n, _ in inner.named_children()]
         if children != HF_CHILDREN:
             raise AssertionError(f"HF Qwen3Model children changed: {children} (known: "
-                                 f"{HF_CHILDREN}); update harness/unit_walk.py")
+                                 f"{HF_CHILDREN}); update harness/model/unit_walk.py")
         layers = [(f"layers.{k}", inner.layers[k]) for k in sorted(inner.layers.keys(), key=int)]
         return Units([("embed_tokens", inner.embed_tokens), *layers, ("norm", inner.norm),
                       ("rotary_emb", inner.rotary_emb), ("lm_head", hf.lm_head)], layers,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.tolerances import ParityTolerance as Tolerance
+from harness.registry.tolerances import ParityTolerance as Tolerance
 
 
 @dataclass
@@ -244,7 +244,7 @@ def compare_curves(what: str, name_a: str, a: list[float], name_b: str, b: list[
 
 
 def versions_line() -> str:
-    from harness.launch import package_versions
+    from harness.launch.run import package_versions
 
     return "versions: " + ", ".join(f"{k} {v}" for k, v in package_versions().items())
 
@@ -260,7 +260,7 @@ def document_mask_problem(mask_mod, positions: torch.Tensor) -> str | None:
     differ and how many of them cross a document boundary."""
     from torch.nn.attention.flex_attention import create_mask
 
-    from harness.parity.reference import document_causal_mask
+    from harness.references.model import document_causal_mask
 
     B, L = positions.shape
     got = create_mask(mask_mod, B, 1, L, L, device="cpu")
@@ -278,7 +278,7 @@ def native_keys_not_loaded_kinds(model) -> tuple[str, ...]:
     init, allow-listed buffers aside: the ``native_moe_parity`` observation."""
     import re
 
-    from harness.conformance.checkpoint import is_allowed, load_allow_list
+    from harness.parity.conformance.checkpoint import is_allowed, load_allow_list
 
     report = getattr(model, "load_report", None)
     keys = getattr(report, "native_keys_not_loaded", set())
@@ -290,7 +290,8 @@ def judge_parity(problem: str | None, models, workarounds=(), *, subject: str):
     """The verdict of a parity comparison between ``models`` (ParityModels) of fixture
     ``subject``: a comparison that involves a native model is the ``native_moe_parity`` check,
     judged against the known issues with what that model's HF load left unloaded."""
-    from harness import known_issues, titan_api
+    from harness.registry import known_issues
+    from harness.upstream import titan_api
 
     natives = [m for m in models if m.kind == "native"]
     if not natives or len(natives) == len(models):  # two native loads agree with each other

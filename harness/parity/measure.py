@@ -1,4 +1,4 @@
-"""Re-measure the numbers behind the parity section of harness/tolerances.py.
+"""Re-measure the numbers behind the parity section of harness/registry/tolerances.py.
 
     python -m harness.parity.measure                      # everything (~10 min on 2 cores)
     python -m harness.parity.measure tiny_moe training    # a subset: tiny_dense, tiny_moe, training
@@ -110,7 +110,7 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 def main(argv: list[str]) -> int:
     only = set(argv)
-    from harness import paths
+    from harness.registry import paths
     from harness.parity import models as M
 
     stats: dict[str, list[float]] = defaultdict(list)

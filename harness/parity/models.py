@@ -12,11 +12,11 @@ modules whose outputs are the canonical activations (``embed``, ``layers.{i}.att
   ``init_weights``) and loaded the way the trainer's ``initial_load_in_hf`` loads it
   (``to_hf`` of the model's state dict as the request, ``dcp.load`` through the adapter's
   ``HuggingFaceStorageReader``, ``from_hf``, non-strict ``load_state_dict``).
-  ``custom_ops=True`` gives the ``nki_moe`` backend's model (``harness.ops.use_custom_ops``).
+  ``custom_ops=True`` gives the ``nki_moe`` backend's model (``harness.kernels.ops.use_custom_ops``).
 - :func:`build_hf_backend` -- torchtitan's transformers-backend ``HFTransformerModel``, the
   same way (it builds without a process group: FSDP/TP are applied by ``parallelize_fn``,
   which is not needed for one process).
-- :func:`reference_model` -- :mod:`harness.parity.reference` on the checkpoint's tensors.
+- :func:`reference_model` -- :mod:`harness.references.model` on the checkpoint's tensors.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from harness import model_build as build
-from harness.model_build import seed_everything  # noqa: F401  (the parity suites seed through it)
-from harness.parity import reference
+from harness.model import build
+from harness.model.build import seed_everything  # noqa: F401  (the parity suites seed through it)
+from harness.references import model as reference
 from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
-from harness.hf_config import Qwen3Arch, normalized_hf_dict
+from harness.registry.hf_config import Qwen3Arch, normalized_hf_dict
 
 
 @dataclass
@@ -69,7 +69,7 @@ def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_siz
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    from harness import paths
+    from harness.registry import paths
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(paths.CORPUS))
@@ -334,7 +334,7 @@ def native_model_config(model_dir: str | Path, *, custom_ops: bool = False, atte
 
     config = native_config_from_hf(normalized_hf_dict(model_dir), attention)
     if custom_ops:
-        from harness.ops import use_custom_ops
+        from harness.kernels.ops import use_custom_ops
 
         config = use_custom_ops(config)
     return config
@@ -414,7 +414,7 @@ def hf_backend_config(model_dir: str | Path, configure: Callable | None = None):
     updated from it as the trainer updates it and adjusted by ``configure``;
     ``titan_api.transformers_backend()``)."""
     prepare_in_process()
-    from harness import titan_api
+    from harness.upstream import titan_api
 
     api = titan_api.transformers_backend()
     # model_registry returns one shared config object: copy it, or update_from_config and

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ops.rms_norm_torch import rms_norm
-from harness.parity import reference
+from harness.kernels.ops.rms_norm_torch import rms_norm
+from harness.references import model as reference
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.parity.models import Batch, ParityModel
-from harness.tolerances import parity_tolerance as tolerance
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 
 @dataclass

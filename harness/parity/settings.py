@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from harness import titan_api
+from harness.upstream import titan_api
 
 CANONICAL_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

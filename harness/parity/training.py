@@ -7,7 +7,7 @@ scheduler container, loss and gradient clipping built from the backend's own
 ``Trainer.train_step`` steps them; data-parallel ranks are emulated by summing each rank's
 ``sum-CE / global tokens`` loss, which is what FSDP's gradient reduction computes.
 
-Reference side (:func:`train_reference`): the HF model (or :mod:`harness.parity.reference`)
+Reference side (:func:`train_reference`): the HF model (or :mod:`harness.references.model`)
 with ``torch.optim.AdamW``, ``torch.optim.lr_scheduler.LambdaLR`` over
 :func:`reference_lr_factor` and ``torch.nn.utils.clip_grad_norm_``, on the same global
 batches with a plain mean cross-entropy; an MoE also with torchtitan's expert-bias load
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from harness import titan_api
+from harness.upstream import titan_api
 from harness.parity.models import Batch, ParityModel
 
 
@@ -301,7 +301,7 @@ class UpdateAgreement:
     def problem(self, regime: str = "float32") -> str | None:
         """Why this update is not the reference's (frozen, detached, double-counted, wrong
         direction), or None."""
-        from harness.tolerances import parity_tolerance
+        from harness.registry.tolerances import parity_tolerance
 
         r_tol = parity_tolerance("update_ratio", regime).atol
         c_tol = parity_tolerance("update_cosine", regime).atol

@@ -1,7 +1,7 @@
 """Planted defects: the one mechanism by which the harness shows that its checks can fail.
 
 A plant is a deliberate bug in a copy or a patched module of the system under test, used only
-by the harness's self-tests. It is never an upstream defect (those are harness/known_issues/).
+by the harness's self-tests. It is never an upstream defect (those are harness/registry/known_issues/).
 Each plant is a ``Plant`` record, and ``registry()`` holds them all by name. The record gives
 its name, the component it breaks, what it does, the checks that must catch it, and exactly
 one realisation:
@@ -42,7 +42,7 @@ class KernelPlant:
     """A broken implementation of kernel ``op`` and where the checker must catch it."""
 
     op: str
-    implementation: object  # harness.kernel_checks.spec.Implementation
+    implementation: object  # harness.kernels.checks.spec.Implementation
     catch_on: tuple[tuple[str, object], ...]  # (case name, torch dtype)
 
 

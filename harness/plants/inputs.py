@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from harness.parity.reference import load_hf_tensors
+from harness.references.model import load_hf_tensors
 from harness.plants import Plant
 
 
@@ -196,7 +196,7 @@ def with_lr_scheduler(trainer_config, **fields):
 
 def hf_rope_theta(model: torch.nn.Module, theta: float) -> torch.nn.Module:
     """Every HF rotary module's inv_freq recomputed (by the one RoPE reference) at ``theta``."""
-    from harness.ops.rope_torch import rope_inv_freq
+    from harness.kernels.ops.rope_torch import rope_inv_freq
 
     for m in model.modules():
         if hasattr(m, "inv_freq") and hasattr(m, "config"):

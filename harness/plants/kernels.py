@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.kernel_checks.spec import Implementation
+from harness.kernels.checks.spec import Implementation
 from harness.plants import KernelPlant, Plant
 
 
@@ -31,7 +31,7 @@ def _f32(dtype, device):
 
 
 def _rope_angles(x, positions, theta):
-    from harness.ops.rope_torch import rope_cos_sin  # the one RoPE reference; the plant is in the rotation
+    from harness.kernels.ops.rope_torch import rope_cos_sin  # the one RoPE reference; the plant is in the rotation
 
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta, dtype=torch.float64)
     return cos.float()[:, :, None, :], sin.float()[:, :, None, :]
@@ -135,7 +135,7 @@ def _swiglu_swapped_weight_grads(inputs, params, device):
 
 
 # ---------------------------------------------------------------- grouped SwiGLU, blockwise layout
-# (harness/ops/grouped_swiglu.py block -> body -> unblock, the NKI kernel's torch twin as the body)
+# (harness/kernels/ops/grouped_swiglu.py block -> body -> unblock, the NKI kernel's torch twin as the body)
 
 
 def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
@@ -144,8 +144,8 @@ def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
     block -> expert map); ``blocks_computed(R, E, B)``: the kernel's static block loop stops
     there (blocks past it never computed, their rows left zero)."""
     def run(inputs, params, device):
-        from harness.ops import grouped_swiglu as gs
-        from harness.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref
+        from harness.kernels.ops import grouped_swiglu as gs
+        from harness.kernels.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref
 
         x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
         offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)

@@ -1,5 +1,5 @@
-"""Plants in the NKI emulator's semantics (harness/nki_emu/semantics.py): each turns one
-documented rule of NKI 0.7 wrong, as a patch of ``harness.nki_emu.semantics`` applied in-process
+"""Plants in the NKI emulator's semantics (harness/kernels/emu/semantics.py): each turns one
+documented rule of NKI 0.7 wrong, as a patch of ``harness.kernels.emu.semantics`` applied in-process
 with ``plants.planted(name)``. tests/kernels/test_nki_emu_validation.py shows each caught by
 the emulator's validation against nki-library (or, for PSUM accumulation, poisoning and the
 semantics of issue 29 -- exact integers, saturating float-to-integer writes, signed abs_max --
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.plants import Plant
 
-MODULE = "harness.nki_emu.semantics"
+MODULE = "harness.kernels.emu.semantics"
 
 
 def _override(**changes):

@@ -1,7 +1,7 @@
 """What a launched run's ranks record about the trainer's state beyond step 0, for the
 training-state, tied-embedding and load-balancing checks. Observers only (installed in every
-launched rank by harness/rank_observers.py: a run's losses and grad norms are bitwise those of
-the same run without them); the paths are harness/dump_layout.py's, which reads them back. The
+launched rank by harness/rank/observers.py: a run's losses and grad norms are bitwise those of
+the same run without them); the paths are harness/registry/dump_layout.py's, which reads them back. The
 defects the checks are shown failing on are plants (harness/plants/in_torchtitan.py). Their
 cost is a few tensor copies per phase and, for a MoE model, a top-k and a histogram of each
 router's output per microbatch.
@@ -17,7 +17,7 @@ router's output per microbatch.
   scores plus the layer's ``expert_bias_E`` (the bias applied in routing), and
   ``tokens_per_expert_E`` and ``expert_bias_E`` right before and right after the optimizer
   step (whose pre-hook updates the bias from the counts and resets them), with the layer's
-  ``load_balance_coeff``. Judged by harness/training_state.py ``balance_findings``.
+  ``load_balance_coeff``. Judged by harness/results/training_state.py ``balance_findings``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import json
 
 import torch
 
-from harness import dump_layout
-from harness.rank_step0 import rank_of_process as _rank
+from harness.registry import dump_layout
+from harness.rank.step0 import rank_of_process as _rank
 
 
 def _local(t):

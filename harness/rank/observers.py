@@ -1,10 +1,10 @@
 """The one installer of the rank-side observers: what every launched rank records about its
-run, under the dump folder (harness/dump_layout.py), observing only (a run's losses and grad
+run, under the dump folder (harness/registry/dump_layout.py), observing only (a run's losses and grad
 norms are bitwise those of the same run without them).
 
-The launcher names the observers in ``HARNESS_OBSERVERS`` on every rank (harness/launch.py
+The launcher names the observers in ``HARNESS_OBSERVERS`` on every rank (harness/launch/run.py
 ``rank_environment``: all of them, on every device, trn2 included) and puts the boot folder
-(harness/upstream/boot) first on the ranks' path; the boot ``sitecustomize`` calls
+(harness/rank/boot) first on the ranks' path; the boot ``sitecustomize`` calls
 ``install_from_env``, which patches ``torchtitan.trainer.Trainer`` once, right after torchtitan
 imports it, after the shims and plants (so its wrappers are the outermost). A registered
 backend's config and a user's subject config get them alike: config functions stay pure (they
@@ -12,13 +12,13 @@ build and return a ``Trainer.Config``, nothing else).
 
 The observers, by the name ``HARNESS_OBSERVERS`` gives them:
 - ``step0_weights``: a random-init run's step-0 weights, right after the trainer built and
-  initialised them (harness/rank_step0.py ``dump_initial``);
+  initialised them (harness/rank/step0.py ``dump_initial``);
 - ``shard_fingerprints``: at step 1, before the batch reaches the model, every rank's
   fingerprints of its local shards (``write_fingerprints``);
 - ``batches``: every rank's batch of each of the first ``HARNESS_DUMP_STEPS`` steps (default
   1), as the dataloader gave it and as the model is fed (``dump_batch``);
 - ``trainer_state``: tying and ``expert_bias`` state after build, after the checkpoint load at
-  the start of ``train``, and after training (harness/data/rank_hooks.py ``record_state``);
+  the start of ``train``, and after training (harness/rank/hooks.py ``record_state``);
 - ``load_balance``: MoE models, per optimizer step, what load balancing saw and did
   (``record_balance``).
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from harness import rank_step0
+from harness.rank import step0 as rank_step0
 from harness.upstream.install import after_import
 
 OBSERVERS_ENV = "HARNESS_OBSERVERS"
@@ -125,6 +125,6 @@ def record_after_load(trainer) -> None:
 def _rank_hooks():
     # Imported once the trainer is: it imports torch, which the boot must not (the shims'
     # post-import hooks are registered first).
-    from harness.data import rank_hooks
+    from harness.rank import hooks as rank_hooks
 
     return rank_hooks

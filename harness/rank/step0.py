@@ -1,6 +1,6 @@
 """What a launched run's ranks record about step 0, and the check on the shard fingerprints.
-Observers only (installed in every launched rank by harness/rank_observers.py); the paths are
-harness/dump_layout.py's, which reads them back.
+Observers only (installed in every launched rank by harness/rank/observers.py); the paths are
+harness/registry/dump_layout.py's, which reads them back.
 
 - the step-0 weights of a random-init run (``dump_initial``), under torchtitan's names, one
   file per unit (embedding, each layer, final norm, head), written by rank 0 after every rank
@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 
-from harness import dump_layout
+from harness.registry import dump_layout
 
 MAX_PARAMS = 200_000_000  # a larger model is not dumped (a 4B random init would be 16 GB)
 SAMPLES = 4  # fixed flat indices per shard: 0, n/4, n/2, 3n/4
@@ -164,7 +164,7 @@ def dump_batch(trainer, input_dict, labels, processed) -> None:
     ``post_dataloading_process`` made it (what the model and the loss are fed)."""
     import torch
 
-    from harness import titan_api
+    from harness.upstream import titan_api
 
     inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
     path = dump_layout.batch_file(trainer.config.dump_folder, rank_of_process(), int(trainer.step))

@@ -3,14 +3,14 @@ ranks' batches.
 
 Each dp rank's token cross entropy summed over its valid labels (those not ``IGNORE_INDEX``),
 computed as torchtitan's loss computes it (``F.cross_entropy`` on float32 logits, reduction
-"sum"; the math itself: harness/ops/cross_entropy_torch.py, against which the kernel registry
+"sum"; the math itself: harness/kernels/ops/cross_entropy_torch.py, against which the kernel registry
 holds torch's), divided by the global count of valid labels, summed over the ranks: the
 ``global_avg_loss`` torchtitan 0.3.0 documents and logs. ``global_avg_loss`` accumulates in a
 dtype: float32 is the trainer's own arithmetic (the recorded fixture losses, scripts/
-make_fixtures.py), float64 the independent forward's (harness/reference_forward.py, whose bands
+make_fixtures.py), float64 the independent forward's (harness/checks/reference_forward.py, whose bands
 were measured so). ``LossParts`` holds one step's parts with two wrong normalisations beside the
 right one, which a check must tell apart (tests/e2e/test_ignored_labels.py). The batches the
-ranks dumped are read by harness/dump_layout.py ``load_batches``.
+ranks dumped are read by harness/registry/dump_layout.py ``load_batches``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from harness.ops.cross_entropy_torch import IGNORE_INDEX
+from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
 
 
 def rank_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,9 @@ the precision it is asked for, whole (``forward``) or one unit at a time (``Refe
 When transformers and torchtitan disagree, it says which one moved (the parity suite's third
 voter, in float32), and where a run parts from the truth, it says at which module (the
 diagnosis, in float64: harness/diagnosis/localize.py). It reads the HF checkpoint's tensors by
-their on-disk names and the architecture from ``config.json`` (:class:`~harness.hf_config.
+their on-disk names and the architecture from ``config.json`` (:class:`~harness.registry.hf_config.
 Qwen3Arch`), and shares no code with either library: the math is written out from the Qwen3
-model definition, built from the per-op references beside the kernels (harness/ops/
+model definition, built from the per-op references beside the kernels (harness/kernels/ops/
 rms_norm_torch.py, rope_torch.py, moe_router_torch.py, grouped_swiglu_torch.py ``swiglu``).
 
 - embedding; per layer ``x += o(attn(rmsnorm(x)))``, ``x += mlp(rmsnorm(x))``; final
@@ -29,7 +29,7 @@ operands to bf16), together with its router's top-k order for the renormalising 
 (``topk(sorted=False)``, where transformers sums by descending probability); without it the
 reference rounds as transformers does.
 
-The units are the model under test's (harness/unit_walk.py): ``tok_embeddings``, each
+The units are the model under test's (harness/model/unit_walk.py): ``tok_embeddings``, each
 ``layers.{i}``, ``norm``, ``lm_head``. ``Reference.unit`` computes one from its input and that
 unit's weights alone, and yields the output of every step under the name of the torchtitan
 module that computes it, in forward order (``trace_names``)::
@@ -59,11 +59,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from harness.hf_config import Qwen3Arch
-from harness.ops.grouped_swiglu_torch import swiglu
-from harness.ops.moe_router_torch import route as top_k_route
-from harness.ops.rms_norm_torch import rms_norm
-from harness.ops.rope_torch import apply_rope, rope_cos_sin
+from harness.registry.hf_config import Qwen3Arch
+from harness.kernels.ops.grouped_swiglu_torch import swiglu
+from harness.kernels.ops.moe_router_torch import route as top_k_route
+from harness.kernels.ops.rms_norm_torch import rms_norm
+from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
 
 EMBED = "model.embed_tokens.weight"
 # A step of the reference -> the canonical activation name the parity models record it under.
@@ -122,7 +122,7 @@ class WeightSource:
 
 def unit_names(arch: Qwen3Arch) -> list[str]:
     """The reference's units in forward order: what one step of a walk computes, with one
-    unit's weights (the model under test's units: harness/unit_walk.py)."""
+    unit's weights (the model under test's units: harness/model/unit_walk.py)."""
     return ["tok_embeddings", *(f"layers.{i}" for i in range(arch.num_hidden_layers)), "norm",
             "lm_head"]
 
@@ -181,7 +181,7 @@ def route(x_TD: torch.Tensor, gate_w: torch.Tensor, arch: Qwen3Arch, *, by_value
     """(weights [T, K], expert ids [T, K], probs [T, E]) exactly as Qwen3-MoE defines routing:
     in float32, the arch's k, renormalised with ``norm_topk_prob``. ``by_value``: the chosen
     experts in descending probability (transformers' order for the renormalising sum); False:
-    ``topk(sorted=False)``'s (torchtitan's) (harness/ops/moe_router_torch.py)."""
+    ``topk(sorted=False)``'s (torchtitan's) (harness/kernels/ops/moe_router_torch.py)."""
     return top_k_route(x_TD.float(), gate_w.float(), arch.num_experts_per_tok,
                        renormalise=arch.norm_topk_prob, by_value=by_value)
 

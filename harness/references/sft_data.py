@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.data.reference import Batch, TokenizerRef, shard
+from harness.references.data import Batch, TokenizerRef, shard
 
 IGNORE_INDEX = -100
 

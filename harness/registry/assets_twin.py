@@ -26,7 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
-from harness import paths
+from harness.registry import paths
 
 DENSE_ASSETS = "Qwen3-4B-Instruct-2507"
 MOE_ASSETS = "qwen3_30b_a3b_4l_64e_top4"

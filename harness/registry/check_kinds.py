@@ -174,7 +174,7 @@ def kind(name: str) -> CheckKind:
     for entry in KINDS:
         if entry.name == name:
             return entry
-    raise KeyError(f"no check kind {name!r}; known: {[k.name for k in KINDS]} (harness/check_kinds.py)")
+    raise KeyError(f"no check kind {name!r}; known: {[k.name for k in KINDS]} (harness/registry/check_kinds.py)")
 
 
 def _tests_of(path: Path) -> dict[str, bool]:
@@ -190,7 +190,7 @@ def _tests_of(path: Path) -> dict[str, bool]:
 def problems(kinds: tuple[CheckKind, ...] = KINDS, root: Path | None = None) -> list[str]:
     """Everything that breaks the rule: a kind without a default-tier test; a named test that
     does not exist or sits in the wrong tier; a test module no kind names."""
-    root = root or Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parents[2]
     found: list[str] = []
     cache: dict[Path, dict[str, bool]] = {}
     claimed: set[str] = set()
@@ -200,7 +200,7 @@ def problems(kinds: tuple[CheckKind, ...] = KINDS, root: Path | None = None) -> 
     for entry in kinds:
         if not entry.default:
             found.append(f"check kind {entry.name!r} has no default-tier test (add its cheap form, "
-                         "not marked slow, to harness/check_kinds.py)")
+                         "not marked slow, to harness/registry/check_kinds.py)")
         for tier, tests, want_slow in (("default", entry.default, False), ("slow", entry.slow, True)):
             for node in tests:
                 file, _, function = node.partition("::")
@@ -219,5 +219,5 @@ def problems(kinds: tuple[CheckKind, ...] = KINDS, root: Path | None = None) -> 
         file = path.relative_to(root).as_posix()
         if file not in claimed and _tests_of(path):
             found.append(f"{file}: its tests belong to no check kind (name its kind, or a new one "
-                         "with a default-tier test, in harness/check_kinds.py)")
+                         "with a default-tier test, in harness/registry/check_kinds.py)")
     return found

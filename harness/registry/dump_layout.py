@@ -1,6 +1,6 @@
 """The one home of a launched run's dump folder: every path under it, and every reader of what
-the ranks leave there. The rank side (harness/rank_step0.py, harness/data/rank_hooks.py,
-harness/metrics_sink.py) writes to the paths named here, and every reader (the launcher, the
+the ranks leave there. The rank side (harness/rank/step0.py, harness/rank/hooks.py,
+harness/upstream/metrics_sink.py) writes to the paths named here, and every reader (the launcher, the
 checks, the expectations, the diagnosis, the tests) reads through the functions here; no other
 file spells a folder or file name of the layout.
 
@@ -8,7 +8,7 @@ The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump
 
     dump/
       checkpoint/step-<N>/                  torchtitan's checkpoints (DCP, or HF safetensors)
-      harness_metrics/rank<R>.jsonl         every rank's step records (harness/metrics_sink.py)
+      harness_metrics/rank<R>.jsonl         every rank's step records (harness/upstream/metrics_sink.py)
       harness_batches/rank<R>_step<S>.pt    every rank's batch of step S: as the dataloader gave
                                             it (``input``, ``positions`` or None, ``labels``) and
                                             as the model and the loss got it (``model_input``,

@@ -7,7 +7,7 @@ kind); unlike it, there is no "closest key" fallback: a missing key is an error 
 
 The entries whose value is computed from a launched run (``hf_forward``, and a random-init
 run's ``initial_weights_forward``) are computed by the forwards the caller passes in
-(``RunForwards``; harness/reference_forward.py ``FORWARDS``): this registry reads data and
+(``RunForwards``; harness/checks/reference_forward.py ``FORWARDS``): this registry reads data and
 imports no computation.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import paths
-from harness.tolerances import RANDOM_INIT_DRAW, LossBand, loss_band
+from harness.registry import paths
+from harness.registry.tolerances import RANDOM_INIT_DRAW, LossBand, loss_band
 
 EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"
 
@@ -33,7 +33,7 @@ class MissingExpectation(KeyError):
 
 @dataclass(frozen=True)
 class RunForwards:
-    """How a launched run's computed expectations are computed (harness/reference_forward.py
+    """How a launched run's computed expectations are computed (harness/checks/reference_forward.py
     ``FORWARDS``): ``hf_forward(run) -> (value, source)`` and ``initial_weights_forward(run) ->
     (value, source, band)``, or None where the run dumped nothing to recompute it from."""
 
@@ -50,7 +50,7 @@ class Expectation:
     source: str  # how the value was obtained, for messages and reports
     # A random-init run held to the forward of its own step-0 weights (``value``) is also held
     # to what a random init of its configured scale gives: that forward against ln V + s^2/2,
-    # in the draw band (``init``; harness/tolerances.py RANDOM_INIT_DRAW).
+    # in the draw band (``init``; harness/registry/tolerances.py RANDOM_INIT_DRAW).
     init: "Expectation | None" = None
     what: str = "first-step loss"
 
@@ -126,7 +126,7 @@ def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: fl
 
 
 def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
-    from harness.hf_config import read_config_json
+    from harness.registry.hf_config import read_config_json
 
     if model_dir is not None:  # a full-size run: the config.json of its own assets
         return read_config_json(model_dir)
@@ -138,8 +138,8 @@ def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
 
 def _api_generation(generation: str | None) -> str:
     """Expectations are the API's: a fork (TorchTitan Neuron) shares its base's init rules and
-    dataloader, so its expected numbers (harness/titan_api API_OF)."""
-    from harness import titan_api
+    dataloader, so its expected numbers (harness/upstream/titan_api API_OF)."""
+    from harness.upstream import titan_api
 
     return titan_api.api_generation_of(generation or titan_api.generation())
 
@@ -208,7 +208,7 @@ class ExpectationRegistry:
         compute its computed entries."""
         if (run is None) != (forwards is None):
             raise TypeError("a launched run's expectation needs the forwards that compute it, and "
-                            "they need the run: pass both (harness/reference_forward.py FORWARDS)")
+                            "they need the run: pass both (harness/checks/reference_forward.py FORWARDS)")
         generation = _api_generation(generation)
 
         def score(entry):  # exact matches first
@@ -254,7 +254,7 @@ class ExpectationRegistry:
 
     def for_run(self, run, forwards: RunForwards) -> Expectation:
         """The expectation of a launched run (a RunResult), its computed entries computed by
-        ``forwards`` (harness/reference_forward.py ``FORWARDS``)."""
+        ``forwards`` (harness/checks/reference_forward.py ``FORWARDS``)."""
         if run.model is None:
             raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
                                      f"knows, so it has no expectation")

@@ -1,5 +1,5 @@
 """The torchtitan API generations by name: which versions each accepts, which is a fork of
-which, and how to install each. No torchtitan import (harness/titan_api imports the installed
+which, and how to install each. No torchtitan import (harness/upstream/titan_api imports the installed
 one): the known-issue registry reads these too (a fork inherits its base's known issues).
 
 | generation   | torchtitan versions                    | where it comes from                      |
@@ -30,10 +30,10 @@ SUPPORTED: dict[str, tuple[str, str]] = {
         "`pip install -e . -c <(python3 constraints/neuron_image.py)` here",
     ),
 }
-# The API module of each generation (harness/titan_api/<module>.py).
+# The API module of each generation (harness/upstream/titan_api/<module>.py).
 API_OF = {"v0_3": "v0_3", "spring2026": "spring2026", "spring2026-neuron": "spring2026"}
 # A fork and the generation it forks: the fork inherits the base's known issues
-# (harness/known_issues/: expected where their signature reproduces, named "inherited").
+# (harness/registry/known_issues/: expected where their signature reproduces, named "inherited").
 FORK_OF = {"spring2026-neuron": "spring2026"}
 # TorchTitan Neuron releases the harness has been checked against (Neuron SDK 2.33).
 KNOWN_FORK_VERSIONS = ("0.2.2+neuron.1",)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = REPO_ROOT / "fixtures"
 CORPUS = FIXTURES / "corpus"
 TOKENIZER = FIXTURES / "tokenizer"

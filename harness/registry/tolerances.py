@@ -61,14 +61,14 @@ _LOSS_BANDS = {b.name: b for b in (
 # A random-init model's measured lm_head init std against the std it is configured with:
 # sampling noise on millions of elements is < 0.1%, truncation of a trunc-normal init at
 # +-2 std lowers it by up to 12%; a 1.5x init-scale error is +50%. Measured at full size
-# (CPU forward, harness/random_init_forward.py, derived from the logged analytic values): native
+# (CPU forward, harness/checks/random_init_forward.py, derived from the logged analytic values): native
 # 4B and the 30B-A3B cut 0.0200 (configured 0.02), transformers backend 4B 0.0195 (configured
 # 2560^-0.5 = 0.0198): all within 1.5%.
 INIT_STD_RTOL = 0.15
 
 
 # A random-init run's step 1 vs the independent float32 forward (transformers, host CPU) of its
-# own dumped step-0 weights on every rank's own step-1 batch (harness/reference_forward.py
+# own dumped step-0 weights on every rank's own step-1 batch (harness/checks/reference_forward.py
 # ``initial_weights_forward``): by what the run computes in (its size's precision,
 # harness/backends SizeSpec.precision) and where. Measured on the default suite's random-init
 # runs, both generations (see the "why" of each band); a device not listed has no measured band,
@@ -115,7 +115,7 @@ def initial_weights_forward_band(precision: str, device: str) -> LossBand | None
 
 def loss_band(name: str) -> LossBand:
     if name not in _LOSS_BANDS:
-        raise KeyError(f"no loss band {name!r} in harness/tolerances.py; known: {sorted(_LOSS_BANDS)}")
+        raise KeyError(f"no loss band {name!r} in harness/registry/tolerances.py; known: {sorted(_LOSS_BANDS)}")
     return _LOSS_BANDS[name]
 
 
@@ -330,7 +330,7 @@ def parity_tolerance(quantity: str, regime: str = "float32", device: str = "cpu"
         raise KeyError(
             f"no parity tolerance for {key}: not measured. Measure it "
             f"(python -m harness.parity.measure on that device) and add it to "
-            f"harness/tolerances.py. Measured on {device}: {measured}")
+            f"harness/registry/tolerances.py. Measured on {device}: {measured}")
     return _PARITY[key]
 
 
@@ -343,7 +343,7 @@ def parity_regime_for(arch) -> str:
 # 2b. Diagnosis: the run's model, module by module, against the float64 reference trace
 # =============================================================================================
 # harness/diagnosis/localize.py compares every module's output (the run's starting weights,
-# its first batch) with harness/parity/reference.py in float64, and names the first outside
+# its first batch) with harness/references/model.py in float64, and names the first outside
 # these bounds. Regimes as for parity; the reference emulates bf16 experts where the model
 # computes them in bf16 (``bf16_experts``), so only the rounding of the expert inputs differs.
 #
@@ -401,13 +401,13 @@ _DIAGNOSIS: dict[tuple[str, str], ParityTolerance] = {
 def diagnosis_tolerance(quantity: str, regime: str = "float32") -> ParityTolerance:
     regime = EXACT_REGIMES.get(regime, regime)
     if (quantity, regime) not in _DIAGNOSIS:
-        raise KeyError(f"no diagnosis tolerance for {(quantity, regime)} in harness/tolerances.py; "
+        raise KeyError(f"no diagnosis tolerance for {(quantity, regime)} in harness/registry/tolerances.py; "
                        f"measured: {sorted(_DIAGNOSIS)}")
     return _DIAGNOSIS[(quantity, regime)]
 
 
 # =============================================================================================
-# 2c. Tonight against a baseline report (harness/diagnosis/baseline.py)
+# 2c. Tonight against a baseline report (harness/report/baseline.py)
 # =============================================================================================
 # Numbers are compared exactly: seeded reruns are bitwise identical (tests/selftest/
 # test_determinism.py), so any difference in step-1 loss or in a loss / grad-norm curve is a
@@ -466,7 +466,7 @@ BASELINE_THRESHOLDS = {t.name: t for t in (
 # Why float64 and not a float32 reference: a float32 reference shares float32 failure modes
 # with the implementation. Measured: at positions >= 32768 a float32 reference and torchtitan's
 # float32 RoPE round the angle ``pos * inv_freq`` identically and agree to ~1e-7 while both are
-# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/known_issues/).
+# ~2e-3 away from the float64 rotation (known issue kernel-rope-float32-angles, harness/registry/known_issues/).
 #
 # Rule 2 -- arbitration against float64 when rule 1 fails
 # --------------------------------------------------------
@@ -498,7 +498,7 @@ BASELINE_THRESHOLDS = {t.name: t for t in (
 # ``c`` and ``K`` are twice the largest value measured over the conforming implementations,
 # cases and devices available here, rounded up to a power of two (rule next to ``_POLICY``), so
 # the planted defects, which sit at 1/u-scale errors, stay far outside. Regenerate the
-# measurements with ``python -m harness.kernel_checks calibrate``; the last run is ``MEASURED``.
+# measurements with ``python -m harness.kernels.checks calibrate``; the last run is ``MEASURED``.
 
 
 UNIT_ROUNDOFF = {
@@ -540,7 +540,7 @@ class KernelTolerance:
 #       router gate gradient that are mathematically zero) and go to arbitration.
 #   K = 2 x the largest arbitration ratio measured on any tensor of a conforming
 #       implementation, rounded up to a power of two (minimum 4).
-# "Conforming" excludes the checks a known issue excuses (harness/known_issues/, check "kernel"),
+# "Conforming" excludes the checks a known issue excuses (harness/registry/known_issues/, check "kernel"),
 # which are reported, never absorbed.
 _KERNEL = {
     ("elementwise", torch.float32): (16.0, 8.0),
@@ -555,7 +555,7 @@ _KERNEL = {
     ("loss", torch.bfloat16): (4.0, 4.0),
 }
 
-# Measured on this repo's CPU run (python -m harness.kernel_checks calibrate; torch 2.14.1,
+# Measured on this repo's CPU run (python -m harness.kernels.checks calibrate; torch 2.14.1,
 # torchtitan 0.3.0, transformers 5.9.0). Per (class, precision): the largest rule-1 ratio on a
 # forward output (in units of u, i.e. the c it needs) and where; the largest arbitration ratio
 # (max-norm or rms) on any tensor and where.

@@ -1,12 +1,12 @@
 """Tonight against last night: every run compared with the same run of a baseline report.
 
-``compare(tonight, baseline)`` takes two ``results.json`` documents (harness/report.py) and,
+``compare(tonight, baseline)`` takes two ``results.json`` documents (harness/report/run_report.py) and,
 per run (matched by name, a self-test's ``+plant:`` suffix aside), flags:
 
 - step-1 loss not exactly the baseline's; the loss and grad-norm curves' first divergent step
   (exact: seeded reruns are bitwise identical);
 - step time, compile time (step 1) and peak memory above the ratio thresholds of
-  harness/tolerances.py (``BASELINE_THRESHOLDS``);
+  harness/registry/tolerances.py (``BASELINE_THRESHOLDS``);
 - a run present in one report only.
 
 A numeric change with the same code commit and the same package versions in both headers is
@@ -149,7 +149,7 @@ def _diagnosed_module(run: dict) -> str | None:
 
 
 def compare_run(name: str, tonight: dict, base: dict) -> RunComparison:
-    from harness.tolerances import BASELINE_THRESHOLDS
+    from harness.registry.tolerances import BASELINE_THRESHOLDS
 
     c = RunComparison(name, module=_diagnosed_module(tonight))
     t_steps, b_steps = tonight.get("steps", []), base.get("steps", [])

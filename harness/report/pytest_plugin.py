@@ -1,8 +1,8 @@
 """pytest's side of the report and the baseline (registered by the root conftest.py).
 
 - ``--run-report DIR``: at the end of the session, the report folder of every run the session
-  launched (summary.md, results.json, junit.xml, loss_curves.png: harness/report.py), with the
-  verdicts its tests computed (harness/checks.py ``record``); the nightly keeps it as the next
+  launched (summary.md, results.json, junit.xml, loss_curves.png: harness/report/run_report.py), with the
+  verdicts its tests computed (harness/checks/run_checks.py ``record``); the nightly keeps it as the next
   night's baseline.
 - ``--baseline PATH`` (a previous report folder or its results.json): every launched run of
   the run template is compared with the same run there (``test_vs_baseline`` in
@@ -31,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--baseline")
     if path:
-        from harness.diagnosis import baseline
+        from harness.report import baseline
 
         try:
             config.stash[_BASELINE] = baseline.load(path)
@@ -57,8 +57,8 @@ def baseline_document(pytestconfig: pytest.Config) -> dict:
 
 
 def header() -> dict[str, str]:
-    from harness.cli import code_commit
-    from harness.launch import package_versions
+    from harness.cli.commands import code_commit
+    from harness.launch.run import package_versions
 
     return {"commit": code_commit(), **{f"version {k}": v for k, v in package_versions().items()}}
 
@@ -69,7 +69,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = session.config.getoption("--run-report")
     if not out or hasattr(session.config, "workerinput"):
         return
-    from harness.run_cache import session_root, stored_results
+    from harness.launch.run_cache import session_root, stored_results
 
     runs = stored_results(session_root(session.config._tmp_path_factory))
     if runs:
@@ -80,13 +80,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def write_session_report(runs, out: Path, steps: int, base: dict | None = None,
                          base_source: str | None = None) -> Path:
-    """The report folder of ``runs`` with the verdicts their tests recorded (harness/checks.py
+    """The report folder of ``runs`` with the verdicts their tests recorded (harness/checks/run_checks.py
     ``record``), never judged again here: by now a full-size run's checkpoints are gone, and a
     check the session did not select has no verdict (the report says so). Then the session is
     over for every checkpoint too."""
-    from harness import checks
-    from harness.diagnosis import baseline as baseline_module
-    from harness.report import RunVerdict, results_document, write_report
+    from harness.checks import run_checks as checks
+    from harness.report import baseline as baseline_module
+    from harness.report.run_report import RunVerdict, results_document, write_report
 
     verdicts = [RunVerdict(run, checks.recorded(run)) for run in runs]
     head = {"device": ", ".join(sorted({_device(run) for run in runs})), "steps": str(steps),

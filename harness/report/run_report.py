@@ -12,14 +12,14 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.checks import Outcome
-from harness.known_issues import Verdict
-from harness.results import RunResult
+from harness.checks.run_checks import Outcome
+from harness.registry.known_issues import Verdict
+from harness.results.run_result import RunResult
 
 
 @dataclass
 class RunVerdict:
-    """A run and the verdict of each of its checks (harness/checks.py)."""
+    """A run and the verdict of each of its checks (harness/checks/run_checks.py)."""
 
     run: RunResult
     checks: dict[str, tuple[Verdict, Outcome]] = field(default_factory=dict)
@@ -57,7 +57,7 @@ def _verdict_text(v: RunVerdict) -> str:
 
 
 def table_rows(verdicts: list[RunVerdict], baseline=None) -> list[tuple[str, ...]]:
-    """``baseline``: a harness.diagnosis.baseline.BaselineReport (adds "vs baseline")."""
+    """``baseline``: a harness.report.baseline.BaselineReport (adds "vs baseline")."""
     header = ("run", "step-1 loss", "expected", "diff", "final loss", "tokens/s", "step s",
               "peak GiB", "verdict") + (("vs baseline",) if baseline is not None else ())
     rows = [header]
@@ -100,7 +100,7 @@ def plot_losses(verdicts: list[RunVerdict], path: Path, baseline: dict | None = 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    from harness.diagnosis.baseline import run_key
+    from harness.report.baseline import run_key
 
     before = {run_key(r["name"]): r for r in (baseline or {}).get("runs", [])}
     for v in verdicts:
@@ -154,7 +154,7 @@ def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None) -> None:
 def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str],
                  compared=None, baseline: dict | None = None) -> Path:
     """The report folder. ``compared``: the comparison with a previous report
-    (harness.diagnosis.baseline.compare of ``results_document`` and ``baseline``, that
+    (harness.report.baseline.compare of ``results_document`` and ``baseline``, that
     report's results.json): a "vs baseline" column, section, junit case and dashed curves."""
     out.mkdir(parents=True, exist_ok=True)
     document = results_document(verdicts, header)

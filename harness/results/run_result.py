@@ -7,8 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import dump_layout
-from harness.metrics_sink import LOSS_KEY
+from harness.registry import dump_layout
+from harness.upstream.metrics_sink import LOSS_KEY
 
 GIB = 1024**3
 

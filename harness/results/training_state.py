@@ -1,9 +1,9 @@
 """State beyond the weights: torchtitan DCP checkpoints read back in process, compared key by
 key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of them; and what
 breaks tied embeddings and load balancing in the ranks' own records (``tie_findings``,
-``balance_findings``; recorded by harness/data/rank_hooks.py, read by harness/dump_layout.py).
+``balance_findings``; recorded by harness/rank/hooks.py, read by harness/registry/dump_layout.py).
 
-A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/dump_layout.py
+A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/registry/dump_layout.py
 ``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
 nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harness import dump_layout
+from harness.registry import dump_layout
 
 
 def _flatten(obj, prefix: str, out: dict) -> None:

@@ -21,7 +21,7 @@ one-rank init of the same seed. It handles pure FSDP only (every DTensor paramet
 per parameter at init: meant for the CPU tier's tiny and twin sizes.
 
 Installed by name (``HARNESS_SHIMS=dtensor_full_init``) when a run asks for the workaround
-``dtensor_full_init`` (harness/known_issues/). tests/selftest/test_upstream_shims.py notices
+``dtensor_full_init`` (harness/registry/known_issues/). tests/selftest/test_upstream_shims.py notices
 when torch no longer needs it.
 """
 

@@ -20,7 +20,7 @@ check protects is never used). The fields are shared ``dataclasses.Field`` objec
 flipped only for the duration of that one check and restored after it: transformers' own
 config classes are unaffected. Every other check is kept.
 
-Applied by ``harness.titan_api.spring2026`` in-process before it imports the transformers
+Applied by ``harness.upstream.titan_api.spring2026`` in-process before it imports the transformers
 backend (and by name through ``HARNESS_SHIMS=hf_config_kw_only``). Delete it when the fork
 (or the harness's supported generations) no longer needs it
 (tests/selftest/test_upstream_shims.py notices).

@@ -15,7 +15,7 @@ Shim: after spring's ``update_from_config``, the shape fields (``SHAPE_KEYS``) a
 config.json's values; everything else the backend chooses (``max_position_embeddings`` from
 ``training.seq_len``, its init settings, attention implementation) is kept.
 
-Applied by ``harness.titan_api.spring2026`` in-process (and by name through
+Applied by ``harness.upstream.titan_api.spring2026`` in-process (and by name through
 ``HARNESS_SHIMS=hf_shape_from_config``). tests/selftest/test_upstream_shims.py notices when
 the generation no longer needs it.
 """

@@ -14,7 +14,7 @@ embedding's own group and adds the embedding to the ``[norm, lm_head]`` group: e
 0.3.0's grouping (that group keeps spring's ``reshard_after_forward`` choice, as 0.3.0 does).
 Untied models are untouched.
 
-Applied by ``harness.titan_api.spring2026`` in-process before the backend is used (and by name
+Applied by ``harness.upstream.titan_api.spring2026`` in-process before the backend is used (and by name
 through ``HARNESS_SHIMS=hf_tied_fsdp``). tests/selftest/test_upstream_shims.py notices when
 the generation no longer needs it.
 """

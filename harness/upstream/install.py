@@ -91,7 +91,7 @@ def _install_hf_rope_init() -> None:
 
 
 def _install_jsonl_metrics_sink() -> None:
-    from harness.metrics_sink import use_jsonl_sink
+    from harness.upstream.metrics_sink import use_jsonl_sink
 
     after_import("torchtitan.trainer", use_jsonl_sink)
 
@@ -141,7 +141,7 @@ SHIMS: dict[str, Callable[[], None]] = {
     "cpu_device": _install_cpu_device,
     "flex_attention_cpu": _install_flex_attention_cpu,
     "gloo_reduce_op": _install_gloo_reduce_op,
-    # API-generation shims (harness.titan_api applies them in-process when needed):
+    # API-generation shims (harness.upstream.titan_api applies them in-process when needed):
     "titan_sdpa_attention": _install_titan_sdpa_attention,  # torchtitan 0.3.0 only
     "hf_config_kw_only": _install_hf_config_kw_only,  # spring-2026 main + transformers 5.x
     "hf_shape_from_config": _install_hf_shape_from_config,  # spring-2026 main

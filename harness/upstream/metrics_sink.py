@@ -2,7 +2,7 @@
 
 ``JsonlMetricsProcessor`` is torchtitan's ``MetricsProcessor`` plus one more logger: every
 time the trainer logs a step, every rank appends the full-precision metrics dict as one JSON
-line to ``<dump_folder>/<sink_folder>/rank<R>.jsonl`` (harness/dump_layout.py
+line to ``<dump_folder>/<sink_folder>/rank<R>.jsonl`` (harness/registry/dump_layout.py
 ``metrics_file``). The harness reads those files; it never parses the coloured, 5-decimal
 console line.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
-from harness import dump_layout
+from harness.registry import dump_layout
 
 LOSS_KEY = "loss_metrics/global_avg_loss"
 

@@ -2,7 +2,7 @@
 
 A probe is a snippet of Python that prints what it observes. ``observe`` runs a batch of
 probes in one child interpreter that boots like a rank: the boot ``sitecustomize`` on its
-path (harness/upstream/boot) installs the shims named in ``HARNESS_SHIMS`` as torch and
+path (harness/rank/boot) installs the shims named in ``HARNESS_SHIMS`` as torch and
 torchtitan import, and the child imports this tree's ``harness``. A shim patches the whole
 process, so one shim configuration is one child; every probe of the batch pays the child's
 imports (torch, torchtitan: several CPU seconds) once between them.
@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import paths
-from harness.launch import BOOT_DIR
+from harness.registry import paths
+from harness.launch.run import BOOT_DIR
 
 # The child: runs the probes of ``argv[1]`` (a JSON list of [name, code]) in order, and after
 # each one rewrites ``argv[2]`` with every observation so far. A probe it is running when it

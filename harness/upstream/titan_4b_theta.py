@@ -10,10 +10,10 @@ HF forward of the weights it loads; the defect itself stays checked by the confi
 check (tests/parity/test_config_conformance.py), which fails once upstream fixes it.
 
 The config functions run in the ranks after torchtitan is imported; this wraps
-``torchtitan.models.qwen3.model_registry`` (which harness.titan_api calls at call time) so the
+``torchtitan.models.qwen3.model_registry`` (which harness.upstream.titan_api calls at call time) so the
 "4B" spec's every layer gets the theta of ``$HARNESS_FULL_ASSETS/config.json`` (the launcher
-exports the run's assets dir there, harness/assets_twin.py ``FULL_ASSETS_ENV``), through the
-same function the in-process realisation uses (harness/workarounds.py ``theta_from_hf``).
+exports the run's assets dir there, harness/registry/assets_twin.py ``FULL_ASSETS_ENV``), through the
+same function the in-process realisation uses (harness/upstream/workarounds.py ``theta_from_hf``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def theta_from_assets(qwen3_module: ModuleType) -> None:
     def model_registry(flavor: str, *args, **kwargs):
         spec = original(flavor, *args, **kwargs)
         if flavor == FLAVOR:
-            from harness.assets_twin import FULL_ASSETS_ENV
-            from harness.hf_config import read_config_json
-            from harness.workarounds import theta_from_hf
+            from harness.registry.assets_twin import FULL_ASSETS_ENV
+            from harness.registry.hf_config import read_config_json
+            from harness.upstream.workarounds import theta_from_hf
 
             assets = os.environ.get(FULL_ASSETS_ENV)
             if not assets:

@@ -2,7 +2,7 @@
 
 torchtitan imports an override module in every rank and applies the named factory to the
 matching config node after ``update_from_config`` (torchtitan/config/override.py). The harness
-uses this for workarounds that are configuration, not code (harness/known_issues/
+uses this for workarounds that are configuration, not code (harness/registry/known_issues/
 ``Workaround.rank_overrides`` / ``in_process``): applied only when asked (the root
 ``--workaround``) or when a test names the workaround it needs, never by default.
 """

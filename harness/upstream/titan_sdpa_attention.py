@@ -16,7 +16,7 @@ behaviour this shim restores is exactly the two things that commit removed:
    (spring's ``Trainer.post_dataloading_process`` does this for every non-block-causal model).
 
 Nothing else changes: flex/varlen models are untouched. Installed in-process by
-``harness.titan_api.v0_3`` when a native config asks for "sdpa" (and by name through
+``harness.upstream.titan_api.v0_3`` when a native config asks for "sdpa" (and by name through
 ``HARNESS_SHIMS=titan_sdpa_attention``). Delete it when the harness stops supporting 0.3.0,
 or when upstream accepts "sdpa" again (tests/selftest/test_upstream_shims.py notices).
 """
@@ -83,7 +83,7 @@ def causal_positions_for_sdpa(trainer_module: ModuleType) -> None:
 
 
 # (module, patch) pairs; harness/upstream/install.py registers each as a post-import hook,
-# and harness.titan_api.v0_3 applies them in-process.
+# and harness.upstream.titan_api.v0_3 applies them in-process.
 PATCHES = (
     ("torchtitan.models.common.config_utils", accept_sdpa),
     ("torchtitan.models.qwen3", accept_sdpa),

@@ -1,5 +1,5 @@
 """The versions every result records: the packages under test and the torchtitan API
-generation (harness/titan_api). Read by the launcher, the lint and the reports alike."""
+generation (harness/upstream/titan_api). Read by the launcher, the lint and the reports alike."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "tor
 
 def package_versions() -> dict[str, str]:
     """The versions every result records, with the torchtitan API generation."""
-    from harness.titan_api import TORCHTITAN_VERSION, api_generation, fork_note, generation
+    from harness.upstream.titan_api import TORCHTITAN_VERSION, api_generation, fork_note, generation
 
     versions = {"python": sys.version.split()[0]}
     for name in VERSIONED_PACKAGES:

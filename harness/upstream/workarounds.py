@@ -1,11 +1,11 @@
-"""The registry's workarounds (harness/known_issues ``WORKAROUNDS``), realised in-process: the one
+"""The registry's workarounds (harness/registry/known_issues ``WORKAROUNDS``), realised in-process: the one
 home of their in-process bodies.
 
 Which workarounds exist, and how each is realised, is data in the registry: ``in_process``
 names the function applied in this process; ``rank_shim`` / ``rank_overrides`` are what a
-torchrun launch adds (harness/launch.py applies those from ``RunSpec.workarounds``). This
+torchrun launch adds (harness/launch/run.py applies those from ``RunSpec.workarounds``). This
 module applies the in-process data; the functions whose body lives here are the ones named
-``harness.workarounds:...`` in the registry. Nothing is applied unless asked (the root
+``harness.upstream.workarounds:...`` in the registry. Nothing is applied unless asked (the root
 ``--workaround`` option, fixture ``workarounds``), except where a test names the workaround it
 applies to isolate one issue from another.
 
@@ -25,8 +25,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from harness import known_issues
-from harness.hf_config import rope_theta
+from harness.registry import known_issues
+from harness.registry.hf_config import rope_theta
 
 
 def in_process(name: str) -> Callable:
@@ -34,7 +34,7 @@ def in_process(name: str) -> Callable:
     ``module:function``); an unknown name, or one without an in-process form, is an error."""
     w = known_issues.workaround(name)
     if not w.in_process:
-        raise ValueError(f"workaround {name!r} has no in-process form in harness/known_issues/")
+        raise ValueError(f"workaround {name!r} has no in-process form in harness/registry/known_issues/")
     module, _, function = w.in_process.partition(":")
     return getattr(importlib.import_module(module), function)
 

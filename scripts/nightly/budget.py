@@ -8,13 +8,13 @@ the job's the sum of every step's (tests/e2e/test_workflows.py checks both), so 
 uses every limit still reports and uploads. Counted on trn2 (the neuron tier's own cases and
 limits, whatever stand-in this machine has):
 
-- every launched run at its timeout (harness/devices.py NEURON_TIMEOUTS_S: a cold compile);
+- every launched run at its timeout (harness/device/devices.py NEURON_TIMEOUTS_S: a cold compile);
 - the independent HF forward of every full-size pretrained run, in the pytest process (Qwen3-4B
   in float32 on the host CPU on 64 ranks' batches of 2048 tokens: about 1e15 FLOP, minutes at a
   few TFLOP/s; an allowance, not a kill: the step's margin absorbs an overrun);
 - the module walks a failing first step starts (harness/diagnosis/diagnose.py: at most
   ``WALKS_PER_SESSION`` per night, each a child of at most ``TIMEOUT_S``);
-- the in-process tests of the 'neuron' device, in child pytest processes (harness/own_process.py:
+- the in-process tests of the 'neuron' device, in child pytest processes (harness/launch/own_process.py:
   ``CHILD_TIMEOUT_PER_TEST_S`` per test: NKI compiles);
 - the run report (plots, junit, results.json): an allowance.
 """
@@ -50,7 +50,7 @@ def neuron_kernel_tests() -> int:
     """The in-process tests of the 'neuron' device a trn2 session runs: every kernel
     conformance cell on neuron (op x implementation x case x dtype, tests/kernels/
     test_conformance.py) and every test of tests/kernels/test_neuron.py."""
-    from harness.kernel_checks.registry import OPS
+    from harness.kernels.checks.registry import OPS
 
     cells = sum(len(case.dtypes) for op in OPS.values() for impl in op.implementations
                 if "neuron" in impl.devices for case in op.cases if impl.runs_case("neuron", case.name))
@@ -60,14 +60,14 @@ def neuron_kernel_tests() -> int:
 
 
 def items() -> list[Item]:
-    from harness.devices import NEURON_TIMEOUTS_S
+    from harness.device.devices import NEURON_TIMEOUTS_S
     from harness.diagnosis.diagnose import TIMEOUT_S, WALKS_PER_SESSION
-    from harness.own_process import CHILD_TIMEOUT_PER_TEST_S
-    from harness.run_matrix import cases
+    from harness.launch.own_process import CHILD_TIMEOUT_PER_TEST_S
+    from harness.launch.run_matrix import cases
 
     neuron = [c for c in cases(("neuron",))]
     out = [Item(f"{size} runs", sum(c.size == size for c in neuron), NEURON_TIMEOUTS_S[size],
-                "harness/devices.py NEURON_TIMEOUTS_S (the launcher kills the run)")
+                "harness/device/devices.py NEURON_TIMEOUTS_S (the launcher kills the run)")
            for size in ("tiny", "full")]
     references = sum(c.size == "full" and c.init == "pretrained" for c in neuron)
     out += [
@@ -76,7 +76,7 @@ def items() -> list[Item]:
         Item("module walks (diagnosis children)", WALKS_PER_SESSION["neuron"], TIMEOUT_S,
              "harness/diagnosis/diagnose.py WALKS_PER_SESSION x TIMEOUT_S"),
         Item("in-process neuron tests (child pytest processes)", neuron_kernel_tests(),
-             CHILD_TIMEOUT_PER_TEST_S, "harness/own_process.py CHILD_TIMEOUT_PER_TEST_S"),
+             CHILD_TIMEOUT_PER_TEST_S, "harness/launch/own_process.py CHILD_TIMEOUT_PER_TEST_S"),
         Item("run report", 1, REPORT_ALLOWANCE_S, "allowance"),
     ]
     return out

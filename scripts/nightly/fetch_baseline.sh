@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nightly step "Fetch the previous night's report (the baseline)": the run report of the last
 # successful night (artifact reports-trn2, folder run-report/) becomes tonight's --baseline
-# (harness/diagnosis/baseline.py). No previous night, or no gh: no baseline, never a failure.
+# (harness/report/baseline.py). No previous night, or no gh: no baseline, never a failure.
 #
 # Env: GH_TOKEN, GITHUB_REPOSITORY, RUNNER_TEMP, GITHUB_ENV (the runner's).
 set -uo pipefail

@@ -2,9 +2,9 @@
 """Nightly step "Fetch the runs' data": what the full-size runs read, fetched once, then kept.
 
 - ``$ASSETS_DIR/Qwen3-4B-Instruct-2507``: the model's config, tokenizer, safetensors and index
-  (harness/assets_twin.py), fetched with ``hf download Qwen/Qwen3-4B-Instruct-2507`` when a file
+  (harness/registry/assets_twin.py), fetched with ``hf download Qwen/Qwen3-4B-Instruct-2507`` when a file
   is missing (about 8 GB).
-- ``$C4_DIR``: a local copy of allenai/c4 in its own layout (harness/data/c4.py): README.md, one
+- ``$C4_DIR``: a local copy of allenai/c4 in its own layout (harness/backends/c4.py): README.md, one
   validation shard and the train shards 0..W-1 that the W ranks of a full-size run read first
   (W = the neuron tier's ranks per node: 64 on a trn2.48xlarge at LNC=2, about 20 GB), so every
   rank streams exactly the documents it would stream from the Hub, and 64 ranks never hit the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 def ranks() -> int:
     """The world size of a full-size neuron run here (its stand-in's in the rehearsal)."""
-    from harness.devices import profile_for
+    from harness.device.devices import profile_for
 
     return profile_for("neuron").ranks_per_node
 
@@ -43,7 +43,7 @@ def fetch(command: str, what: str) -> None:
 
 
 def fetch_model(assets: Path) -> None:
-    from harness.assets_twin import DENSE_ASSETS, download_command, missing_dense_assets
+    from harness.registry.assets_twin import DENSE_ASSETS, download_command, missing_dense_assets
 
     missing = missing_dense_assets(assets)
     if not missing:
@@ -56,7 +56,7 @@ def fetch_model(assets: Path) -> None:
 
 
 def fetch_c4(folder: Path, world: int) -> None:
-    from harness.data import c4
+    from harness.backends import c4
 
     missing = c4.missing_files(folder, world)
     if missing:
@@ -72,7 +72,7 @@ def first_document(folder: Path, world: int) -> str:
     """Rank 0's first document, read as a trn2 rank reads it."""
     from datasets.distributed import split_dataset_by_node
 
-    from harness.data import c4
+    from harness.backends import c4
 
     dataset = split_dataset_by_node(c4.load_as_torchtitan_does(folder), rank=0, world_size=world)
     return next(iter(dataset))["text"]

@@ -52,7 +52,7 @@ mkdir -p reports "$cache"
     true
 } >> "${GITHUB_PATH:-/dev/stdout}"
 {
-    # The harness's device profile passes this to every rank (harness/devices.py NEFF_CACHE_ENV).
+    # The harness's device profile passes this to every rank (harness/device/devices.py NEFF_CACHE_ENV).
     echo "TORCH_NEURONX_NEFF_CACHE_DIR=$cache"
     echo "NEURON_VENV=$venv"
 } >> "${GITHUB_ENV:-/dev/stdout}"

@@ -42,7 +42,7 @@ def packages() -> dict[str, str]:
 
 def device() -> str:
     try:
-        from harness.devices import tier_status
+        from harness.device.devices import tier_status
 
         return tier_status("neuron")[1]
     except Exception as error:  # recorded, not fatal: the tests report it too

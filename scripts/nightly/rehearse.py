@@ -48,16 +48,16 @@ REPOSITORY = "rehearsal/titan-parity-harness"
 DIFFERENCES = (
     ("device", "the neuron tier's launches on trn2's NeuronCores (process group 'neuron', 64 "
      "ranks per full-size run)", "the cpu profile (gloo, 2 ranks): HARNESS_NEURON_STANDIN=cpu, "
-     "the one switch (harness/devices.py standin_for)", "no Trainium here"),
+     "the one switch (harness/device/devices.py standin_for)", "no Trainium here"),
     ("sizes", "Qwen3-4B-Instruct-2507 and the 4-layer 30B-A3B cut at seq 2048", "the assets "
-     "twin (harness/assets_twin.py: the tiny fixtures laid out as the real download) at seq 256, "
+     "twin (harness/registry/assets_twin.py: the tiny fixtures laid out as the real download) at seq 256, "
      "pretrained where it has weights (the twin's tied-embedding init rules would swamp a "
      "random-init check)", "a 4B model does not train on 2 CPU cores"),
     ("numbers", "the source's published 6.54 / 12.43 and trn2's timeouts", "the twin's recorded "
      "stand-ins on fixtures/c4 (fixtures/expectations.toml) and the CPU timeouts",
      "the published numbers are Qwen3-4B's on trn2"),
     ("in-process neuron tests", "tests/kernels' 'neuron' device cells, each module in its own "
-     "child process (harness/own_process.py)", "deselected, named in the session's summary "
+     "child process (harness/launch/own_process.py)", "deselected, named in the session's summary "
      "(their CPU twins are the nki-emu cells of the default suite)",
      "torch-neuronx's device has no stand-in"),
     ("image root", "/opt (the DLAMI's venvs and tools)", "<root>/opt, NEURON_OPT_ROOT",
@@ -303,8 +303,8 @@ def provision(root: Path) -> dict[str, str]:
     (derived on trn2 from the 30B-A3B cut's config, which is too big here), empty C4 and 4B
     folders for the first night to fetch into."""
     sys.path.insert(0, str(REPO))
-    from harness import paths
-    from harness.assets_twin import MOE_ASSETS, derived_assets
+    from harness.registry import paths
+    from harness.registry.assets_twin import MOE_ASSETS, derived_assets
 
     assets, c4 = root / "opt" / "hf-assets", root / "opt" / "hf-data" / "c4"
     derived_assets(paths.TINY_MOE, paths.TINY_DENSE, assets / MOE_ASSETS)

@@ -1,17 +1,17 @@
 """The run template's instantiation: one parameter per RunCase (device x backend x size x
 attention x init), marked with its device tier; the runs themselves are shared per session.
 
-Full-size runs read their assets under ``--assets-dir`` (harness/assets_twin.py); on CPU that
+Full-size runs read their assets under ``--assets-dir`` (harness/registry/assets_twin.py); on CPU that
 root is the assets twin, laid out from the committed tiny fixtures once per session."""
 
 from pathlib import Path
 
 import pytest
 
-from harness.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
-from harness.devices import TIER_MARKERS
-from harness.run_cache import shared_folder
-from harness.run_matrix import SubjectCase, cases
+from harness.registry.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
+from harness.device.devices import TIER_MARKERS
+from harness.launch.run_cache import shared_folder
+from harness.launch.run_matrix import SubjectCase, cases
 
 
 
@@ -26,8 +26,8 @@ def _subject_cases(config: pytest.Config) -> list:
     """``--subject M:C``: a user's config function, on the device this machine has."""
     import sys
 
-    from harness.devices import detect
-    from harness.subjects import Subject
+    from harness.device.devices import detect
+    from harness.launch.subjects import Subject
 
     folders = tuple(str(Path(p).resolve()) for p in (config.getoption("--subject-path") or ["."]))
     for folder in folders:
@@ -51,7 +51,7 @@ def _published(case) -> bool:
     """Whether the source published a number for this run, on the data the run reads, on the
     device it runs on (its stand-in in the rehearsal: the CPU twin's recorded stand-ins)."""
     from harness.backends import BACKENDS
-    from harness.expectations import ExpectationRegistry
+    from harness.registry.expectations import ExpectationRegistry
 
     model = BACKENDS[case.backend].size(case.size).model
     return any((e["backend"], e["model"], e["init"], e["device"], e["data"])
@@ -72,11 +72,11 @@ def full_size_assets(pytestconfig) -> Path:
 
 
 # Both folders go into the RunSpecs of the full-size runs, so they are the session's, not a
-# worker's (harness/run_cache.py shared_folder): per-worker copies made each worker that reads a
+# worker's (harness/launch/run_cache.py shared_folder): per-worker copies made each worker that reads a
 # full-size run launch it again (found by the random-order sweep: 19 launches for 16 runs).
 @pytest.fixture(scope="session")
 def assets_twin(tmp_path_factory) -> Path:
-    """The full-size assets tree of the tiny fixtures (harness/assets_twin.py), one per session."""
+    """The full-size assets tree of the tiny fixtures (harness/registry/assets_twin.py), one per session."""
     return shared_folder(tmp_path_factory, "assets_twin", build_twin)
 
 
@@ -101,7 +101,7 @@ def _launch(case, device_runs, steps, workarounds, pytestconfig, request, tmp_pa
 
 @pytest.fixture(scope="session")
 def run_steps(run_case, steps) -> int:
-    """How many steps ``run_case``'s run takes in this suite (harness/run_matrix.py
+    """How many steps ``run_case``'s run takes in this suite (harness/launch/run_matrix.py
     ``RunCase.suite_steps``: ``--steps``, fewer where nothing reads past the first steps)."""
     return run_case.suite_steps(steps) if hasattr(run_case, "suite_steps") else steps
 
@@ -114,7 +114,7 @@ def published_steps(published_case, steps) -> int:
 @pytest.fixture(scope="session")
 def launched_run(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory):
     """The run of ``run_case``, launched once per session on its device. A full-size run's
-    checkpoints go once every check that reads them has recorded its verdict (harness/checks.py
+    checkpoints go once every check that reads them has recorded its verdict (harness/checks/run_checks.py
     ``release_checkpoints``; ``HARNESS_KEEP_CHECKPOINTS=1`` keeps them), in whichever process
     and order the checks run."""
     return _launch(run_case, device_runs, steps, workarounds, pytestconfig, request, tmp_path_factory)

@@ -20,13 +20,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from harness import known_issues, paths, titan_api
-from harness.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, derived_assets,
+from harness.registry import known_issues, paths
+from harness.upstream import titan_api
+from harness.registry.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, derived_assets,
                                  full_size_assets_dir)
-from harness.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
-from harness.expectations import run_data
-from harness.reference_forward import independent_first_step_loss
-from harness.tolerances import loss_band
+from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
+from harness.registry.expectations import run_data
+from harness.checks.reference_forward import independent_first_step_loss
+from harness.registry.tolerances import loss_band
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 
@@ -166,7 +167,7 @@ def test_a_fork_failure_that_matches_no_inherited_signature_fails():
 
 
 def test_fork_expectations_are_the_spring_api_s():
-    from harness.expectations import ExpectationRegistry
+    from harness.registry.expectations import ExpectationRegistry
 
     registry = ExpectationRegistry()
     for generation in ("spring2026", "spring2026-neuron"):
@@ -192,7 +193,7 @@ def test_neuron_rank_env_strips_core_visibility_and_pins_auto_cast():
 
 
 def test_rank_environment_drops_inherited_core_visibility(monkeypatch):
-    from harness.launch import RunSpec, rank_environment
+    from harness.launch.run import RunSpec, rank_environment
 
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-63")
     env = rank_environment(RunSpec("titan_native"), neuron_profile(64, {}))
@@ -234,8 +235,8 @@ def test_neuron_image_refuses_pypi_torchtitan():
 def test_a_moe_saved_against_the_4b_index_fails_at_the_save(twin, tmp_path, backend_runs):
     """The first-night failure the MoE's own assets prevent: its HF save against a foreign
     index (the 4B's, as it once was given) stops the run with a KeyError on an MoE key."""
-    from harness.launch import RunSpec
-    from harness.run_matrix import FULL_OVERRIDES, TWIN_OVERRIDES
+    from harness.launch.run import RunSpec
+    from harness.launch.run_matrix import FULL_OVERRIDES, TWIN_OVERRIDES
 
     foreign = derived_assets(paths.TINY_MOE, twin / DENSE_ASSETS, tmp_path / MOE_ASSETS)
     (foreign / INDEX).write_bytes((twin / DENSE_ASSETS / INDEX).read_bytes())
@@ -255,8 +256,8 @@ def test_the_cli_builds_full_size_runs_as_the_run_template_does(twin):
     assets folder under DIR (the MoE never the 4B folder), exactly the run template's spec."""
     import argparse
 
-    from harness.cli import _specs
-    from harness.run_matrix import RunCase
+    from harness.cli.commands import _specs
+    from harness.launch.run_matrix import RunCase
 
     args = argparse.Namespace(steps=2, workaround=[], backends=["titan_native", "nki_moe"],
                               inits=["random"], profile="full", assets_dir=str(twin))

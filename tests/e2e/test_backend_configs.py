@@ -13,8 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.backends import ASSETS_MODEL, BACKENDS
-from harness import paths
-from harness.metrics_sink import JsonlMetricsProcessor
+from harness.registry import paths
+from harness.upstream.metrics_sink import JsonlMetricsProcessor
 
 # Stand-in for the assets dir of the full-size runs: the published config.json of the model.
 REFERENCE_ASSETS = paths.FIXTURES / "reference_configs" / ASSETS_MODEL

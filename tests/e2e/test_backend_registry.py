@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import backends, checks, cli
+from harness import backends
+from harness.checks import run_checks as checks
+from harness.cli import commands as cli
 from harness.backends import BACKENDS, BackendSpec, register, unregister
-from harness.run_matrix import cases
+from harness.launch.run_matrix import cases
 
 MODULE = "harness_throwaway_backend"
 
@@ -44,7 +46,7 @@ def test_the_cli_offers_a_registered_backend(throwaway_backend):
 def test_a_registered_backend_launches_and_is_checked(throwaway_backend, backend_runs, steps):
     import importlib
 
-    from harness.launch import RunSpec
+    from harness.launch.run import RunSpec
 
     importlib.import_module(MODULE)  # the ranks import it from the same folder
     module_dir = str(Path(sys.modules[MODULE].__file__).parent) if MODULE in sys.modules else None

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from harness import checks, paths
-from harness.diagnosis import baseline
-from harness.launch import RunSpec, launch
+from harness.checks import run_checks as checks
+from harness.registry import paths
+from harness.report import baseline
+from harness.launch.run import RunSpec, launch
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -42,8 +43,8 @@ def test_two_clean_reports_flag_nothing(clean_report, tmp_path):
 
 
 def test_a_planted_defect_is_flagged_with_run_step_and_module(clean_report, tmp_path):
-    from harness.devices import detect
-    from harness.report import RunVerdict, results_document, write_report
+    from harness.device.devices import detect
+    from harness.report.run_report import RunVerdict, results_document, write_report
 
     spec = RunSpec(backend="titan_native", size="tiny", init="pretrained", steps=STEPS,
                    save_hf=True, plants=("qk_norm_swap_layer1",))

@@ -1,4 +1,4 @@
-"""C4 as the full-size runs read it (harness/data/c4.py): the source's data, with its path named.
+"""C4 as the full-size runs read it (harness/backends/c4.py): the source's data, with its path named.
 
 Specification:
 - a C4 run always names its dataset path: a local copy, or the Hub's repository; never the
@@ -18,10 +18,10 @@ import shutil
 
 import pytest
 
-from harness import paths
-from harness.data import c4
-from harness.launch import data_flags
-from harness.run_matrix import C4_FIXTURE, RunCase, cases
+from harness.registry import paths
+from harness.backends import c4
+from harness.launch.run import data_flags
+from harness.launch.run_matrix import C4_FIXTURE, RunCase, cases
 
 
 def test_a_c4_run_always_names_its_dataset_path(tmp_path):

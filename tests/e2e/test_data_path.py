@@ -3,15 +3,15 @@
 Recorded losses and the parity references use torchtitan's own tokenizer call, packing,
 positions and loss normalisation, so a dataloader defect would be invisible to them. Here the
 fixture corpus is tokenised and packed with the ``tokenizers`` library from the documented
-contract (harness/data/reference.py) of the installed generation's packing
+contract (harness/references/data.py) of the installed generation's packing
 (``titan_api.TEXT_PACKING``: 0.3.0 shifts labels within each document, spring 2026 across the
 packed row), and compared token for token, positions included, for
 dp ranks 0 and 1 (dp 2, local batch 2, seq 256: the tiny runs' shape) with:
 - the dataloader the backend config builds (``titan_native.tiny().dataloader``), in process;
 - what torchtitan's real trainer (torchrun, 2 ranks) receives and feeds the model, dumped by a
-  rank-side observer (harness/rank_observers.py, installed by the launcher in every rank):
+  rank-side observer (harness/rank/observers.py, installed by the launcher in every rank):
   in the default tier the run template's own titan_native random-init run; in the slow tier
-  the one-step instrumented run (harness/data/instrumented.py) of the flex variant and with
+  the one-step instrumented run (harness/launch/instrumented.py) of the flex variant and with
   each plant.
 Each check is shown failing on defects planted in torchtitan's data path: an off-by-one label
 shift, a dropped EOS, positions not reset at a document boundary.
@@ -23,11 +23,12 @@ import pytest
 import torch
 
 from harness.backends import BACKENDS, titan_native
-from harness import dump_layout, paths, titan_api
+from harness.registry import dump_layout, paths
+from harness.upstream import titan_api
 from harness.backends.common import TINY
 from harness.plants import planted
-from harness.data import instrumented
-from harness.data import reference as ref
+from harness.launch import instrumented
+from harness.references import data as ref
 
 DP = 2
 N_BATCHES = 3  # in process: the first three local batches of each rank
@@ -144,7 +145,7 @@ def test_trainer_feeds_reference_batches(device_runs, steps, workarounds):
     """torchtitan's real trainer, default (sdpa, row-causal) variant, in the run template's
     titan_native random-init run (one launch serves its checks and these): the dataloader's
     batches equal the reference on both ranks; the model gets them with row positions 0..255."""
-    from harness.run_matrix import RunCase
+    from harness.launch.run_matrix import RunCase
 
     case = RunCase("cpu", "titan_native", "tiny", "random", BACKENDS["titan_native"].default_attention)
     result = device_runs("cpu").get(case.suite_spec(steps, workarounds=workarounds))

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from harness import paths
+from harness.registry import paths
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "make_fixtures.py"
 
@@ -32,8 +32,8 @@ def test_committed_fixtures_stay_small():
 
 
 def test_the_loss_contract_in_float32_recomputes_the_recorded_losses_bit_for_bit():
-    """A cheap form of the regeneration above for torchtitan's loss contract (harness/data/
-    loss_reference.py): the HF forward of tiny_dense on the first dp=2 batches of torchtitan's
+    """A cheap form of the regeneration above for torchtitan's loss contract (harness/references/
+    loss.py): the HF forward of tiny_dense on the first dp=2 batches of torchtitan's
     dataloader, in the trainer's float32 arithmetic, is this generation's recorded step-1 loss
     for every masking, to the bit (the contract's float64 accumulation, the expectations', moves
     the recorded files: ``make_fixtures.py --check --only recorded`` fails with it)."""
@@ -41,9 +41,9 @@ def test_the_loss_contract_in_float32_recomputes_the_recorded_losses_bit_for_bit
 
     import torch
 
-    from harness import titan_api
+    from harness.upstream import titan_api
     from harness.parity.models import load_batches
-    from harness.reference_forward import MASKINGS, first_step_loss, hf_model
+    from harness.checks.reference_forward import MASKINGS, first_step_loss, hf_model
 
     recorded = json.loads((paths.TINY_DENSE / "recorded_losses.json").read_text())
     recorded = recorded[titan_api.api_generation_of(titan_api.generation())]

@@ -2,7 +2,7 @@
 
 Specification: from random init, the first-step loss of native Qwen3-4B, the transformers
 backend's Qwen3-4B and the 4-layer 30B-A3B MoE cut (each built by its backend's own config
-function and initialised by the model's own init code; harness/random_init_forward.py says
+function and initialised by the model's own init code; harness/checks/random_init_forward.py says
 how, on 24 GiB) equals the analytic ``ln V + s^2/2`` with ``s`` the lm_head init std the
 backend is *configured* with (fixtures/expectations.toml, the tiny entries of that backend:
 the same init code at every width), not the std measured on the model under test, so a
@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from harness.expectations import ExpectationRegistry, analytic_random_init_loss
-from harness.random_init_forward import CASES, random_init_problems, run_child
+from harness.registry.expectations import ExpectationRegistry, analytic_random_init_loss
+from harness.checks.random_init_forward import CASES, random_init_problems, run_child
 
 
 @pytest.mark.slow

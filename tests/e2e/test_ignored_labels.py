@@ -3,14 +3,14 @@
 Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
 never exercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
 and spring 2026; spring's trainer passes the global valid-token count as a float) (``ChatDataLoader``: prompt
-labels and EOS padding are -100; harness/data/sft_config.py) on the tiny native backend from
+labels and EOS padding are -100; harness/backends/sft_config.py) on the tiny native backend from
 the pretrained fixture, 2 ranks. Its batches (in process and as the real trainer's ranks
 received them) are compared token for token, ignored labels and positions included, with an
-independent reference (harness/data/sft_reference.py: hand-rendered chat template, the
+independent reference (harness/references/sft_data.py: hand-rendered chat template, the
 ``tokenizers`` library, numpy's seeded shuffle), and its step-1 ``global_avg_loss`` is
 compared with an independent loss over the very batches each rank was fed (dumped
 rank-side): the HF model (transformers, float32), CE summed over valid labels on each rank,
-summed over ranks, divided by the global valid-label count (harness/data/loss_reference.py).
+summed over ranks, divided by the global valid-label count (harness/references/loss.py).
 Wrong normalisations (by all labels; by each rank's own valid labels, then averaged) are shown
 to be outside the band, and a trainer planted to normalise by all labels fails the check.
 """
@@ -21,22 +21,23 @@ import math
 
 import pytest
 
-from harness import paths
+from harness.registry import paths
 from harness.backends.common import TINY
-from harness.data import instrumented, sft_config
-from harness.data import reference as ref
-from harness.data.sft_reference import sft_reference_batches
-from harness.data.loss_reference import IGNORE_INDEX
-from harness.dump_layout import load_batches
-from harness.launch import RunSpec
+from harness.launch import instrumented
+from harness.backends import sft_config
+from harness.references import data as ref
+from harness.references.sft_data import sft_reference_batches
+from harness.references.loss import IGNORE_INDEX
+from harness.registry.dump_layout import load_batches
+from harness.launch.run import RunSpec
 from harness.plants import planted
-from harness.reference_forward import hf_loss_parts
-from harness.tolerances import parity_tolerance
+from harness.checks.reference_forward import hf_loss_parts
+from harness.registry.tolerances import parity_tolerance
 
 # fp32 step-1 loss, torchrun 2 ranks vs in-process HF (the parity policy's torchrun_loss band;
 # measured here: -1.3e-7): far below every wrong normalisation (>= 1e-2 here).
 TOLERANCE = parity_tolerance("torchrun_loss", "float32").atol
-TARGET = "harness.data.sft_config"
+TARGET = "harness.backends.sft_config"
 EOS_ID = 0  # the fixture tokenizer's <|endoftext|>
 
 
@@ -64,7 +65,7 @@ def sft_mismatches(rank: int, n_batches: int) -> list[str]:
 
 def test_sft_dataloader_matches_independent_reference():
     """Torchtitan's chat dataset (in process) against the hand-rendered, ``tokenizers``-based
-    reference (harness/data/sft_reference.py): tokens, ignored labels and positions."""
+    reference (harness/references/sft_data.py): tokens, ignored labels and positions."""
     found = [m for rank in range(2) for m in sft_mismatches(rank, 3)]
     assert not found, "\n".join(found)
 

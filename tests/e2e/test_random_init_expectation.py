@@ -1,12 +1,12 @@
 """A random-init run's step 1 is held to the weights it really started from.
 
-Specification (harness/reference_forward.py ``initial_weights_forward``):
+Specification (harness/checks/reference_forward.py ``initial_weights_forward``):
 - a CPU random-init run whose ranks dumped its step-0 weights is held to the independent
   float32 HF forward of exactly those weights on every rank's own step-1 batch, in the band of
   its precision, and those weights to ln V + s^2/2 in the draw band;
 - the same run paired with weights it did not start from (another draw of the same init, which
   ln V + s^2/2 cannot tell apart) fails, and so does a step-1 loss just outside the band;
-- the registry (harness/expectations.py) computes none of it: it holds the run to what the
+- the registry (harness/registry/expectations.py) computes none of it: it holds the run to what the
   forwards passed in compute, and refuses a run without them;
 - (slow) a run whose forward is planted wrong (RoPE theta x10, a defect ln V + s^2/2 cannot see
   at random init) fails.
@@ -21,13 +21,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import dump_layout
+from harness.registry import dump_layout
 from harness.backends import BACKENDS
-from harness.expectations import ExpectationRegistry, RunForwards
-from harness.launch import RunSpec
-from harness.reference_forward import FORWARDS
-from harness.run_matrix import RunCase
-from harness.tolerances import initial_weights_forward_band
+from harness.registry.expectations import ExpectationRegistry, RunForwards
+from harness.launch.run import RunSpec
+from harness.checks.reference_forward import FORWARDS
+from harness.launch.run_matrix import RunCase
+from harness.registry.tolerances import initial_weights_forward_band
 
 
 def _suite_run(backend, device_runs, steps, workarounds):
@@ -74,7 +74,7 @@ def test_a_random_init_run_is_held_to_the_forward_of_its_own_step0_weights(dense
 
 def test_the_registry_computes_nothing_itself(dense_random):
     """The registry holds the run to what the forwards passed in compute (harness/
-    reference_forward.py ``FORWARDS``), and refuses a run without them."""
+    checks/reference_forward.py ``FORWARDS``), and refuses a run without them."""
     band = initial_weights_forward_band("float32", "cpu")
     stub = RunForwards(hf_forward=None, initial_weights_forward=lambda run: (8.25, "a stub", band))
     expectation = ExpectationRegistry().for_run(dense_random, stub)
@@ -101,7 +101,7 @@ def test_a_step1_loss_just_outside_the_band_fails(dense_random, tmp_path):
 
 
 def test_every_rank_s_batch_is_needed(dense_random, tmp_path):
-    from harness.expectations import MissingExpectation
+    from harness.registry.expectations import MissingExpectation
 
     run = _with_dump_of(dense_random, tmp_path)
     dump_layout.batch_file(dump_layout.dump_folder(run.run_dir), rank=1, step=1).unlink()
@@ -119,7 +119,7 @@ def test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it(backend_
 
 
 def test_a_dump_that_is_not_this_model_s_state_is_an_error_naming_it(dense_random, tmp_path):
-    from harness.expectations import MissingExpectation
+    from harness.registry.expectations import MissingExpectation
 
     wo = "layers.0.attention.wo.weight"
     run = _with_dump_of(dense_random, tmp_path, lambda k, v: v[:, :-1] if k == wo else v)

@@ -3,14 +3,14 @@
 Specification: with ``--baseline`` (a previous report folder or its results.json), every
 launched run equals the same run of the baseline: step-1 loss and the loss and grad-norm
 curves exactly, compile time, step time and peak memory within their ratio thresholds
-(harness/diagnosis/baseline.py, harness/tolerances.py). A numeric change with the same commit
+(harness/report/baseline.py, harness/registry/tolerances.py). A numeric change with the same commit
 and package versions is named as such. Without ``--baseline`` these tests are deselected.
 """
 
-from harness import checks
-from harness.diagnosis import baseline
-from harness.diagnosis.pytest_plugin import header
-from harness.report import RunVerdict, results_document
+from harness.checks import run_checks as checks
+from harness.report import baseline
+from harness.report.pytest_plugin import header
+from harness.report.run_report import RunVerdict, results_document
 
 
 def test_vs_baseline(launched_run, baseline_document):

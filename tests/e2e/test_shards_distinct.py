@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import checks, dump_layout, known_issues
-from harness.launch import RunSpec
+from harness.checks import run_checks as checks
+from harness.registry import dump_layout, known_issues
+from harness.launch.run import RunSpec
 
 pytestmark = pytest.mark.slow
 

@@ -12,17 +12,17 @@
 (c) Tied embeddings (tiny_dense is tied): in every rank the token embedding and the output
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
-(d) MoE load balancing step by step (harness/training_state.py ``balance_findings``, from the
-    rank-side records of harness/data/rank_hooks.py, read by harness/dump_layout.py): the routing counts are the step's router
+(d) MoE load balancing step by step (harness/results/training_state.py ``balance_findings``, from the
+    rank-side records of harness/rank/hooks.py, read by harness/registry/dump_layout.py): the routing counts are the step's router
     choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
     exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
     the bias of its step.
 The default tier runs (a), (b) and (d) in their cheap form on the run template's own nki_moe
-random-init run (harness/run_matrix.py ``TRAINING_STATE_STEPS``: 3 steps, a full checkpoint
+random-init run (harness/launch/run_matrix.py ``TRAINING_STATE_STEPS``: 3 steps, a full checkpoint
 after steps 1 and 2, the HF checkpoint at step 3), resumed from its step-1 checkpoint for
 steps 2 and 3 (one launch of its own), and (c) on the template's titan_native random-init run:
 the launcher installs the rank-side observers in every rank of every run
-(harness/rank_observers.py).
+(harness/rank/observers.py).
 The slow tier keeps the long forms (4 steps, checkpoint at 2, titan_native and nki_moe). Each is shown
 failing on planted defects (harness/plants/in_torchtitan.py): expert_bias zeroed after the
 checkpoint load or never checkpointed; the balancing update dropped, of the wrong sign, its
@@ -37,12 +37,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import dump_layout, known_issues
-from harness import training_state as ts
+from harness.registry import dump_layout, known_issues
+from harness.results import training_state as ts
 from harness.backends import BACKENDS
-from harness.data import instrumented
-from harness.launch import RunSpec
-from harness.run_matrix import (TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL,
+from harness.launch import instrumented
+from harness.launch.run import RunSpec
+from harness.launch.run_matrix import (TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL,
                                 TRAINING_STATE_STEPS, RunCase)
 
 K, STEPS = 2, 4  # the slow tier's form
@@ -60,7 +60,7 @@ def _ok(result):
     return result
 
 
-# The default tier's form: the template's training-state run (harness/run_matrix.py), its
+# The default tier's form: the template's training-state run (harness/launch/run_matrix.py), its
 # full checkpoints after steps 1 and 2 (QUICK_FULL: the last both runs save fully).
 QUICK_K, QUICK_STEPS = TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS
 QUICK_FULL = QUICK_STEPS - 1
@@ -316,8 +316,8 @@ def test_load_balancing_issue_excuses_only_its_own_signature():
 def test_the_default_tier_reads_the_templates_own_runs(steps, workarounds):
     """The runs the default tier's training-state, determinism, data-path and tied-embedding
     checks read (the resumed and the seeded reruns aside) are the run template's own CPU runs,
-    so they launch nothing of their own (one launch per distinct RunSpec: harness/run_cache.py)."""
-    from harness.run_matrix import cases
+    so they launch nothing of their own (one launch per distinct RunSpec: harness/launch/run_cache.py)."""
+    from harness.launch.run_matrix import cases
 
     template = {case.suite_spec(steps, workarounds=workarounds) for case in cases(("cpu",))
                 if not case.twin}

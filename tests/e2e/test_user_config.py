@@ -17,11 +17,11 @@ import textwrap
 
 import pytest
 
-from harness import cli
-from harness import paths
-from harness.checks import RUN_CHECKS
-from harness.subjects import Subject, infer, lint
-from harness.tolerances import parity_tolerance
+from harness.cli import commands as cli
+from harness.registry import paths
+from harness.checks.run_checks import RUN_CHECKS
+from harness.launch.subjects import Subject, infer, lint
+from harness.registry.tolerances import parity_tolerance
 
 USER_MODULE = "my_qwen3"
 USER_CONFIG = textwrap.dedent('''

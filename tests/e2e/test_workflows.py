@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import paths
+from harness.registry import paths
 
 WORKFLOWS_DIR = paths.REPO_ROOT / ".github" / "workflows"
 WORKFLOWS = sorted([*WORKFLOWS_DIR.glob("*.yml"), *WORKFLOWS_DIR.glob("*.yaml")])
@@ -172,7 +172,7 @@ def test_the_nightly_pytest_line_gives_its_options_values_with_equals():
 
 
 def test_nightly_caches_the_compile_cache_the_device_profile_uses():
-    from harness.devices import NEFF_CACHE_DEFAULT, NEFF_CACHE_ENV
+    from harness.device.devices import NEFF_CACHE_DEFAULT, NEFF_CACHE_ENV
 
     steps = _steps(NIGHTLY)
     cache_paths = {step["with"]["path"] for step in steps
@@ -231,7 +231,7 @@ def test_nightly_time_budget_fits_the_job():
 
 
 def test_the_budget_counts_every_in_process_neuron_test_of_the_registry():
-    from harness.kernel_checks.registry import OPS
+    from harness.kernels.checks.registry import OPS
 
     budget = _nightly("budget")
     cells = [(op.name, impl.name, case.name, dtype) for op in OPS.values()

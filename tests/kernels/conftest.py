@@ -8,15 +8,15 @@ fixture below guarantees for tests marked ``neuron`` as long as nothing earlier 
 touched the device.
 
 The same tests run under the LNC the ranks use (``NEURON_LOGICAL_NC_CONFIG``, default "2" as in
-harness.devices): ``nki.jit`` would otherwise compile for LNC 1 against neuronx-cc's LNC 2 on trn2
-(NCC_EVRF066). See harness/kernel_checks/neuron_env.py.
+harness.device.devices): ``nki.jit`` would otherwise compile for LNC 1 against neuronx-cc's LNC 2 on trn2
+(NCC_EVRF066). See harness/kernels/checks/neuron_env.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness.kernel_checks.neuron_env import neuron_test_env
+from harness.kernels.checks.neuron_env import neuron_test_env
 
 
 @pytest.fixture(autouse=True)

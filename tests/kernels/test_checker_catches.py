@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from harness import plants
-from harness.kernel_checks.registry import OPS
-from harness.kernel_checks.runner import run
-from harness.kernel_checks.spec import dtype_name
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import run
+from harness.kernels.checks.spec import dtype_name
 
 
 def _check_caught(plant, case_name, dtype, tmp_path):

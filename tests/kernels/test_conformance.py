@@ -1,10 +1,10 @@
 """Conformance of every registered implementation against the float64 reference.
 
-Generated from harness.kernel_checks.registry.OPS: op x implementation x device x case x dtype.
+Generated from harness.kernels.checks.registry.OPS: op x implementation x device x case x dtype.
 Each test checks forward outputs, the gradients of every differentiable input (for
 implementations with a backward), the documented output dtypes and, for the router, the
 routing-set rule. Unavailable libraries/devices give one skip per (op, impl, device) with the
-reason. Known upstream issues (harness/known_issues/kernels.py, check "kernel") are judged per
+reason. Known upstream issues (harness/registry/known_issues/kernels.py, check "kernel") are judged per
 property (runner.outcome): a cell xfails only when every failing property is excused by an
 issue and fails exactly as recorded; any other failure, or an excused property that passes,
 fails (``known_issues.settle``).
@@ -16,10 +16,10 @@ import warnings
 
 import pytest
 
-from harness import known_issues
-from harness.kernel_checks.registry import OPS
-from harness.kernel_checks.runner import outcome, run
-from harness.kernel_checks.spec import DEVICE_MARKERS, device_status, dtype_name
+from harness.registry import known_issues
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import outcome, run
+from harness.kernels.checks.spec import DEVICE_MARKERS, device_status, dtype_name
 
 
 def _params():

@@ -8,14 +8,15 @@ import sys
 import pytest
 import torch
 
-import harness.ops
-from harness import known_issues, titan_api
-from harness.ops import grouped_swiglu as gs
-from harness.ops import neuron
-from harness.ops.nki import simulation
-from harness.ops import rope as _rope
-from harness.ops.nki import grouped_swiglu_kernel, rope_kernel
-from harness.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
+import harness.kernels.ops
+from harness.registry import known_issues
+from harness.upstream import titan_api
+from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops import neuron
+from harness.kernels.ops.nki import simulation
+from harness.kernels.ops import rope as _rope
+from harness.kernels.ops.nki import grouped_swiglu_kernel, rope_kernel
+from harness.kernels.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
 
 
 def _gen(seed):
@@ -42,7 +43,7 @@ def _swiglu_inputs(dtype, dims=(4, 16, 32), counts=(3, 0, 4, 2), seed=1):
 def test_ops_are_registered_in_the_harness_namespace():
     assert hasattr(torch.ops.harness, "rope") and hasattr(torch.ops.harness, "grouped_swiglu")
     assert hasattr(torch.ops.harness, "grouped_swiglu_backward")
-    assert torch.ops.harness.rope is harness.ops.rope.rope._opoverload.overloadpacket
+    assert torch.ops.harness.rope is harness.kernels.ops.rope.rope._opoverload.overloadpacket
 
 
 @pytest.mark.parametrize("name", ["rope", "grouped_swiglu", "grouped_swiglu_backward"])
@@ -99,7 +100,7 @@ def test_checker_catches_rope_backward_minus_sin_shortcut():
 def test_rope_module_matches_torchtitan_bitwise(dtype):
     from torchtitan.models.common.rope import CosSinRoPE
 
-    from harness.ops.modules import CustomOpCosSinRoPE
+    from harness.kernels.ops.modules import CustomOpCosSinRoPE
 
     config = dict(dim=16, max_seq_len=64, theta=1e6)
     ours, theirs = CustomOpCosSinRoPE.Config(**config).build(), CosSinRoPE.Config(**config).build()
@@ -122,7 +123,7 @@ def test_rope_module_matches_torchtitan_bitwise(dtype):
 def test_grouped_experts_module_matches_torchtitan_bitwise(dtype):
     from torchtitan.models.common.moe import GroupedExperts
 
-    from harness.ops.modules import CustomOpGroupedExperts
+    from harness.kernels.ops.modules import CustomOpGroupedExperts
 
     x, counts, w1, w2, w3 = _swiglu_inputs(dtype)
     config = dict(dim=32, hidden_dim=16, num_experts=4)
@@ -236,8 +237,8 @@ def test_the_verdict_fails_a_grouped_mm_error_other_than_the_recorded_one():
 
 def test_neuron_kernels_are_registered_exactly_when_neuron_is_available():
     ok, reason = neuron.neuron_available()
-    assert harness.ops.NEURON_REGISTRATION["registered"] is ok
-    assert reason in harness.ops.NEURON_REGISTRATION["reason"]
+    assert harness.kernels.ops.NEURON_REGISTRATION["registered"] is ok
+    assert reason in harness.kernels.ops.NEURON_REGISTRATION["reason"]
 
 
 def _fake_package(root, name, body):

@@ -1,5 +1,5 @@
-"""Known issues excuse exactly the property they document (harness/known_issues/kernels.py, check
-"kernel"; judged per property by harness/kernel_checks/runner.py).
+"""Known issues excuse exactly the property they document (harness/registry/known_issues/kernels.py, check
+"kernel"; judged per property by harness/kernels/checks/runner.py).
 
 Both directions on planted implementations run through the same ``run`` as the real ones,
 registered under the real implementation's name so the known issue applies: the recorded
@@ -15,8 +15,8 @@ import warnings
 import pytest
 import torch
 
-from harness.kernel_checks.registry import OPS
-from harness.kernel_checks.runner import judge, outcome, run
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import judge, outcome, run
 
 pytest.importorskip("torchtitan")
 pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from harness import nki_emu
-from harness.ops.nki import rope_kernel
+from harness.kernels import emu as nki_emu
+from harness.kernels.ops.nki import rope_kernel
 
 
 def _traced_rope(grid, monkeypatch=None, split=None):
-    module = nki_emu.import_module("harness.ops.nki.rope_kernel")
+    module = nki_emu.import_module("harness.kernels.ops.nki.rope_kernel")
     if split is not None:
         monkeypatch.setattr(module, "program_tiles", split)
     g = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import titan_api
+from harness.upstream import titan_api
 
 pytest.importorskip("torchtitan")
 
@@ -17,11 +17,11 @@ from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 from torchtitan.models.common.rope import ComplexRoPE  # noqa: E402
 
-from harness.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_custom_ops  # noqa: E402
+from harness.kernels.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_custom_ops  # noqa: E402
 
 DIM, VOCAB, LAYERS = 64, 128, 2
 
-# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/known_issues/): torchtitan's router warns that CPU autocast ignores float32.
+# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/registry/known_issues/): torchtitan's router warns that CPU autocast ignores float32.
 pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
 
 

@@ -1,11 +1,11 @@
 """The MoE backward in NKI: nki-library's blockwise backward (``experimental/moe/bwd``), fed by our
 forward kernel's recompute, is ``harness::grouped_swiglu``'s backward on neuron
-(harness/ops/nki/grouped_swiglu_backward.py). Checked here on the NKI emulator, two programs as
+(harness/kernels/ops/nki/grouped_swiglu_backward.py). Checked here on the NKI emulator, two programs as
 on an LNC=2 core.
 
 Specification:
 - the gradients ``dx, dw1, dw2, dw3`` meet the grouped-matmul kernel tolerance
-  (harness/tolerances.py) against the float64 derivative: rule 1, else arbitration (K = 8);
+  (harness/registry/tolerances.py) against the float64 derivative: rule 1, else arbitration (K = 8);
 - against torchtitan's exact derivative (``GroupedExperts`` under autograd, computed here): the
   NKI gradients' error from float64 is at most K times torchtitan's own (max and rms) -- as
   accurate as torchtitan up to the policy's factor; measured at most 1.22x (max) and 1.27x (rms)
@@ -32,10 +32,10 @@ if importlib.util.find_spec("nkilib_src") is None:
     pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
                 "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
 
-from harness.kernel_checks.compare import arbitrate, elementwise  # noqa: E402
-from harness.ops import grouped_swiglu_torch  # noqa: E402
-from harness.ops.nki import grouped_swiglu_backward as gb  # noqa: E402
-from harness.tolerances import kernel_tolerance  # noqa: E402
+from harness.kernels.checks.compare import arbitrate, elementwise  # noqa: E402
+from harness.kernels.ops import grouped_swiglu_torch  # noqa: E402
+from harness.kernels.ops.nki import grouped_swiglu_backward as gb  # noqa: E402
+from harness.registry.tolerances import kernel_tolerance  # noqa: E402
 
 TOLERANCE = kernel_tolerance("grouped_matmul", torch.bfloat16)
 GRADS = ("dx", "dw1", "dw2", "dw3")
@@ -61,9 +61,9 @@ def float64_derivative(grad, x, offsets, w1, w2, w3):
 def torchtitan_derivative(grad, x, offsets, w1, w2, w3):
     """``GroupedExperts``' own autograd (torchtitan's forward, this generation's API). Rows owned by
     no expert are left out of its ``dx``: ``_grouped_mm`` leaves them uninitialised (observed
-    3e38; harness/ops/grouped_swiglu.py documents the op's zeros there) -- their ``dx`` is set to
+    3e38; harness/kernels/ops/grouped_swiglu.py documents the op's zeros there) -- their ``dx`` is set to
     the float64 derivative's (zero), so only owned rows are compared."""
-    from harness.kernel_checks.adapters import torchtitan
+    from harness.kernels.checks.adapters import torchtitan
 
     leaves = [t.detach().clone().requires_grad_() for t in (x, w1, w2, w3)]
     counts = torch.diff(offsets.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
@@ -160,9 +160,9 @@ def test_swapped_gate_and_up_gradients_fail():
 
 def test_the_ops_autograd_calls_the_backward_op_the_neuron_registration_fills(monkeypatch):
     """``harness::grouped_swiglu``'s autograd calls ``harness::grouped_swiglu_backward`` (the op
-    harness.ops.neuron gives the NKI kernel on 'neuron'): with that op swapped for the emulated
+    harness.kernels.ops.neuron gives the NKI kernel on 'neuron'): with that op swapped for the emulated
     NKI backward, autograd through the forward op returns the NKI gradients bit for bit."""
-    import harness.ops  # noqa: F401  (registers the ops)
+    import harness.kernels.ops  # noqa: F401  (registers the ops)
 
     grad, x, offsets, w1, w2, w3 = _inputs((3, 0, 4, 2), 64, 32)
     nki = gb.grouped_swiglu_backward_emulated(grad, x, offsets, w1, w2, w3)
@@ -182,7 +182,7 @@ def test_the_ops_autograd_calls_the_backward_op_the_neuron_registration_fills(mo
 def dst_rmw_uses(run, monkeypatch, seen: list | None = None) -> tuple[int, int]:
     """(DMAs passing ``dst_rmw_op``, DMAs) issued on the emulator while ``run()`` runs (the
     emulator refuses ``dst_rmw_op``: rule dma-rmw)."""
-    from harness.nki_emu import install
+    from harness.kernels.emu import install
 
     isa = install._emulator_modules()["nki.isa"]
     real, seen = isa.dma_copy, ([] if seen is None else seen)
@@ -207,7 +207,7 @@ def test_no_instruction_of_the_backward_uses_dst_rmw_op(monkeypatch):
 def test_the_dst_rmw_op_count_sees_a_kernel_that_uses_it(monkeypatch):
     """The check above can fail: a kernel that passes ``dst_rmw_op`` is refused (dma-rmw), and the
     count sees its DMA."""
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     def accumulate(src):
         nl, isa = (nki_emu.install._emulator_modules()[m] for m in ("nki.language", "nki.isa"))
@@ -239,7 +239,7 @@ def test_the_ea_grad_race_is_exactly_the_known_issue_and_the_gradients_hold():
     the emulator records it, every race is the EA grad [T*E, 1] at elements the other program's
     zeroing covers (T = 321 tokens, E = 3: 175.0 vs 0.0 at index 321), and every gradient the path
     returns still meets the tolerances."""
-    from harness import known_issues
+    from harness.registry import known_issues
 
     args, grads, races = _race_case()
     tokens, experts = args[1].shape[0] + 1, args[3].shape[0]
@@ -254,7 +254,7 @@ def test_a_race_other_than_the_known_one_is_refused():
     program whose zeroing does not cover the element, is not the known issue."""
     import dataclasses
 
-    from harness.nki_emu import RuleViolation
+    from harness.kernels.emu import RuleViolation
 
     args, _, races = _race_case()
     tokens, experts = args[1].shape[0] + 1, args[3].shape[0]

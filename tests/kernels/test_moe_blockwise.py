@@ -1,5 +1,5 @@
-"""The grouped SwiGLU's blockwise contract (harness/ops/grouped_swiglu.py, the NKI kernel
-harness/ops/nki/grouped_swiglu_kernel.py and its twin): the static block count bounds every
+"""The grouped SwiGLU's blockwise contract (harness/kernels/ops/grouped_swiglu.py, the NKI kernel
+harness/kernels/ops/nki/grouped_swiglu_kernel.py and its twin): the static block count bounds every
 routing and is attained, each row lands in a block of its own expert, the layout is computed
 from tensors alone, and block -> body -> unblock equals the unblocked reference."""
 
@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from harness.ops import grouped_swiglu as gs
-from harness.ops import grouped_swiglu_torch
-from harness.ops.nki import grouped_swiglu_kernel as gk
-from harness.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref, grouped_swiglu_kernel_torch_ref
+from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops import grouped_swiglu_torch
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref, grouped_swiglu_kernel_torch_ref
 
 
 def _routings(rows: int, experts: int):
@@ -233,10 +233,10 @@ def test_nki_kernels_take_tensors_only():
 def test_kernel_on_the_emulator_meets_the_kernel_tolerance_with_d_and_f_tiled():
     """The NKI kernel body itself (harness NKI emulator) on blocks of several experts with D and
     F tiled over 128 partitions (the registry's cases tile only the one-expert 30B case): within
-    the grouped-matmul bfloat16 tolerance of the float64 truth (harness/tolerances.py), as its
+    the grouped-matmul bfloat16 tolerance of the float64 truth (harness/registry/tolerances.py), as its
     twin is; the two differ only where a float32 PSUM sum rounds differently."""
-    from harness.kernel_checks.compare import elementwise
-    from harness.tolerances import kernel_tolerance
+    from harness.kernels.checks.compare import elementwise
+    from harness.registry.tolerances import kernel_tolerance
 
     g = torch.Generator().manual_seed(3)
     experts, hidden, dim = 3, 256, 256

@@ -1,5 +1,5 @@
 """The blockwise MoE kernel fits the source's 64-expert shape: its cost at R = 8192 routed rows,
-D = 2048, F = 768, E = 64 (harness/ops/nki/grouped_swiglu_cost.py, counted from the kernel's
+D = 2048, F = 768, E = 64 (harness/kernels/ops/nki/grouped_swiglu_cost.py, counted from the kernel's
 loop structure), and that count equals the NKI emulator's trace of the kernel.
 
 The bounds (the issue's, for the kernel at the block size it runs with):
@@ -19,10 +19,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.ops import grouped_swiglu as gs
-from harness.ops.nki import grouped_swiglu_cost as cost
-from harness.ops.nki import grouped_swiglu_kernel as gk
-from harness.ops.nki.grouped_swiglu_cost import (SOURCE_SHAPE, blockwise_cost, capacity_padded_cost,
+from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops.nki import grouped_swiglu_cost as cost
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki.grouped_swiglu_cost import (SOURCE_SHAPE, blockwise_cost, capacity_padded_cost,
                                                  previous_blockwise_cost)
 
 BALANCED_FLOPS, WORST_FLOPS, INSTRUCTION_FACTOR, HBM_LIMIT = 1.25, 2.0, 6, 2**30
@@ -81,8 +81,8 @@ def test_the_replaced_kernel_cost_is_the_issue_estimate():
 
 
 def _emulator():
-    from harness import nki_emu
-    return nki_emu, nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel")
+    from harness.kernels import emu as nki_emu
+    return nki_emu, nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
 
 
 def _kernel_args(nki_emu, rows, dim, hidden, experts, block_size=gs.BLOCK_SIZE):
@@ -199,7 +199,7 @@ def test_the_split_check_catches_programs_that_each_run_every_block(monkeypatch)
 
 
 def decision_problems(rows) -> list[str]:
-    """The facts the choice of our forward for the neuron path rests on (harness/ops/nki/
+    """The facts the choice of our forward for the neuron path rests on (harness/kernels/ops/nki/
     moe_cost_table.py): fewer FLOPs, fewer DMA bytes moved and less SBUF than nki-library's
     forward, at most half of its own kernel-before's instructions per core; and the backward row
     is the sum of its parts."""
@@ -223,7 +223,7 @@ def decision_problems(rows) -> list[str]:
 
 def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_model():
     """The cheap form of the full-size table: every row traced, ours equal to the cost model."""
-    from harness.ops.nki import moe_cost_table
+    from harness.kernels.ops.nki import moe_cost_table
 
     shape = {"rows": 100, "dim": 256, "hidden": 128, "experts": 4}
     rows = moe_cost_table.trace_rows(shape)
@@ -239,7 +239,7 @@ def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_mode
 @pytest.mark.slow
 def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf():
     """Shape-only traces at the cut (about 4 minutes of one core, nki-library's backward most)."""
-    from harness.ops.nki import moe_cost_table
+    from harness.kernels.ops.nki import moe_cost_table
 
     rows = moe_cost_table.trace_rows()
     assert decision_problems(rows) == [], moe_cost_table.markdown(rows)
@@ -248,7 +248,7 @@ def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf
 def test_the_decision_check_fails_where_nki_librarys_forward_would_win():
     """The facts above can fail: the same table with our forward at B = 128 (1.98x FLOPs, as
     nki-library's) does not beat it on FLOPs."""
-    from harness.ops.nki.moe_cost_table import Row
+    from harness.kernels.ops.nki.moe_cost_table import Row
 
     def row(name, flops, dma, sbuf, direction="forward", instructions=10):
         return Row(direction, name, 32, 2, flops, 1, instructions, instructions, dma, dma, sbuf, 0, 0.0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import harness.ops
-from harness.kernel_checks.spec import device_status
+import harness.kernels.ops
+from harness.kernels.checks.spec import device_status
 
 pytestmark = pytest.mark.neuron
 
@@ -21,8 +21,8 @@ def _require_neuron():
 
 
 def test_nki_kernels_are_registered_for_the_neuron_device():
-    assert harness.ops.NEURON_REGISTRATION["registered"], harness.ops.NEURON_REGISTRATION["reason"]
-    assert set(harness.ops.NEURON_REGISTRATION["ops"]) == {"harness::rope", "harness::grouped_swiglu",
+    assert harness.kernels.ops.NEURON_REGISTRATION["registered"], harness.kernels.ops.NEURON_REGISTRATION["reason"]
+    assert set(harness.kernels.ops.NEURON_REGISTRATION["ops"]) == {"harness::rope", "harness::grouped_swiglu",
                                                          "harness::grouped_swiglu_backward"}
 
 

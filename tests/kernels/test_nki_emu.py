@@ -1,4 +1,4 @@
-"""The NKI emulator (harness/nki_emu) itself: its seam and identity, the documented semantics
+"""The NKI emulator (harness/kernels/emu) itself: its seam and identity, the documented semantics
 (matmul, PSUM accumulation, rounding at the destination, poisoned fresh memory), trn2's rules
 (one violating kernel per rule, beside the same kernel at the limit), and the cost report.
 The semantics of issue 29 are tests/kernels/test_nki_emu_semantics.py, LNC=2 is
@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from harness import nki_emu
+from harness.kernels import emu as nki_emu
 from harness import plants
-from harness.nki_emu import isa as nisa
-from harness.nki_emu import language as nl
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels.emu import isa as nisa
+from harness.kernels.emu import language as nl
+from harness.kernels.emu.rules import RuleViolation
 
 
 def _g(seed=0):
@@ -35,7 +35,7 @@ def test_seam_installs_the_emulator_as_nki_and_restores_what_was_there(monkeypat
 
         assert nki.__emulator__ is True and "emulator" in nki.__version__
         assert nki.language is nl and nki.isa is nisa
-        from harness.ops.neuron import nki_available
+        from harness.kernels.ops.neuron import nki_available
 
         ok, reason = nki_available()
         assert not ok and "emulator" in reason
@@ -53,11 +53,11 @@ def test_modules_imported_under_the_seam_leave_sys_modules_after_it():
 
 
 def test_harness_kernel_modules_are_rebound_to_the_emulator_not_replaced():
-    from harness.ops.nki import rope_kernel
+    from harness.kernels.ops.nki import rope_kernel
 
-    emulated = nki_emu.import_module("harness.ops.nki.rope_kernel")
+    emulated = nki_emu.import_module("harness.kernels.ops.nki.rope_kernel")
     assert emulated is not rope_kernel and isinstance(emulated.rope_halves_kernel, nki_emu.JitKernel)
-    assert sys.modules["harness.ops.nki.rope_kernel"] is rope_kernel
+    assert sys.modules["harness.kernels.ops.nki.rope_kernel"] is rope_kernel
 
 
 @pytest.mark.parametrize("module, name", [(nisa, "nki.isa.nc_matmul_mx"), (nl, "nki.language.softmax"),
@@ -75,7 +75,7 @@ def test_an_unknown_api_is_an_attribute_error_naming_itself(module, name):
 
 
 def test_the_real_simulator_api_is_not_faked():
-    from harness.nki_emu import nki_module
+    from harness.kernels.emu import nki_module
 
     with pytest.raises(AttributeError, match="nki.simulate is not faked"):
         nki_module.simulate  # noqa: B018
@@ -369,7 +369,7 @@ def test_tiles_over_capacity_that_are_never_live_together_fit(buffer, sizes):
 
 
 def test_every_rule_has_a_violating_kernel():
-    from harness.nki_emu.rules import RULES
+    from harness.kernels.emu.rules import RULES
 
     covered = {c.split("/")[0] for c in RULE_CASES}
     elsewhere = {"lnc-race", "core-barrier", "matmul-transpose",  # test_nki_emu_lnc.py, test_nki_emu_semantics.py

@@ -1,6 +1,6 @@
-"""LNC=2 on the NKI emulator: the two programs of a launch run together (harness/nki_emu/
+"""LNC=2 on the NKI emulator: the two programs of a launch run together (harness/kernels/emu/
 programs.py), ordered only by nki.isa.core_barrier and nki.isa.sendrecv, and a race between
-them on shared HBM fails (harness/nki_emu/races.py, rule lnc-race), whatever order the
+them on shared HBM fails (harness/kernels/emu/races.py, rule lnc-race), whatever order the
 emulator happened to run them in.
 
 The kernel of the docs' use case (nki.isa.core_barrier): each core writes its half of a shared
@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import nki_emu
-from harness.nki_emu import isa as nisa
-from harness.nki_emu import language as nl
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels import emu as nki_emu
+from harness.kernels.emu import isa as nisa
+from harness.kernels.emu import language as nl
+from harness.kernels.emu.rules import RuleViolation
 
 
 def _swap_halves(barrier: bool):

@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness import nki_emu, plants
-from harness.nki_emu import isa as nisa
-from harness.nki_emu import language as nl
-from harness.nki_emu import nki_module
-from harness.nki_emu.ops import OPS
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels import emu as nki_emu
+from harness import plants
+from harness.kernels.emu import isa as nisa
+from harness.kernels.emu import language as nl
+from harness.kernels.emu import nki_module
+from harness.kernels.emu.ops import OPS
+from harness.kernels.emu.rules import RuleViolation
 
 INT32_EDGES = [16777217, 2147483647, -2147483648, -5, 0]
 
@@ -275,7 +276,7 @@ def test_max8_gives_each_partitions_eight_largest_descending():
 def test_the_cumulative_sum_scan_rounds_as_the_column_recurrence():
     """The fast path (one float32 accumulation per row) equals the engine's recurrence
     state = (1 * state) + x_i rounded at each column, bit for bit."""
-    from harness.nki_emu.isa import _scan
+    from harness.kernels.emu.isa import _scan
 
     g = torch.Generator().manual_seed(0)
     b = (torch.randn(8, 3000, generator=g) * 1000).bfloat16().float()

@@ -1,7 +1,7 @@
 """The NKI emulator checked against code nobody here wrote: nki-library's rope_hf, RoPE (its
 SBUF-matmul relayout path included), cumsum and cross entropy (forward and backward) from the
 shared wheel, run on the emulator and compared with nki-library's own torch references, on
-shapes and within tolerances from nki-library's own tests (harness/nki_emu/validation.py).
+shapes and within tolerances from nki-library's own tests (harness/kernels/emu/validation.py).
 Then each deliberately wrong semantic (harness/plants/nki_emu.py) breaks what it must."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if importlib.util.find_spec("nkilib_src") is None:
     pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
                 "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
 
-from harness.nki_emu import validation  # noqa: E402
+from harness.kernels.emu import validation  # noqa: E402
 
 
 @pytest.mark.parametrize("case_id", [case.id for case in validation.CASES])
@@ -69,8 +69,8 @@ def test_psum_that_overwrites_breaks_our_moe_kernel_on_the_emulator():
     """No validated nki-library path accumulates in PSUM (test_nki_emu.py shows the tiled
     matmul breaking); the kernel suite's grouped SwiGLU at the 30B-A3B dims (D = 2048: 16
     accumulated contraction tiles) must fail."""
-    from harness.kernel_checks.registry import OPS
-    from harness.kernel_checks.runner import run
+    from harness.kernels.checks.registry import OPS
+    from harness.kernels.checks.runner import run
 
     op = OPS["grouped_swiglu"]
     impl, case = op.implementation("nki_kernel"), op.case("qwen3_30b_dims")

@@ -2,7 +2,7 @@
 that make it run, cheaply, and, in the slow tier, one of its test files run for real.
 
 Specification:
-- the ``nki_cpu_simulator`` package (harness/nki_emu/cpu_simulator) holds every module
+- the ``nki_cpu_simulator`` package (harness/kernels/emu/cpu_simulator) holds every module
   nki-library's ``test/utils/simulation_setup.py`` imports, read from the tarball the run uses,
   and its ``nki.cpu_simulate(kernel)[lnc](**numpy)`` runs a kernel on LNC=1 and LNC=2;
 - the plugin deselects, by the largest input in the test id, only the cross-entropy and
@@ -25,11 +25,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness import paths
-from harness.nki_emu import cpu_simulator
-from harness.nki_emu import isa as nisa
-from harness.nki_emu import language as nl
-from harness.nki_emu.cpu_simulator import neuron_dtypes, pytest_plugin
+from harness.registry import paths
+from harness.kernels.emu import cpu_simulator
+from harness.kernels.emu import isa as nisa
+from harness.kernels.emu import language as nl
+from harness.kernels.emu.cpu_simulator import neuron_dtypes, pytest_plugin
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "nkilib_tests.py"
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.kernel_checks import references
-from harness.kernel_checks.registry import OPS
-from harness.ops.cross_entropy_torch import IGNORE_INDEX
-from harness.tolerances import FLOAT64_AGREEMENT as AGREE
+from harness.kernels.checks import references
+from harness.kernels.checks.registry import OPS
+from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
+from harness.registry.tolerances import FLOAT64_AGREEMENT as AGREE
 
 
 def _inputs(op):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.kernel_checks.spec import device_status
-from harness.kernel_checks import cli, runner
+from harness.kernels.checks.spec import device_status
+from harness.kernels.checks import cli, runner
 from harness import plants
-from harness.kernel_checks.registry import OPS
-from harness.kernel_checks.runner import run
-from harness.kernel_checks.xdist import visible_cores_for_worker
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import run
+from harness.kernels.checks.xdist import visible_cores_for_worker
 
 
 def test_list_names_every_op_and_says_why_skipped():
@@ -30,7 +30,7 @@ def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
     case_name, dtype = defect.catch_on[0]
     result = run(op, defect.implementation, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
     report = result.report()
-    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernel_checks replay"):
+    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernels.checks replay"):
         assert needle in report
     assert result.replay_path.parent == tmp_path
     bundle = torch.load(result.replay_path, weights_only=False)
@@ -61,15 +61,15 @@ def test_visible_cores_follow_the_xdist_worker_id():
 
 
 def test_neuron_kernel_env_is_the_ranks_lnc():
-    from harness.kernel_checks.neuron_env import neuron_kernel_env
+    from harness.kernels.checks.neuron_env import neuron_kernel_env
 
-    assert neuron_kernel_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}  # harness.devices' rank default
+    assert neuron_kernel_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}  # harness.device.devices' rank default
     assert neuron_kernel_env({"NEURON_LOGICAL_NC_CONFIG": "1"}) == {"NEURON_LOGICAL_NC_CONFIG": "1"}
 
 
 def test_neuron_marked_tests_get_the_ranks_lnc_and_their_cores():
     """What tests/kernels/conftest.py sets for tests marked ``neuron`` (computed, not run on Neuron)."""
-    from harness.kernel_checks.neuron_env import neuron_test_env
+    from harness.kernels.checks.neuron_env import neuron_test_env
 
     assert neuron_test_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}
     assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw3"}) == {"NEURON_RT_VISIBLE_CORES": "3", "NEURON_LOGICAL_NC_CONFIG": "2"}
@@ -78,7 +78,7 @@ def test_neuron_marked_tests_get_the_ranks_lnc_and_their_cores():
 
 
 def test_nkilib_cross_entropy_tries_the_documented_path_first():
-    from harness.kernel_checks.adapters import nkilib
+    from harness.kernels.checks.adapters import nkilib
 
     tried = []
 

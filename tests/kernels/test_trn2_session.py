@@ -1,4 +1,4 @@
-"""The first trn2 session's report (harness/kernel_checks/trn2_session.py, scripts/trn2_first_session.py),
+"""The first trn2 session's report (harness/kernels/checks/trn2_session.py, scripts/trn2_first_session.py),
 tested on CPU with the NKI emulator standing in for the device.
 
 Specification:
@@ -26,8 +26,8 @@ if importlib.util.find_spec("nkilib_src") is None:
     pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
                 "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
 
-from harness import paths  # noqa: E402
-from harness.kernel_checks import trn2_session as session  # noqa: E402
+from harness.registry import paths  # noqa: E402
+from harness.kernels.checks import trn2_session as session  # noqa: E402
 
 MICRO_CUT = {"tokens": 4, "top_k": 2, "dim": 128, "hidden": 64, "experts": 2, "heads": 2, "head_dim": 128}
 SCRIPT = paths.REPO_ROOT / "scripts" / "trn2_first_session.py"

@@ -10,11 +10,12 @@ import sys
 import pytest
 import torch
 
-from harness import paths, plants
-from harness.kernel_checks import registry
-from harness.kernel_checks.registry import OPS, op_twin_problems, twin_problems
-from harness.ops import rope_torch
-from harness.ops.nki import rope_kernel, rope_kernel_torch
+from harness.registry import paths
+from harness import plants
+from harness.kernels.checks import registry
+from harness.kernels.checks.registry import OPS, op_twin_problems, twin_problems
+from harness.kernels.ops import rope_torch
+from harness.kernels.ops.nki import rope_kernel, rope_kernel_torch
 
 
 @pytest.mark.parametrize("op_name", list(OPS))
@@ -100,7 +101,7 @@ def test_rope_cos_sin_in_float32_is_torchtitans_cache_bitwise():
 def _model_reference_rope_step(arch, positions):
     """(q, k) into and out of the model reference's RoPE step (layer 0 of the tiny dense
     fixture, float32: the parity comparison's precision)."""
-    from harness.parity import reference
+    from harness.references import model as reference
 
     weights = reference.load_hf_tensors(paths.TINY_DENSE)
     unit = reference.unit_weight_names(arch, "layers.0", set(weights))
@@ -116,7 +117,7 @@ def test_the_model_reference_rotates_with_the_one_rope_reference_bitwise():
     theta is not."""
     import dataclasses
 
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.hf_config import Qwen3Arch
 
     arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
     positions = torch.tensor([[0, 1, 2, 900], [7, 8, 40000, 3]])
@@ -143,9 +144,9 @@ def test_rope_kernel_on_the_emulator_equals_its_twin_bitwise(dtype):
     half, n = 64, 700  # n > FREE_TILE: two free-axis tiles, the second partial
     x1, x2 = (torch.randn(half, n, generator=g).to(dtype) for _ in range(2))
     c1, c2, s1, s2 = (torch.randn(half, n, generator=g) for _ in range(4))
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
-    kernel = nki_emu.import_module("harness.ops.nki.rope_kernel").rope_halves_kernel
+    kernel = nki_emu.import_module("harness.kernels.ops.nki.rope_kernel").rope_halves_kernel
     want = rope_kernel_torch.rope_halves_kernel_torch_ref(x1, x2, c1, c2, s1, s2)
 
     def matches(got):

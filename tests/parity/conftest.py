@@ -3,7 +3,7 @@
 Models are built once per session from the fixtures (in-process, no torchrun) and shared by
 read-only tests; tests that train or perturb build their own.
 
-Known upstream issues come from the one registry, harness/known_issues/, and a test ends on
+Known upstream issues come from the one registry, harness/registry/known_issues/, and a test ends on
 its verdict with ``known_issues.settle``. Their workarounds are never applied by default: ask
 with the root ``--workaround NAME`` (validated against ``known_issues.WORKAROUNDS``; read here through
 the root session fixture ``workarounds``).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import paths
-from harness.launch import package_versions
+from harness.registry import paths
+from harness.launch.run import package_versions
 from harness.parity import models as M
 
 

@@ -1,8 +1,8 @@
 """Checkpoint conformance, in-process: torchtitan's state-dict adapter and HF save path.
 
 The expected checkpoint is what transformers' own ``save_pretrained`` writes for the config
-(harness/conformance/checkpoint.py). A tensor torchtitan cannot name in HF terms fails, unless it
-is in the data allow-list ``harness/conformance/expected_unmapped_keys.toml`` (the MoE
+(harness/parity/conformance/checkpoint.py). A tensor torchtitan cannot name in HF terms fails, unless it
+is in the data allow-list ``harness/parity/conformance/expected_unmapped_keys.toml`` (the MoE
 ``expert_bias_E`` buffer).
 
 Each check is ``checkpoint_conformance`` for its fixture: where a known adapter defect applies
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness import known_issues, titan_api
-from harness.conformance import checkpoint as C
+from harness.registry import known_issues
+from harness.upstream import titan_api
+from harness.parity.conformance import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
-from harness.parity.reference import load_hf_tensors
-from harness.tolerances import parity_tolerance as tolerance
+from harness.references.model import load_hf_tensors
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,16 @@ import dataclasses
 import pytest
 import torch
 
-from harness.conformance import checkpoint as C
+from harness.parity.conformance import checkpoint as C
 from harness import plants
-from harness.parity import compare, reference, routing
+from harness.parity import compare, routing
+from harness.references import model as reference
 from harness.parity import models as M
 from harness.parity import training as T
-from harness.conformance.config import config_violations
+from harness.parity.conformance.config import config_violations
 from harness.parity.settings import settings_table
-from harness.hf_config import read_config_json
-from harness.tolerances import parity_tolerance as tolerance
+from harness.registry.hf_config import read_config_json
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 from harness.plants.inputs import (DOWN, INV_FREQ, O_PROJ, ORPHAN_SHARD, Q, SECOND_SHARD, copy_checkpoint,
                                    first_key_in_shard)
@@ -247,7 +248,7 @@ def test_conformance_catches_a_dense_model_built_from_an_moe_config(dense_dir, m
 def _build_then(edit):
     """A meta-device build of the config, then ``edit(model)``: a defect in the built model
     that its config does not show."""
-    from harness.conformance.config import build_meta
+    from harness.parity.conformance.config import build_meta
 
     def build(cfg):
         model = build_meta(cfg)
@@ -278,10 +279,10 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
     fields; another violation on top is a failure, and so is conforming (fixed upstream)."""
     import torchtitan.models.qwen3 as qwen3
 
-    from harness import known_issues
-    from harness import paths
-    from harness import workarounds as W
-    from harness.conformance.config import conformance_outcome
+    from harness.registry import known_issues
+    from harness.registry import paths
+    from harness.upstream import workarounds as W
+    from harness.parity.conformance.config import conformance_outcome
 
     hf = read_config_json(paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507")
     cfg = qwen3.model_registry("4B").model
@@ -352,7 +353,7 @@ def test_mask_issue_signature_does_not_excuse_other_failures():
     """The hf_v5 mask issue is 'known' only at its recorded size (measured +0.053 at step 1):
     RoPE off in hf_v5 (+1.1 nats), or hf_v5 masked per document against native sdpa (-0.0004),
     is a failure."""
-    from harness import known_issues
+    from harness.registry import known_issues
 
     def status(deviation, attention="flex"):
         return known_issues.judge("loss_curve_vs_titan_native", "curves differ", {"deviation": deviation},

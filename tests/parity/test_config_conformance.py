@@ -4,7 +4,7 @@ RoPE, attention scale and embedding tying exercised, not read).
 
 Subjects: the backends' own configs (``<backend>.tiny()`` / ``.full()``, exactly what their
 ``--module`` gives torchtitan) and torchtitan's registered flavors vs the published configs
-they correspond to. Known violations are entries of harness/known_issues/ (check
+they correspond to. Known violations are entries of harness/registry/known_issues/ (check
 ``config_conformance``, selected by ``subject``; the signature names the violated fields):
 a subject with no known issue fails on any violation; one with a known issue is an xfail
 naming it only when the violated fields are exactly the recorded ones, and fails when they
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness import known_issues
+from harness.registry import known_issues
 from harness.backends import nki_moe, titan_native
-from harness import paths
-from harness.hf_config import read_config_json
-from harness import workarounds as W
-from harness.conformance.config import conformance_outcome, config_violations
+from harness.registry import paths
+from harness.registry.hf_config import read_config_json
+from harness.upstream import workarounds as W
+from harness.parity.conformance.config import conformance_outcome, config_violations
 
 REFS = paths.FIXTURES / "reference_configs"
 CHECK = "config_conformance"

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import known_issues
+from harness.registry import known_issues
 from harness.parity import compare
 from harness.parity.settings import settings_table
-from harness.tolerances import parity_regime_for as regime_for, parity_tolerance as tolerance
+from harness.registry.tolerances import parity_regime_for as regime_for, parity_tolerance as tolerance
 
 # (a, b = reference side, precision regime). native and reference are the same fp32 math;
 # transformers differs from both by fp32 rounding only.

@@ -6,7 +6,7 @@
 with ``to_empty`` + ``init_weights``, and loaded through ``HFTransformerStateDictAdapter`` with
 the trainer's ``dcp.load`` path.
 
-Two confirmed upstream issues (harness/known_issues/) make it compute a different model
+Two confirmed upstream issues (harness/registry/known_issues/) make it compute a different model
 than torchtitan's native Qwen3: uninitialised RoPE ``inv_freq`` (check ``rope_inv_freq``) and
 a causal-only mask on packed documents (checks ``attention_mask``, ``logits_vs_reference``).
 Each is judged with ``known_issues.judge``, then ``settle``: an xfail naming it only when the
@@ -26,14 +26,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import known_issues, titan_api
-from harness.hf_config import Qwen3Arch, arch_from_config_object
-from harness import workarounds as W
-from harness.ops.rope_torch import rope_inv_freq
+from harness.registry import known_issues
+from harness.upstream import titan_api
+from harness.registry.hf_config import Qwen3Arch, arch_from_config_object
+from harness.upstream import workarounds as W
+from harness.kernels.ops.rope_torch import rope_inv_freq
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.settings import settings_table
-from harness.tolerances import parity_tolerance as tolerance
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 # comparison -> the reference's mask: "causal" (like for like with the backend's own default:
 # 0.3.0 causal over the row at per-document positions, "causal"; spring 2026 causal over the
@@ -145,10 +146,10 @@ def inv_freq_problem(inv_freq: torch.Tensor, arch: Qwen3Arch):
 def test_backend_rope_frequencies_are_initialised(dense_dir, workarounds, allocator):
     """After init, RoPE ``inv_freq`` is theta^(-2i/d). What memory upstream leaves unwritten
     holds is not left to the allocator: each build runs with uninitialised memory poisoned
-    (NaN, harness/determinism.py), 20 times, with the allocator as the previous build left it
+    (NaN, harness/device/determinism.py), 20 times, with the allocator as the previous build left it
     ("as_left") or primed with a freed correct inv_freq of the same size just before
     ("primed"); every build gives the same verdict."""
-    from harness import determinism
+    from harness.device import determinism
 
     reruns = 20
     outcomes = []

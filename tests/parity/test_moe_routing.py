@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import known_issues
+from harness.registry import known_issues
 from harness.parity import compare, routing
-from harness.tolerances import parity_tolerance as tolerance
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The harness's own native -> HF conversion (harness/conformance/native_to_hf.py), which turns a
+"""The harness's own native -> HF conversion (harness/parity/conformance/native_to_hf.py), which turns a
 random-init run's dumped step-0 weights into the HF checkpoint its step-1 expectation and its
 diagnosis read:
 - it gives torchtitan's adapter's tensors, key for key and bit for bit, for native Qwen3 and the
@@ -20,11 +20,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness import known_issues, paths, titan_api
-from harness.conformance.native_to_hf import NotConvertible, hf_state_from_native
+from harness.registry import known_issues, paths
+from harness.upstream import titan_api
+from harness.parity.conformance.native_to_hf import NotConvertible, hf_state_from_native
 from harness.parity import models as M
 from harness.parity.compare import diff_tensors
-from harness.tolerances import parity_regime_for, parity_tolerance
+from harness.registry.tolerances import parity_regime_for, parity_tolerance
 
 CASES = [("tiny_dense", False), ("tiny_moe", False), ("tiny_moe", True)]
 

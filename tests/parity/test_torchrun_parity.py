@@ -20,7 +20,7 @@ sdpa, "document" for native flex), and hf_v5 against the native variant it can m
   frozen, detached or double-counted tensor fails even where the error bound is coarse.
 
 Known issues of the installed generation are judged as the run template judges them
-(harness/checks.py): a run a known issue stops is not comparable (an xfail naming it, only
+(harness/checks/run_checks.py): a run a known issue stops is not comparable (an xfail naming it, only
 when its ``completed`` check fails as recorded); a checkpoint a known issue leaves incomplete
 likewise (``hf_checkpoint_complete``); a trajectory is judged as ``first_step_loss`` (observed
 ``deviation``: the run's step-1 loss minus the reference's, the quantity the recorded
@@ -33,15 +33,17 @@ from pathlib import Path
 
 import pytest
 
-from harness import checks, known_issues, titan_api
+from harness.checks import run_checks as checks
+from harness.registry import known_issues
+from harness.upstream import titan_api
 from harness.backends import BACKENDS
-from harness.conformance import checkpoint as C
+from harness.parity.conformance import checkpoint as C
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity import training as T
-from harness.run_matrix import RunCase
-from harness.tolerances import parity_regime_for
-from harness.tolerances import parity_tolerance as tolerance
+from harness.launch.run_matrix import RunCase
+from harness.registry.tolerances import parity_regime_for
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 DP = 2  # ranks per tiny CPU run (harness/backends SizeSpec nproc)
 # the attention backend whose mask a reference mask corresponds to (known-issue context)
@@ -68,7 +70,7 @@ def run(backend_runs, device_profile, steps, workarounds):
         verdict, outcome = checks.verdict("completed", result, steps)
         known_issues.settle(verdict, outcome.problem, result.describe())
         if not result.ok or len(result.steps) != steps:
-            from harness.results import RunFailed
+            from harness.results.run_result import RunFailed
 
             raise RunFailed(result, f"{spec.name} did not complete {steps} steps")
         return result
@@ -213,7 +215,7 @@ def saved_weights_problem(name, saved, initial, ref, regime) -> str | None:
                          ids=[f"{b}-{a or 'default'}{''.join('+' + e for e in x)}" for b, a, x, _ in SAVED_CASES])
 def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention, extra, mask, run, steps,
                                                             workarounds):
-    from harness.parity.reference import load_hf_tensors
+    from harness.references.model import load_hf_tensors
 
     model_dir = _model_dir(backend)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))

@@ -18,7 +18,7 @@ from harness.backends import hf_v5, nki_moe, titan_native
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity import training as T
-from harness.tolerances import parity_tolerance as tolerance
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 STEPS = 3
 

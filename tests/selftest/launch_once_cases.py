@@ -3,7 +3,7 @@ the suite: the file name is not test_*.py): four tests on two workers need one r
 
 import pytest
 
-from harness.launch import RunSpec
+from harness.launch.run import RunSpec
 
 
 @pytest.mark.parametrize("reader", range(4))

@@ -1,10 +1,10 @@
-"""Tonight against a baseline report (harness/diagnosis/baseline.py), on results.json documents.
+"""Tonight against a baseline report (harness/report/baseline.py), on results.json documents.
 
 Specification:
 - every run is compared with the same run of the baseline (a self-test's ``+plant:`` suffix
   aside): the step-1 loss exactly, the loss and grad-norm curves (their first divergent
   step), compile time, step time and peak memory as ratios against the thresholds of
-  harness/tolerances.py;
+  harness/registry/tolerances.py;
 - two identical reports flag nothing; a run missing from either side is flagged;
 - a numeric change with the same commit and package versions is flagged as such;
 - the first divergent module of tonight's diagnosed run is named beside the flags;
@@ -20,8 +20,8 @@ import json
 
 import pytest
 
-from harness.diagnosis import baseline
-from harness.tolerances import BASELINE_THRESHOLDS
+from harness.report import baseline
+from harness.registry.tolerances import BASELINE_THRESHOLDS
 
 HEADER = {"commit": "abc123", "version torch": "2.14.0", "version torchtitan": "0.3.0"}
 
@@ -135,7 +135,7 @@ def test_a_cold_night_still_has_its_step_time_compared():
 
 
 def test_a_launch_records_whether_it_found_its_compile_cache_warm(tmp_path):
-    from harness.launch import cache_entries, compile_cache_state
+    from harness.launch.run import cache_entries, compile_cache_state
 
     cache = tmp_path / "neff"
     (cache / "MODULE_1").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Every kind of check has a default-tier form (harness/check_kinds.py): the rule, and the rule
+"""Every kind of check has a default-tier form (harness/registry/check_kinds.py): the rule, and the rule
 failing when a kind loses its cheap form, when a named test moves tiers or vanishes, and when
 a test module belongs to no kind."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness import check_kinds
+from harness.registry import check_kinds
 
 
 def test_every_kind_has_a_default_tier_test():

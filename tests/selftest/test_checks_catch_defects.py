@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import checks, known_issues, paths
-from harness.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
-from harness.expectations import ExpectationRegistry, MissingExpectation
-from harness.results import RunResult, StepRecord
+from harness.checks import run_checks as checks
+from harness.registry import known_issues, paths
+from harness.registry.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
+from harness.registry.expectations import ExpectationRegistry, MissingExpectation
+from harness.results.run_result import RunResult, StepRecord
 
 EXPECTED = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 2)
 
@@ -190,7 +191,7 @@ def test_settle_goes_on_on_a_pass_xfails_naming_the_issue_and_fails_with_the_mes
 
 
 def test_an_unknown_workaround_is_refused_with_the_known_names():
-    from harness.launch import RunSpec
+    from harness.launch.run import RunSpec
 
     with pytest.raises(ValueError, match="unknown workaround 'hf_rope_int'.*hf_rope_init"):
         RunSpec("hf_v5", workarounds=("hf_rope_int",))
@@ -248,7 +249,7 @@ def test_no_test_excuses_a_known_issue_outside_the_registry():
     'known_issues.xfail_if_known(verdict, problem)',
     'known_issues.enforce("completed", problem, {})',
     'checks.enforce("completed", run, 2)',
-    'from harness.known_issues import xfail_if_known',
+    'from harness.registry.known_issues import xfail_if_known',
     'pytest.skip("the adapter\'s expert keys are wrong on spring-2026 only")',
     'pytest.skip(f"known issue {name}: not comparable")',
     '@pytest.mark.skipif(SPRING, reason="spring2026-qwen3-moe-adapter-expert-keys")\ndef test_x():\n    pass',
@@ -276,7 +277,7 @@ with pytest.raises(pytest.xfail.Exception):
 
 
 def test_checkpoint_reload_passes_on_a_complete_checkpoint():
-    from harness import paths
+    from harness.registry import paths
 
     assert checks._reload_problems(paths.TINY_DENSE, paths.TINY_DENSE).problem is None
 
@@ -284,7 +285,7 @@ def test_checkpoint_reload_passes_on_a_complete_checkpoint():
 def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from harness import paths
+    from harness.registry import paths
 
     tensors = load_file(paths.TINY_DENSE / "model.safetensors")
     dropped = "model.layers.1.self_attn.k_norm.weight"
@@ -295,7 +296,7 @@ def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
 
 
 def test_checkpoint_reload_catches_a_checkpoint_of_another_architecture():
-    from harness import paths
+    from harness.registry import paths
 
     problem = checks._reload_problems(paths.TINY_DENSE, paths.TINY_MOE).problem
     # every kind at once: the dense MLP's keys unexpected, the experts' missing, and the
@@ -311,7 +312,7 @@ def test_a_truncated_init_rule_is_the_std_torch_draws():
     not s: spring-2026's and the transformers backend's output init."""
     import torch
 
-    from harness.expectations import _std_rule
+    from harness.registry.expectations import _std_rule
 
     hidden = 2048
     s = hidden ** -0.5

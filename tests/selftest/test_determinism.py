@@ -6,7 +6,7 @@ comparisons are banded instead (different kernels and reduction orders).
 
 import pytest
 
-from harness.launch import RunSpec
+from harness.launch.run import RunSpec
 
 
 # Slow tier (CI runs it on every submission): each rerun is a launch of ~20 s on 2 cores.

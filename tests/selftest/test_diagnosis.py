@@ -32,11 +32,11 @@ import torch
 
 import pytest
 
-from harness import paths
+from harness.registry import paths
 from harness.diagnosis import hints
 from harness.diagnosis.__main__ import localize_request
-from harness.titan_api import generation
-from harness.tolerances import diagnosis_tolerance
+from harness.upstream.titan_api import generation
+from harness.registry.tolerances import diagnosis_tolerance
 
 DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
 MOE = ("nki_moe", "sdpa", paths.TINY_MOE, "bf16_experts")
@@ -181,10 +181,10 @@ def test_a_known_issue_recorded_elsewhere_is_named_only_when_its_signature_fits(
 
 @pytest.mark.slow
 def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
-    from harness import checks
-    from harness.devices import detect
-    from harness.launch import RunSpec, launch
-    from harness.report import RunVerdict, write_report
+    from harness.checks import run_checks as checks
+    from harness.device.devices import detect
+    from harness.launch.run import RunSpec, launch
+    from harness.report.run_report import RunVerdict, write_report
 
     spec = RunSpec(backend="titan_native", size="tiny", init="pretrained", steps=2,
                    plants=("qk_norm_swap_layer1",))
@@ -197,9 +197,9 @@ def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
 
 @pytest.mark.slow
 def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_path):
-    from harness.devices import detect
+    from harness.device.devices import detect
     from harness.diagnosis import diagnose
-    from harness.launch import RunSpec, launch
+    from harness.launch.run import RunSpec, launch
 
     spec = RunSpec(backend="titan_native", size="tiny", init="random", steps=1,
                    plants=("qk_norm_swap_layer1",))
@@ -211,7 +211,7 @@ def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_pa
 
 
 def _pretrained_result(loss, tmp_path):
-    from harness.results import RunResult, StepRecord
+    from harness.results.run_result import RunResult, StepRecord
 
     step = StepRecord(step=1, loss=loss, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
                       peak_memory_gib=1.0)
@@ -222,8 +222,8 @@ def _pretrained_result(loss, tmp_path):
 
 
 def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
-    from harness.expectations import analytic_random_init_loss, configured_lm_head_std
-    from harness.hf_config import Qwen3Arch
+    from harness.registry.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.registry.hf_config import Qwen3Arch
 
     arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
     analytic = analytic_random_init_loss(arch.vocab_size, arch.hidden_size,
@@ -238,7 +238,7 @@ def test_a_later_non_finite_step_is_said_to_arise_after_what_step_1_replays(tmp_
     """The ``finite`` check fails at step 3: the diagnosis replays step 1 (forward and
     backward); when they agree, it says the NaN arose after the first optimizer step."""
     from harness.diagnosis.diagnose import Diagnosis, first_nonfinite_after_step_1
-    from harness.results import StepRecord
+    from harness.results.run_result import StepRecord
 
     run = _pretrained_result(1.2752, tmp_path)
     assert first_nonfinite_after_step_1(run) is None
@@ -295,7 +295,7 @@ def _recorded(built):
     streamed one as it hands them to the diagnosis, unit by unit (a tied weight's gradient
     summed over its uses)."""
     from harness.diagnosis import localize
-    from harness.parity.reference import trace_names
+    from harness.references.model import trace_names
 
     modules = built.modules if built.modules is not None else localize.native_modules(
         built.module, [n for n, _ in trace_names(built.arch)])
@@ -388,8 +388,8 @@ def _first_steps_moved(model_dir) -> dict[str, str]:
     """For each HF weight of ``model_dir`` (one routed expert per MoE layer), the first step of
     the float64 reference whose output moves when that weight alone is scaled by 1.5: each unit
     that reads it (``unit_weight_names``) run on its clean input, in forward order."""
-    from harness.hf_config import Qwen3Arch
-    from harness.parity import reference
+    from harness.registry.hf_config import Qwen3Arch
+    from harness.references import model as reference
 
     arch, source = Qwen3Arch.from_dir(model_dir), reference.WeightSource(model_dir)
     weights = {k: source[k] for k in source.keys()}
@@ -420,10 +420,10 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("model_dir", [paths.TINY_DENSE, paths.TINY_MOE], ids=["dense", "moe"])
 def test_each_gradient_is_filed_under_the_reference_step_that_reads_its_weight(model_dir):
     """The diagnosis files an HF weight's gradient under the module the one HF <-> native name
-    table gives it (harness/conformance/native_to_hf.py ``module_of_weight``): the first step of
+    table gives it (harness/parity/conformance/native_to_hf.py ``module_of_weight``): the first step of
     the reference whose output moves when only that weight moves. A table that files q_norm's
     weight under k_norm is caught."""
-    from harness.conformance.native_to_hf import module_of_weight
+    from harness.parity.conformance.native_to_hf import module_of_weight
 
     moved = _first_steps_moved(model_dir)
     assert len(moved) > 20, moved
@@ -439,7 +439,7 @@ def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monk
     2 decoder layers as for 8; the unit inputs grow by one activation per layer. A walk that
     keeps every unit's module outputs (as a whole-model record does) grows with depth and is
     caught by the same measure."""
-    from harness.parity import reference
+    from harness.references import model as reference
 
     shallow = _reference_memory(paths.TINY_DENSE, tmp_path)
     deep_dir = _deeper_dense(8, tmp_path / "deep")

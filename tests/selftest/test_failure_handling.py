@@ -13,10 +13,10 @@ Each fault is a real launch (about half a minute each on 2 cores): marked slow, 
 
 import pytest
 
-from harness import checks
-from harness.launch import RunSpec, launch, leftover_processes
+from harness.checks import run_checks as checks
+from harness.launch.run import RunSpec, launch, leftover_processes
 from harness.plants import PLANT_STEP
-from harness.results import RunFailed
+from harness.results.run_result import RunFailed
 
 pytestmark = pytest.mark.slow
 

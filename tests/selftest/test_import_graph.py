@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import paths
+from harness.registry import paths
 
 HARNESS = paths.REPO_ROOT / "harness"
 

@@ -1,6 +1,6 @@
 """The end-of-session sweep ends only what this session launched.
 
-Every launched process inherits the session's marker (harness/launch.py ``SESSION_ENV``); a
+Every launched process inherits the session's marker (harness/launch/run.py ``SESSION_ENV``); a
 process that merely mentions the session's folders on its command line is never touched.
 """
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from harness.launch import SESSION_ENV, SESSION_ID, leftover_processes
+from harness.launch.run import SESSION_ENV, SESSION_ID, leftover_processes
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from harness import paths
+from harness.registry import paths
 
 NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
 
@@ -77,8 +77,8 @@ def test_no_venv_and_no_neuron_python_fails_naming_where_it_looked(tmp_path):
 
 
 def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
-    from harness import devices
-    from harness.run_matrix import cases
+    from harness.device import devices
+    from harness.launch.run_matrix import cases
 
     monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
     available, reason = devices.tier_status("neuron")
@@ -99,8 +99,8 @@ def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
 
 
 def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
-    from harness import devices
-    from harness.run_matrix import cases
+    from harness.device import devices
+    from harness.launch.run_matrix import cases
 
     monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
     assert devices.xdist_workers(None, "neuron", 2) == 0
@@ -168,7 +168,7 @@ def test_a_night_whose_tests_passed_has_no_failing_verdict_in_its_report(tmp_pat
 def test_a_full_size_run_may_wait_on_a_collective_as_long_as_it_may_run():
     """torchtitan lowers the collective timeout after step 1 through torch's set_timeout, which
     a backend may ignore (then the init timeout stays): both are the run's own timeout."""
-    from harness.run_matrix import RunCase
+    from harness.launch.run_matrix import RunCase
 
     for case in (RunCase("neuron", "titan_native", "full", "pretrained", "sdpa"),
                  RunCase("cpu", "titan_native", "full", "pretrained", "sdpa")):

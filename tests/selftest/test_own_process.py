@@ -1,5 +1,5 @@
 """A test marked ``own_process`` runs in a child pytest process of its own, and its outcome is
-the child's (harness/own_process.py): what keeps an in-process test of the 'neuron' device from
+the child's (harness/launch/own_process.py): what keeps an in-process test of the 'neuron' device from
 taking every NeuronCore from the runs the pytest process launches, whatever the order.
 
 Specification, on a suite of its own (pytester, in a subprocess as a user runs pytest):
@@ -57,7 +57,7 @@ def test_unmarked_runs_in_the_session():
 '''
 
 CONFTEST = '''
-pytest_plugins = ("harness.own_process",)
+pytest_plugins = ("harness.launch.own_process",)
 
 
 def pytest_addoption(parser):
@@ -112,13 +112,13 @@ def test_reads_a_launched_run(launched_run):
 def _tier_session(pytester, tmp_path, monkeypatch):
     import os
 
-    from harness import devices
+    from harness.device import devices
 
     pids = tmp_path / "tier_pids.txt"
     monkeypatch.setenv("PIDS_FILE", str(pids))
     monkeypatch.setattr(devices, "tier_status", lambda kind: (kind == "neuron", "patched"))
     pytester.makeini("[pytest]\nmarkers =\n    neuron: the neuron tier\n")
-    pytester.makeconftest('pytest_plugins = ("harness.own_process",)\n')
+    pytester.makeconftest('pytest_plugins = ("harness.launch.own_process",)\n')
     pytester.makepyfile(test_tier=TIER_SUITE)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
     seen = dict(line.split() for line in pids.read_text().splitlines()) if pids.is_file() else {}
@@ -127,7 +127,7 @@ def _tier_session(pytester, tmp_path, monkeypatch):
 
 def test_a_neuron_test_on_the_device_in_process_runs_in_a_child_and_one_reading_runs_does_not(
         pytester, tmp_path, monkeypatch):
-    from harness import devices
+    from harness.device import devices
 
     monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
     result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)
@@ -137,7 +137,7 @@ def test_a_neuron_test_on_the_device_in_process_runs_in_a_child_and_one_reading_
 
 def test_on_a_stand_in_the_in_process_neuron_tests_are_deselected_and_named(
         pytester, tmp_path, monkeypatch):
-    from harness import devices
+    from harness.device import devices
 
     monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
     result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)

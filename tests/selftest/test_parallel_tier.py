@@ -23,10 +23,10 @@ import sys
 import pytest
 import torch
 
-from harness import paths
-from harness.devices import THREADS_ENV, worker_threads, xdist_workers
-from harness.launch import RunSpec
-from harness.run_cache import LEDGER, repeated_launches, shared_folder, spec_key
+from harness.registry import paths
+from harness.device.devices import THREADS_ENV, worker_threads, xdist_workers
+from harness.launch.run import RunSpec
+from harness.launch.run_cache import LEDGER, repeated_launches, shared_folder, spec_key
 
 
 @pytest.mark.parametrize(("device", "markexpr", "cpus", "workers"), [

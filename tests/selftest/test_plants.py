@@ -18,8 +18,9 @@ import sys
 
 import pytest
 
-from harness import paths, plants
-from harness.launch import RunSpec
+from harness.registry import paths
+from harness import plants
+from harness.launch.run import RunSpec
 from harness.plants import Plant
 from harness.upstream import probes
 

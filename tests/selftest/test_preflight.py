@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from harness import paths
-from harness.launch import RunSpec, launch
-from harness.preflight import PreflightError, check_run_inputs
+from harness.registry import paths
+from harness.launch.run import RunSpec, launch
+from harness.launch.preflight import PreflightError, check_run_inputs
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_truncated_safetensors(model_copy):
 
 
 def test_a_broken_fixture_points_at_the_fixture_script():
-    from harness.preflight import _fix_for
+    from harness.launch.preflight import _fix_for
 
     assert "scripts/make_fixtures.py" in _fix_for(paths.TINY_DENSE / "model.safetensors")
 

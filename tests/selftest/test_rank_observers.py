@@ -1,10 +1,10 @@
 """What every launched rank records about its run comes from one installer, which the launcher
-controls (harness/rank_observers.py), at the paths of one layout (harness/dump_layout.py).
+controls (harness/rank/observers.py), at the paths of one layout (harness/registry/dump_layout.py).
 
 Specification:
 - config functions are pure, as torchtitan's are: calling every registered backend's config
   function (every size and attention variant) and the SFT config leaves torchtitan's Trainer as
-  it was (but for the generation's own named upstream shims, which harness/titan_api applies in
+  it was (but for the generation's own named upstream shims, which harness/upstream/titan_api applies in
   process where a config asks for what the installed generation lacks, e.g. "sdpa" on 0.3.0:
   each marks what it patches with its name);
 - every run's ranks, on every device (trn2 included) and for a user's subject config alike,
@@ -31,12 +31,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import dump_layout, paths, rank_observers, titan_api
+from harness.registry import dump_layout, paths
+from harness.rank import observers as rank_observers
+from harness.upstream import titan_api
 from harness.backends import BACKENDS
-from harness.devices import detect, neuron_profile
-from harness.launch import BOOT_DIR, RunSpec, rank_environment
-from harness.run_matrix import RunCase
-from harness.subjects import Facts
+from harness.device.devices import detect, neuron_profile
+from harness.launch.run import BOOT_DIR, RunSpec, rank_environment
+from harness.launch.run_matrix import RunCase
+from harness.launch.subjects import Facts
 from harness.upstream import probes
 from harness.upstream.install import SHIMS
 
@@ -50,9 +52,9 @@ def registered_config_functions():
             for attention in spec.attention:
                 yield f"{spec.module}.{spec.config_name(size, attention)}", getattr(
                     module, spec.config_name(size, attention))
-    from harness.data import sft_config
+    from harness.backends import sft_config
 
-    yield "harness.data.sft_config.tiny_sft", sft_config.tiny_sft
+    yield "harness.backends.sft_config.tiny_sft", sft_config.tiny_sft
 
 
 def trainer_changes(config_function) -> list[str]:

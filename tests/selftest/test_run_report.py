@@ -1,5 +1,5 @@
-"""The session's run report (``--run-report``) says what the tests said (harness/diagnosis/
-pytest_plugin.py, harness/checks.py ``record``).
+"""The session's run report (``--run-report``) says what the tests said (harness/report/
+pytest_plugin.py, harness/checks/run_checks.py ``record``).
 
 Specification:
 - every check a test enforces records its verdict beside the run; the report is written from
@@ -16,9 +16,10 @@ import json
 import shutil
 from dataclasses import replace
 
-from harness import checks, paths
-from harness.diagnosis.pytest_plugin import write_session_report
-from harness.results import RunResult, StepRecord
+from harness.checks import run_checks as checks
+from harness.registry import paths
+from harness.report.pytest_plugin import write_session_report
+from harness.results.run_result import RunResult, StepRecord
 
 
 def _run(tmp_path, size: str) -> RunResult:

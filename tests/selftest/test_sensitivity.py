@@ -6,8 +6,8 @@ the e2e tests apply must then fail. One command: ``pytest -m slow tests/selftest
 
 import pytest
 
-from harness import checks
-from harness.launch import RunSpec
+from harness.checks import run_checks as checks
+from harness.launch.run import RunSpec
 
 pytestmark = pytest.mark.slow
 

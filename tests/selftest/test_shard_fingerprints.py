@@ -1,5 +1,5 @@
-"""A launched run's ranks start step 1 from distinct shards (harness/rank_step0.py, read back
-by harness/dump_layout.py; the ``shards_distinct`` check of harness/checks.py).
+"""A launched run's ranks start step 1 from distinct shards (harness/rank/step0.py, read back
+by harness/registry/dump_layout.py; the ``shards_distinct`` check of harness/checks/run_checks.py).
 
 Specification:
 - each rank fingerprints its local shard of every parameter: shape, a hash of its bytes, sums
@@ -23,8 +23,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness import checks, dump_layout, known_issues, rank_step0
-from harness.results import RunResult
+from harness.checks import run_checks as checks
+from harness.registry import dump_layout, known_issues
+from harness.rank import step0 as rank_step0
+from harness.results.run_result import RunResult
 
 ISSUE = "torch-dtensor-random-init-identical-shards-on-cpu"
 

@@ -1,6 +1,6 @@
 """A launched rank imports with automatic garbage collection off, and torchtitan's trainer
 finds it on, the imports' objects frozen; a pytest process collects the suite with it off and
-runs its tests with it on, frozen likewise (harness/startup_gc.py). Start-up is cheaper, and
+runs its tests with it on, frozen likewise (harness/rank/startup_gc.py). Start-up is cheaper, and
 what the trainer does with the collector is what it does without the harness."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import sys
 import types
 from pathlib import Path
 
-from harness.startup_gc import RANK_ENV, enable_as_trainer_builds
+from harness.rank.startup_gc import RANK_ENV, enable_as_trainer_builds
 from harness.upstream import probes
 
 # What a rank's boot leaves (with a shim that imports nothing yet, so the child is cheap):
 # collection at start-up, and whether torchtitan.trainer has the hook that turns it back on.
 STARTUP = """
 import gc, sys
-from harness.startup_gc import enable_as_trainer_builds
+from harness.rank.startup_gc import enable_as_trainer_builds
 hooked = any(getattr(f, "module_name", None) == "torchtitan.trainer"
              and getattr(f, "patch", None) is enable_as_trainer_builds for f in sys.meta_path)
 print(gc.isenabled(), hooked)

@@ -1,4 +1,4 @@
-"""harness/determinism.py: checks of memory upstream leaves unwritten see the same bytes on
+"""harness/device/determinism.py: checks of memory upstream leaves unwritten see the same bytes on
 every run.
 
 Specification:
@@ -11,7 +11,7 @@ Specification:
 import torch
 import torch.utils.deterministic
 
-from harness.determinism import poisoned_uninitialised_memory, primed_allocator
+from harness.device.determinism import poisoned_uninitialised_memory, primed_allocator
 
 
 def test_uninitialised_memory_is_poisoned_whatever_was_freed_before():

@@ -22,9 +22,10 @@ from typing import NamedTuple
 
 import pytest
 
-from harness import known_issues, titan_api
-from harness.devices import CPU_SHIMS
-from harness.run_cache import shared_folder
+from harness.registry import known_issues
+from harness.upstream import titan_api
+from harness.device.devices import CPU_SHIMS
+from harness.launch.run_cache import shared_folder
 from harness.upstream import probes
 import torch
 
@@ -98,7 +99,7 @@ _, _, rs_op, _ = c._get_gradient_divide_factors(G(), None, torch.float32, "cpu",
 print("SUM" if rs_op == c.ReduceOp.SUM else "not SUM")
 """)
 
-# --- API-generation shims (harness/titan_api): each is tested on the generation that needs it;
+# --- API-generation shims (harness/upstream/titan_api): each is tested on the generation that needs it;
 # CI runs this file on both (.ci/run: the system env is v0_3, the spring venv spring2026).
 
 SDPA_CONFIG = Probe("sdpa_config", """
@@ -443,8 +444,8 @@ REFERENCE_4B = "Qwen3-4B-Instruct-2507"
 def _thetas_of_the_full_titan_native_config(monkeypatch, patched: bool) -> set[float]:
     import torchtitan.models.qwen3 as qwen3
 
-    from harness import paths
-    from harness.assets_twin import FULL_ASSETS_ENV
+    from harness.registry import paths
+    from harness.registry.assets_twin import FULL_ASSETS_ENV
     from harness.backends.titan_native import full_model_spec
     from harness.upstream.titan_4b_theta import theta_from_assets
 
@@ -467,7 +468,7 @@ def test_titan_4b_theta_takes_the_assets_theta_for_every_layer(monkeypatch):
 
 
 def test_titan_4b_theta_is_applied_to_every_full_size_titan_native_run_only():
-    from harness.launch import RunSpec
+    from harness.launch.run import RunSpec
 
     full = RunSpec("titan_native", size="full", init="pretrained", hf_assets_path="/assets")
     assert "titan_4b_theta" in full.all_workarounds and full.name.endswith("+titan_4b_theta")

@@ -1,7 +1,7 @@
-"""``python -m harness.kernel_checks {list,replay,calibrate}``."""
+"""``python -m harness.kernels.checks {list,replay,calibrate}``."""
 
 import sys
 
-from harness.kernel_checks.cli import main
+from harness.kernels.checks.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""Measure the numbers behind the tolerance policy: ``python -m harness.kernel_checks calibrate``.
+"""Measure the numbers behind the tolerance policy: ``python -m harness.kernels.checks calibrate``.
 
 For every implementation, case, dtype and available device it runs the conformance check with
 the arbitration always computed and prints, per (op class, precision):
@@ -7,7 +7,7 @@ the arbitration always computed and prints, per (op class, precision):
   over elements, via the worst element's ratio to the current bound),
 * ``arb``: the largest arbitration ratio (max and rms) among tensors rule 1 rejected,
 
-excluding the checks a known issue excuses (check "kernel" in harness/known_issues/, per
+excluding the checks a known issue excuses (check "kernel" in harness/registry/known_issues/, per
 property), which are reported separately with their numbers.
 """
 
@@ -18,10 +18,10 @@ from collections import defaultdict
 
 import torch
 
-from harness.kernel_checks.registry import OPS
-from harness.kernel_checks.runner import issues_for, run
-from harness.kernel_checks.spec import device_status, dtype_name
-from harness.tolerances import kernel_tolerance as tolerance
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import issues_for, run
+from harness.kernels.checks.spec import device_status, dtype_name
+from harness.registry.tolerances import kernel_tolerance as tolerance
 
 
 _PRECISIONS = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
@@ -90,7 +90,7 @@ def summarize(rows) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.kernel_checks calibrate")
+    parser = argparse.ArgumentParser(prog="python -m harness.kernels.checks calibrate")
     parser.add_argument("ops", nargs="*", help="restrict to these ops")
     parser.add_argument("--device", action="append", default=None)
     args = parser.parse_args(argv)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.kernel_checks.spec import Case
-from harness.ops.cross_entropy_torch import IGNORE_INDEX
+from harness.kernels.checks.spec import Case
+from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
 
 F64 = torch.float64
 

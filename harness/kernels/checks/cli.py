@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness.kernel_checks list [--run]``, ``replay FILE``, ``calibrate``,
+"""Command line: ``python -m harness.kernels.checks list [--run]``, ``replay FILE``, ``calibrate``,
 ``bench OP IMPL [--device D] [--case C] [--dtype T] [--iters N]``.
 
 ``bench`` times the forward of one implementation and reports the first call (on Neuron: the
@@ -27,9 +27,9 @@ def _smallest_case(op):
 
 
 def list_implementations(run_them: bool = False) -> str:
-    from harness.kernel_checks.registry import OPS
-    from harness.kernel_checks.runner import outcome, run
-    from harness.kernel_checks.spec import device_status
+    from harness.kernels.checks.registry import OPS
+    from harness.kernels.checks.runner import outcome, run
+    from harness.kernels.checks.spec import device_status
 
     lines = []
     for op in OPS.values():
@@ -80,8 +80,8 @@ def benchmark(op, impl, device: str, case, dtype: torch.dtype, iters: int = 5, c
     import statistics
     import time
 
-    from harness.kernel_checks.runner import master_inputs, round_inputs
-    from harness.kernel_checks.spec import torch_device
+    from harness.kernels.checks.runner import master_inputs, round_inputs
+    from harness.kernels.checks.spec import torch_device
 
     clock = clock or time.perf_counter
     target = torch_device(device)
@@ -110,7 +110,7 @@ def format_benchmark(b: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.kernel_checks")
+    parser = argparse.ArgumentParser(prog="python -m harness.kernels.checks")
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser("list", help="which implementations can run here, and why not")
     listing.add_argument("--run", action="store_true", help="also run each on its op's smallest case")
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "bench":
-        from harness.kernel_checks.registry import OPS
+        from harness.kernels.checks.registry import OPS
 
         op = OPS[args.op]
         case = op.case(args.case) if args.case else _smallest_case(op)
@@ -140,11 +140,11 @@ def main(argv=None) -> int:
         print(list_implementations(args.run))
         return 0
     if args.command == "replay":
-        from harness.kernel_checks.runner import replay as do_replay
+        from harness.kernels.checks.runner import replay as do_replay
 
         result = do_replay(args.file)
         print(result.report())
         return 0 if result.passed else 1
-    from harness.kernel_checks.calibrate import main as calibrate_main
+    from harness.kernels.checks.calibrate import main as calibrate_main
 
     return calibrate_main(args.ops)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from harness.tolerances import KernelTolerance as Tolerance
+from harness.registry.tolerances import KernelTolerance as Tolerance
 
 # Histogram buckets of |a-b| / bound (bound = tau * (|b| + rms_row(b))): the last two are failures.
 HIST_EDGES = (0.0, 1 / 64, 1 / 8, 1 / 2, 1.0, 4.0, 64.0)

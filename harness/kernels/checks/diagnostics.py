@@ -5,7 +5,7 @@ and relative error, how many elements mismatch, a histogram of |error| / bound, 
 nki-library-style max-norm ratio and the float64 arbitration numbers. The inputs (float64
 masters; the implementation's inputs are re-derived by rounding) are saved with
 ``torch.save`` under the given directory (a pytest ``tmp_path``), and the report ends with the
-command that replays the case: ``python -m harness.kernel_checks replay <file>`` (the replay
+command that replays the case: ``python -m harness.kernels.checks replay <file>`` (the replay
 itself is ``runner.replay``: data flows runner -> diagnostics, never back).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harness.kernel_checks.spec import dtype_name
+from harness.kernels.checks.spec import dtype_name
 
 REPLAY_FORMAT = 1
 
@@ -59,7 +59,7 @@ def format_report(result) -> str:
         lines += format_check(check)
     if result.replay_path is not None:
         lines.append(f"  inputs saved: {result.replay_path}")
-        lines.append(f"  replay: python -m harness.kernel_checks replay {result.replay_path}")
+        lines.append(f"  replay: python -m harness.kernels.checks replay {result.replay_path}")
     return "\n".join(lines)
 
 

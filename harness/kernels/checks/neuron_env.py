@@ -3,7 +3,7 @@
 ``nki.jit`` compiles a kernel for LNC 1 unless ``NEURON_LOGICAL_NC_CONFIG`` is set, while
 neuronx-cc defaults to LNC 2 on trn2, and NKI 0.7 rejects the mismatch (NCC_EVRF066; Neuron
 2.33 docs: nki.jit, "Using Logical NeuronCores (LNC) with NKI"). The ranks get
-``NEURON_LOGICAL_NC_CONFIG`` from ``harness.devices.profile_for("neuron")`` (the caller's
+``NEURON_LOGICAL_NC_CONFIG`` from ``harness.device.devices.profile_for("neuron")`` (the caller's
 value, default "2"); the neuron kernel tests (tests/kernels/conftest.py) set the same value.
 """
 
@@ -16,13 +16,13 @@ LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"
 
 
 def rank_lnc_default() -> str:
-    """The LNC ``harness.devices`` gives the ranks when the caller sets none.
+    """The LNC ``harness.device.devices`` gives the ranks when the caller sets none.
 
-    harness.devices does not export it yet (the default "2" sits inside ``profile_for``); the
+    harness.device.devices does not export it yet (the default "2" sits inside ``profile_for``); the
     ``NEURON_LNC_DEFAULT`` name is read when it exists."""
-    import harness.devices
+    import harness.device.devices
 
-    return str(getattr(harness.devices, "NEURON_LNC_DEFAULT", "2"))
+    return str(getattr(harness.device.devices, "NEURON_LNC_DEFAULT", "2"))
 
 
 def neuron_kernel_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -34,7 +34,7 @@ def neuron_kernel_env(environ: Mapping[str, str] | None = None) -> dict[str, str
 def neuron_test_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Everything tests/kernels/conftest.py sets for a test marked ``neuron``: its xdist
     worker's NeuronCores (unless the caller chose them) and the ranks' LNC."""
-    from harness.kernel_checks.xdist import visible_cores_for_worker
+    from harness.kernels.checks.xdist import visible_cores_for_worker
 
     environ = os.environ if environ is None else environ
     env = {}

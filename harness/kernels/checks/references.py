@@ -2,9 +2,9 @@
 convention (the op's inputs and parameters by name, a dict of its named outputs).
 
 The math is not written here: it has one home per op beside the kernels, nki-library's
-``X.py`` / ``X_torch.py`` (harness/ops/rope_torch.py, grouped_swiglu_torch.py, and for the ops
+``X.py`` / ``X_torch.py`` (harness/kernels/ops/rope_torch.py, grouped_swiglu_torch.py, and for the ops
 with no kernel of the harness's own rms_norm_torch.py, moe_router_torch.py,
-cross_entropy_torch.py), where the model reference (harness/parity/reference.py) builds on it
+cross_entropy_torch.py), where the model reference (harness/references/model.py) builds on it
 too. Rules: no torchtitan / transformers import; every function computes in the dtype of its
 floating inputs (call it with float64 tensors for the float64 truth; ``gradcheck`` runs on
 them); autograd is torch's, so the references carry no hand-written backward to get wrong.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from harness.ops import grouped_swiglu_torch, moe_router_torch, rms_norm_torch, rope_torch
-from harness.ops.cross_entropy_torch import IGNORE_INDEX, summed_cross_entropy
+from harness.kernels.ops import grouped_swiglu_torch, moe_router_torch, rms_norm_torch, rope_torch
+from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX, summed_cross_entropy
 
 
 def rotary_embedding(x: Tensor, positions: Tensor, *, theta: float) -> dict[str, Tensor]:

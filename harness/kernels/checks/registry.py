@@ -11,9 +11,9 @@ import inspect
 
 import torch
 
-from harness.kernel_checks import cases, references
-from harness.kernel_checks.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
-from harness.kernel_checks.spec import Implementation, OpSpec, module_probe
+from harness.kernels.checks import cases, references
+from harness.kernels.checks.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
+from harness.kernels.checks.spec import Implementation, OpSpec, module_probe
 
 HOST = ("cpu", "cuda")
 
@@ -23,7 +23,7 @@ has_transformers = module_probe("transformers")
 
 def has_nkilib() -> tuple[bool, str]:
     """The real ``nki`` and nki-library (bundled ``nkilib`` or the standalone ``nkilib_src``)."""
-    from harness.ops.neuron import nki_available
+    from harness.kernels.ops.neuron import nki_available
 
     ok, reason = nki_available()
     if not ok:
@@ -90,7 +90,7 @@ ROTARY_EMBEDDING = OpSpec(
     diff_outputs=("y",),
     cases=cases.rope_cases(),
     gradcheck_case=cases.rope_gradcheck_case(),
-    kernels=(("harness.ops.rope", "rope"), ("harness.ops.nki.rope_kernel", "rope_halves_kernel")),
+    kernels=(("harness.kernels.ops.rope", "rope"), ("harness.kernels.ops.nki.rope_kernel", "rope_halves_kernel")),
     implementations=(
         Implementation(
             "torchtitan", "torchtitan", "torchtitan.models.common.rope.CosSinRoPE", HOST,
@@ -106,11 +106,11 @@ ROTARY_EMBEDDING = OpSpec(
             harness_ops.rotary_embedding, _fp32_at_least, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_contract", "harness", "harness.ops.nki.rope_kernel: torch twin through the kernel layout", ("cpu",),
+            "nki_contract", "harness", "harness.kernels.ops.nki.rope_kernel: torch twin through the kernel layout", ("cpu",),
             nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.ops.nki.rope_kernel.rope_halves_kernel", ("nki-emu", "nki-sim", "neuron"),
+            "nki_kernel", "nki", "harness.kernels.ops.nki.rope_kernel.rope_halves_kernel", ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
@@ -180,8 +180,8 @@ GROUPED_SWIGLU = OpSpec(
     diff_outputs=("y",),
     cases=cases.swiglu_cases(),
     gradcheck_case=cases.swiglu_gradcheck_case(),
-    kernels=(("harness.ops.grouped_swiglu", "grouped_swiglu"), ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel"),
-             ("harness.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_checkpoint_kernel")),
+    kernels=(("harness.kernels.ops.grouped_swiglu", "grouped_swiglu"), ("harness.kernels.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel"),
+             ("harness.kernels.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_checkpoint_kernel")),
     implementations=(
         Implementation(
             "torchtitan", "torchtitan", "torchtitan.models.common.moe.GroupedExperts", HOST,
@@ -201,16 +201,16 @@ GROUPED_SWIGLU = OpSpec(
             HOST, transformers.grouped_swiglu_grouped_mm, _input, requires=has_transformers, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_contract", "harness", "harness.ops.nki.grouped_swiglu_kernel: torch twin through the kernel layout",
+            "nki_contract", "harness", "harness.kernels.ops.nki.grouped_swiglu_kernel: torch twin through the kernel layout",
             ("cpu",), nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel (LNC=2); backward: "
+            "nki_kernel", "nki", "harness.kernels.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel (LNC=2); backward: "
             "its recompute + nkilib.experimental.moe.bwd.blockwise_mm_bwd (B=256, LNC=2)",
             ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.grouped_swiglu, _bf16, requires=has_nkilib, output_dtypes=_same("y"),
             device_requires=EMU,
-            notes="the backward is nki-library's (harness/ops/nki/grouped_swiglu_backward.py); on nki-emu its "
+            notes="the backward is nki-library's (harness/kernels/ops/nki/grouped_swiglu_backward.py); on nki-emu its "
                   "lnc-race on the EA grad, which this path drops, is settled as known issue nkilib-bwd-ea-grad-lnc-race",
         ),
         Implementation(
@@ -220,7 +220,7 @@ GROUPED_SWIGLU = OpSpec(
             device_cases={"nki-emu": ("qwen3_30b_dims", "empty_first_last")},
             notes="launched on two programs (LNC=2), as the kernel's PING_PONG block split assumes; on nki-emu "
                   "two cases (CPU time: the 30B dims, empty first and last experts), every case passes there "
-                  "(python -m harness.kernel_checks list --run runs them all)",
+                  "(python -m harness.kernels.checks list --run runs them all)",
         ),
     ),
 )
@@ -264,7 +264,7 @@ def get_op(name: str) -> OpSpec:
 
 # ------------------------------------------------------------------ kernel / torch twin pairing
 
-OWN_LIBRARIES = ("harness", "nki")  # implementations whose kernels live in harness/ops
+OWN_LIBRARIES = ("harness", "nki")  # implementations whose kernels live in harness/kernels/ops
 
 
 def twin_of(module_name: str, name: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ differentiable input for a seeded upstream gradient (backward), and for the rout
 routing-set rule. Rules: tolerances.py. Failure report and replay file: diagnostics.py.
 
 ``judge(result)`` gives each check (= property of the cell: ``dtype:NAME``, an output or
-gradient name, ``routing:ids``, ``run``) its verdict under ``harness.known_issues`` (check
+gradient name, ``routing:ids``, ``run``) its verdict under ``harness.registry.known_issues`` (check
 ``"kernel"``, context op / impl / device / case / dtype / property): a known issue excuses
 exactly the property it names, and only when that property fails as its signature records.
 ``outcome(result)`` combines them: "fail" if any property fails, else "known" if a known
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from harness.kernel_checks import compare
-from harness.kernel_checks.compare import Check
-from harness.kernel_checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
-from harness.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
+from harness.kernels.checks import compare
+from harness.kernels.checks.compare import Check
+from harness.kernels.checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
+from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
 
 
 @dataclass
@@ -56,7 +56,7 @@ class RunResult:
         )
 
     def report(self) -> str:
-        from harness.kernel_checks.diagnostics import format_report
+        from harness.kernels.checks.diagnostics import format_report
 
         return format_report(self)
 
@@ -64,7 +64,7 @@ class RunResult:
 @functools.lru_cache(maxsize=16)
 def master_inputs(op_name: str, case_name: str) -> dict[str, torch.Tensor]:
     """The case's seeded float64 master inputs (cached; treat as read-only)."""
-    from harness.kernel_checks.registry import get_op
+    from harness.kernels.checks.registry import get_op
 
     op = get_op(op_name)
     case = op.case(case_name)
@@ -215,7 +215,7 @@ def run(
 
 def _finish(result, op, impl, case, dtype, master, save_dir) -> None:
     if not result.passed and save_dir is not None:
-        from harness.kernel_checks.diagnostics import save_replay
+        from harness.kernels.checks.diagnostics import save_replay
 
         result.replay_path = save_replay(result, op, case, master, Path(save_dir))
 
@@ -304,7 +304,7 @@ def _dense_check(op, name, value, reference, compute, arbiter: _Arbiter, always_
 
 # ------------------------------------------------------------------ verdicts per property
 
-KNOWN_ISSUE_CHECK = "kernel"  # the check name of kernel cells in harness/known_issues/
+KNOWN_ISSUE_CHECK = "kernel"  # the check name of kernel cells in harness/registry/known_issues/
 
 
 def context(result: RunResult, prop: str) -> dict[str, str]:
@@ -326,14 +326,14 @@ def observed(check: Check) -> dict:
 
 
 def issues_for(result: RunResult, prop: str, workarounds=()) -> list:
-    from harness import known_issues
+    from harness.registry import known_issues
 
     return known_issues.applicable(KNOWN_ISSUE_CHECK, workarounds, **context(result, prop))
 
 
 def judge(result: RunResult, workarounds=()) -> list[tuple[Check, object]]:
-    """``[(check, harness.known_issues.Verdict)]`` for every property of the cell."""
-    from harness import known_issues
+    """``[(check, harness.registry.known_issues.Verdict)]`` for every property of the cell."""
+    from harness.registry import known_issues
 
     verdicts = []
     for check in result.checks:
@@ -346,7 +346,7 @@ def judge(result: RunResult, workarounds=()) -> list[tuple[Check, object]]:
 def outcome(result: RunResult, workarounds=()):
     """One ``Verdict`` for the cell: "fail" if any property fails (known issues or not), else
     "known" if a known issue showed exactly as recorded, else "pass"."""
-    from harness.known_issues import Verdict
+    from harness.registry.known_issues import Verdict
 
     verdicts = judge(result, workarounds)
     if not verdicts:
@@ -368,7 +368,7 @@ def outcome(result: RunResult, workarounds=()):
 def replay(path: Path, save_dir: Path | None = None, impl=None):
     """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
     the registry lookup (for implementations that are not registered, e.g. planted defects)."""
-    from harness.kernel_checks.registry import get_op
+    from harness.kernels.checks.registry import get_op
 
     bundle = torch.load(path, weights_only=False)
     op = get_op(bundle["op"])

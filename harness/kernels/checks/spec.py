@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from harness.devices import device_status  # noqa: F401  (the one device probe, re-exported)
+from harness.device.devices import device_status  # noqa: F401  (the one device probe, re-exported)
 
 DTYPES = (torch.float32, torch.bfloat16)
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
-# Devices an implementation can run on. "nki-emu" is the harness's NKI emulator (harness/nki_emu,
+# Devices an implementation can run on. "nki-emu" is the harness's NKI emulator (harness/kernels/emu,
 # CPU, always available); "nki-sim" is the Neuron SDK's NKI CPU simulator (nki.simulate).
 DEVICES = ("cpu", "cuda", "nki-emu", "nki-sim", "neuron")
 DEVICE_MARKERS = {"cuda": "cuda", "neuron": "neuron"}
@@ -35,7 +35,7 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
     @functools.lru_cache(maxsize=None)
     def probe() -> tuple[bool, str]:
-        from harness.package_probe import probe_module
+        from harness.device.package_probe import probe_module
 
         if importlib.util.find_spec(name.split(".")[0]) is None:
             return False, f"{name} is not installed"

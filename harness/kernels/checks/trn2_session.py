@@ -4,7 +4,7 @@ MoE forward timed against nki-library's. ``scripts/trn2_first_session.py`` runs 
 arguments and writes ``report.json`` and ``report.md``.
 
 The kernels (``KERNELS``), each called on the device and on the emulator with one seeded set of
-inputs, and compared output by output under the kernel tolerance (harness/tolerances.py, rule 1
+inputs, and compared output by output under the kernel tolerance (harness/registry/tolerances.py, rule 1
 with the emulator's result as the reference):
 
 ``rope``                harness rope kernel: Qwen3-30B-A3B queries, 1 x seq x 32 heads x 128
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from harness.kernel_checks.compare import elementwise
-from harness.tolerances import kernel_tolerance
+from harness.kernels.checks.compare import elementwise
+from harness.registry.tolerances import kernel_tolerance
 
 # Per rank in the source's run: local batch 1 x seq 2048 tokens, top-4 of 64 experts, hidden
 # 2048, moe_intermediate 768; Qwen3-30B-A3B attention: 32 query heads of 128.
@@ -51,7 +51,7 @@ SEED = 29  # issue 29
 
 
 def rope_inputs(cut: dict) -> tuple:
-    from harness.ops.rope_torch import rope_cos_sin
+    from harness.kernels.ops.rope_torch import rope_cos_sin
 
     g = torch.Generator().manual_seed(SEED)
     x = torch.randn(1, cut["tokens"], cut["heads"], cut["head_dim"], generator=g).bfloat16()
@@ -87,7 +87,7 @@ def moe_backward_inputs(cut: dict) -> tuple:
 
 
 def _nkilib_forward(device: str):
-    from harness.kernel_checks.adapters import nkilib
+    from harness.kernels.checks.adapters import nkilib
 
     def call(x, offsets, w1, w2, w3):
         counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1).to(torch.int64))
@@ -99,9 +99,9 @@ def _nkilib_forward(device: str):
 
 def device_calls() -> dict:
     """The kernels on Neuron tensors (LNC=2 launches inside each)."""
-    from harness.ops.nki import grouped_swiglu_backward as gb
-    from harness.ops.nki import grouped_swiglu_kernel as gk
-    from harness.ops.nki import rope_kernel
+    from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+    from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+    from harness.kernels.ops.nki import rope_kernel
 
     return {"rope": rope_kernel.rope_neuron, "moe_forward": gk.grouped_swiglu_neuron,
             "moe_backward": gb.grouped_swiglu_backward_neuron, "nkilib_moe_forward": _nkilib_forward("neuron")}
@@ -109,9 +109,9 @@ def device_calls() -> dict:
 
 def emulator_calls() -> dict:
     """The same kernels on the harness's NKI emulator (two programs each)."""
-    from harness.ops.nki import grouped_swiglu_backward as gb
-    from harness.ops.nki import grouped_swiglu_kernel as gk
-    from harness.ops.nki import rope_kernel
+    from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+    from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+    from harness.kernels.ops.nki import rope_kernel
 
     return {"rope": rope_kernel.rope_emulated, "moe_forward": gk.grouped_swiglu_emulated,
             "moe_backward": gb.grouped_swiglu_backward_emulated, "nkilib_moe_forward": _nkilib_forward("nki-emu")}
@@ -219,9 +219,9 @@ class NeuronDevice:
 
 def neuron_device_or_reason(neff_root: Path):
     """(NeuronDevice, None) on a trn2 with the Neuron SDK, else (None, why not). A usable device
-    is the 'neuron' device (``harness.devices``, the one probe) and the real ``nki``."""
-    from harness.devices import device_status
-    from harness.ops.neuron import nki_available
+    is the 'neuron' device (``harness.device.devices``, the one probe) and the real ``nki``."""
+    from harness.device.devices import device_status
+    from harness.kernels.ops.neuron import nki_available
 
     ok, reason = device_status("neuron")
     if ok:

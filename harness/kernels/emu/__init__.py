@@ -1,7 +1,7 @@
 """nki-emu: a CPU emulator of NKI 0.7's semantics, device tier ``nki-emu``.
 
 It is not the Neuron SDK's ``nki`` nor its simulator (``nki.simulate``): ``nki.__emulator__``
-is True, ``nki.__version__`` says emulator, and ``harness.ops.neuron.nki_available()``
+is True, ``nki.__version__`` says emulator, and ``harness.kernels.ops.neuron.nki_available()``
 never reports it as the real package. Semantics come from the NKI 0.7 docs (Neuron 2.33),
 each with its page in ``rules.SEMANTICS``: memory spaces HBM / SBUF / PSUM, NKI dtypes that
 are NumPy dtypes, ``nc_matmul`` = ``stationary.T @ moving`` accumulated in float32 PSUM
@@ -15,7 +15,7 @@ enforced (``rules.RULES``: partition dim and access, matmul tiles, SBUF 224 KiB 
 tables, barriers and races): each violation raises ``RuleViolation`` naming the rule and the
 docs page. A documented API outside the implemented subset raises
 ``NotImplementedError("nki emulator: nki.isa.foo is not implemented")`` when called; any other
-name is an ``AttributeError``. ``harness.nki_emu.cpu_simulator`` is the same emulator as the
+name is an ``AttributeError``. ``harness.kernels.emu.cpu_simulator`` is the same emulator as the
 ``nki_cpu_simulator`` package nki-library's own tests run their simulation mode on
 (``scripts/nkilib_tests.py``).
 
@@ -26,7 +26,7 @@ API
     emulator inside the block; everything is restored on exit (``install.py``).
 ``import_module(name)``
     ``name`` imported against the emulator: a harness kernel module
-    (``"harness.ops.nki.rope_kernel"``, whose ``nki.jit`` kernels are then emulator kernels)
+    (``"harness.kernels.ops.nki.rope_kernel"``, whose ``nki.jit`` kernels are then emulator kernels)
     or an nki-library module (``"nkilib_src.nkilib.core.embeddings.rope"``).
 ``run(kernel, grid=())(*args, **kwargs) -> results``
     Run an emulator kernel (or its undecorated body) on torch tensors (NumPy arrays,
@@ -56,11 +56,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.nki_emu.cost import CostReport
-from harness.nki_emu.install import import_module, installed
-from harness.nki_emu.launch import JitKernel, launch
-from harness.nki_emu.rules import RULES, RuleViolation
-from harness.nki_emu.semantics import Semantics
+from harness.kernels.emu.cost import CostReport
+from harness.kernels.emu.install import import_module, installed
+from harness.kernels.emu.launch import JitKernel, launch
+from harness.kernels.emu.rules import RULES, RuleViolation
+from harness.kernels.emu.semantics import Semantics
 
 DEVICE = "nki-emu"
 __all__ = ["DEVICE", "CostReport", "JitKernel", "RULES", "RuleViolation", "Semantics", "import_module",

@@ -169,7 +169,7 @@ def active() -> Program:
     program = getattr(_local, "program", None)
     if program is None:
         raise RuntimeError("nki emulator: no kernel is running; call the kernel through nki.jit "
-                           "(or harness.nki_emu.trace) so it runs on the emulator")
+                           "(or harness.kernels.emu.trace) so it runs on the emulator")
     return program
 
 

@@ -6,8 +6,8 @@ inside the block that bound the emulator (nki-library's kernels, say, which boun
 emulator's ``nki`` when they imported, and the modules that bound those) leaves
 ``sys.modules`` again, so nothing outside the block sees the emulator. Those modules are kept
 aside and put back on the next entry: they import once per process. Every other module first
-imported inside the block stays: the emulator's own (``harness.nki_emu.*``, which are the
-emulator, not bound to it: dropping them made a later ``import harness.nki_emu.isa`` execute a
+imported inside the block stays: the emulator's own (``harness.kernels.emu.*``, which are the
+emulator, not bound to it: dropping them made a later ``import harness.kernels.emu.isa`` execute a
 second copy, with its own ``Op`` class and instructions) and whatever else (``torch`` or
 ``numpy`` submodules imported lazily) bound nothing of it.
 """
@@ -27,7 +27,7 @@ _depth = [0]
 
 
 def _emulator_modules() -> dict[str, object]:
-    from harness.nki_emu import nki_module
+    from harness.kernels.emu import nki_module
 
     return {"nki": nki_module, **{f"nki.{name}": getattr(nki_module, name)
                                   for name in ("language", "isa", "typing", "compiler", "tensor", "builtin")},
@@ -99,7 +99,7 @@ def installed():
 def import_module(name: str):
     """Module ``name`` imported against the emulator (cached).
 
-    Harness kernel modules (``harness.ops.nki.*``), already imported against whatever ``nki``
+    Harness kernel modules (``harness.kernels.ops.nki.*``), already imported against whatever ``nki``
     the process has, are executed again into a separate module object whose ``nki`` is the
     emulator; any other module (nki-library's ``nkilib_src.nkilib...``) is imported inside
     the seam."""

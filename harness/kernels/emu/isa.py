@@ -1,5 +1,5 @@
 """``nki.isa`` (NKI 0.7) as the emulator implements it: each instruction checks trn2's rules
-(``harness.nki_emu.rules``), counts itself in the active program's cost report and, unless the
+(``harness.kernels.emu.rules``), counts itself in the active program's cost report and, unless the
 trace is shape-only, computes and writes through ``dst``.
 
 Arithmetic runs in float32 and rounds at ``dst``'s dtype (``NkiTensor.write``); what the docs
@@ -18,10 +18,10 @@ from enum import Enum, IntEnum
 import numpy as np
 import torch
 
-from harness.nki_emu import cost, dtypes, semantics
-from harness.nki_emu.ops import REDUCTIONS, Op
-from harness.nki_emu.rules import check
-from harness.nki_emu.tensors import PMAX, PSUM, PSUM_BANK_BYTES, SBUF, SHARED_HBM, NkiTensor
+from harness.kernels.emu import cost, dtypes, semantics
+from harness.kernels.emu.ops import REDUCTIONS, Op
+from harness.kernels.emu.rules import check
+from harness.kernels.emu.tensors import PMAX, PSUM, PSUM_BANK_BYTES, SBUF, SHARED_HBM, NkiTensor
 
 __emulator__ = True
 
@@ -272,7 +272,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
 
 
 def _wrap(values: torch.Tensor, name: str) -> torch.Tensor:
-    from harness.nki_emu.tensors import wrap_integer
+    from harness.kernels.emu.tensors import wrap_integer
 
     return wrap_integer(values, dtypes.DTYPES[name])
 
@@ -525,7 +525,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
 
 def _converted(dst: NkiTensor, values: torch.Tensor) -> torch.Tensor:
     """float32 values as ``dst``'s storage would hold them after a write."""
-    from harness.nki_emu.tensors import float_to_integer
+    from harness.kernels.emu.tensors import float_to_integer
 
     if dst.storage.is_float:
         return values.to(dst.storage.data.dtype)
@@ -533,7 +533,7 @@ def _converted(dst: NkiTensor, values: torch.Tensor) -> torch.Tensor:
 
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None):
-    from harness.nki_emu.ops import OPS
+    from harness.kernels.emu.ops import OPS
 
     cmp_op = _alu(cmp_op if cmp_op is not None else OPS["equal"], "affine_select", 2)
     dst, on_true = _tensor(dst, "affine_select", "dst"), _tensor(on_true_tile, "affine_select", "on_true_tile")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.nki_emu.isa import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
+from harness.kernels.emu.isa import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
 
 __emulator__ = True
 

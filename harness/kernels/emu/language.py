@@ -1,6 +1,6 @@
 """``nki.language`` (NKI 0.7) as the emulator implements it. Installed as
-``sys.modules["nki.language"]`` by ``harness.nki_emu.installed()``. Its dtypes are NumPy
-dtypes (``harness.nki_emu.dtypes``). A documented name outside the implemented subset raises
+``sys.modules["nki.language"]`` by ``harness.kernels.emu.installed()``. Its dtypes are NumPy
+dtypes (``harness.kernels.emu.dtypes``). A documented name outside the implemented subset raises
 ``NotImplementedError`` naming itself when called; any other name is an ``AttributeError``
 (so ``hasattr`` and ``getattr(nl, name, default)`` work)."""
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.nki_emu import cost, dtypes
-from harness.nki_emu.dtypes import DTYPES
-from harness.nki_emu.ops import OPS
-from harness.nki_emu.tensors import (HBM, PRIVATE_HBM, PSUM, PSUM_BANK_BYTES, PSUM_BANKS, SBUF, SBUF_BYTES_PER_PARTITION,
+from harness.kernels.emu import cost, dtypes
+from harness.kernels.emu.dtypes import DTYPES
+from harness.kernels.emu.ops import OPS
+from harness.kernels.emu.tensors import (HBM, PRIVATE_HBM, PSUM, PSUM_BANK_BYTES, PSUM_BANKS, SBUF, SBUF_BYTES_PER_PARTITION,
                                      SHARED_HBM, NkiTensor, allocate, numpy_to_torch)
 
 __emulator__ = True
@@ -101,7 +101,7 @@ def full(shape, fill_value, dtype, buffer=SBUF, name: str = ""):
     """A tensor filled with ``fill_value`` (one memset on chip)."""
     tensor_ = allocate(shape, dtype, buffer, name)
     if buffer.on_chip:
-        from harness.nki_emu import isa
+        from harness.kernels.emu import isa
 
         isa.memset(tensor_, fill_value)
     elif tensor_.storage.data is not None:
@@ -111,7 +111,7 @@ def full(shape, fill_value, dtype, buffer=SBUF, name: str = ""):
 
 def load(src, dtype=None):
     """``nl.load(src)``: a new SBUF tile holding ``src`` (one DMA)."""
-    from harness.nki_emu import isa
+    from harness.kernels.emu import isa
 
     tile = allocate(src.shape, dtype if dtype is not None else src.dtype, SBUF)
     isa.dma_copy(dst=tile, src=src)
@@ -200,7 +200,7 @@ DOCUMENTED_UNIMPLEMENTED = (
 
 
 def _unimplemented(name: str):
-    from harness.nki_emu.isa import unimplemented
+    from harness.kernels.emu.isa import unimplemented
 
     return unimplemented(f"nki.language.{name}")
 

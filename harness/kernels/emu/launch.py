@@ -9,10 +9,10 @@ import itertools
 
 import torch
 
-from harness.nki_emu import cost, programs, tensors
-from harness.nki_emu import races as race_check
-from harness.nki_emu.cost import CostReport
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels.emu import cost, programs, tensors
+from harness.kernels.emu import races as race_check
+from harness.kernels.emu.cost import CostReport
+from harness.kernels.emu.rules import RuleViolation
 
 
 def _to_torch_argument(value):

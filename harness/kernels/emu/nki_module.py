@@ -14,10 +14,10 @@ import types
 
 import numpy as np
 
-from harness.nki_emu import dtypes, isa, isa_constants, language
-from harness.nki_emu.launch import JitKernel, jit, launch  # noqa: F401
-from harness.nki_emu.rules import RuleViolation  # noqa: F401
-from harness.nki_emu.tensors import NkiTensor, to_numpy
+from harness.kernels.emu import dtypes, isa, isa_constants, language
+from harness.kernels.emu.launch import JitKernel, jit, launch  # noqa: F401
+from harness.kernels.emu.rules import RuleViolation  # noqa: F401
+from harness.kernels.emu.tensors import NkiTensor, to_numpy
 
 __emulator__ = True
 __version__ = "0.7.0+nki-emu (harness NKI emulator, not the Neuron SDK)"

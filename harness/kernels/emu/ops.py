@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.nki_emu import semantics
+from harness.kernels.emu import semantics
 
 
 class Op:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from harness.nki_emu import cost, races
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels.emu import cost, races
+from harness.kernels.emu.rules import RuleViolation
 
 
 class _Aborted(BaseException):

@@ -18,7 +18,7 @@ or one overwriting the other's value and then writing it back, are not races: ev
 ends with the same contents. A program overwriting what another only read in the same epoch
 is not tracked (the reader ran first and saw the old value, one of the hardware's orders).
 
-A launch with ``races="record"`` (``harness.nki_emu.trace``/``run``) does not raise: each race
+A launch with ``races="record"`` (``harness.kernels.emu.trace``/``run``) does not raise: each race
 becomes a ``Race`` in the report's ``races`` and the launch runs on (the values left are the
 scheduler's order's), so a caller can settle a race it knows (an upstream kernel's, by its
 known issue's signature) and still check every output.
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.nki_emu import cost
-from harness.nki_emu.rules import RuleViolation
+from harness.kernels.emu import cost
+from harness.kernels.emu.rules import RuleViolation
 
 MODES = ("raise", "record")
 

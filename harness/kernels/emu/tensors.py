@@ -22,8 +22,8 @@ import math
 import numpy as np
 import torch
 
-from harness.nki_emu import cost, dtypes, races, semantics
-from harness.nki_emu.rules import check
+from harness.kernels.emu import cost, dtypes, races, semantics
+from harness.kernels.emu.rules import check
 
 PMAX = 128
 SBUF_BYTES_PER_PARTITION = 224 * 1024  # trn2 (NeuronCore-v3): 28 MiB SBUF / 128 partitions
@@ -77,7 +77,7 @@ class Storage:
         self.partition_stride = math.prod(shape[1:]) if buffer.on_chip else self.numel
         self.live: list[list[int]] = []  # on chip: [write, last read] clock intervals its values are live
         self.owner = program
-        self.races = None  # HBM shared by concurrent programs: harness.nki_emu.races.Writes
+        self.races = None  # HBM shared by concurrent programs: harness.kernels.emu.races.Writes
         self.data = data
         if program.numerics and data is None:
             if fill is None:

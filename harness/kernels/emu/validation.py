@@ -5,7 +5,7 @@ with nki-library's comparator (``maxAllClose``, mode "max": ``|a - b| <= atol + 
 max|ref|``) plus the reference's dtype.
 
 ``CASES`` is the table; ``validate(case)`` runs one row and returns its measured line;
-``python -m harness.nki_emu.validation`` prints the table.
+``python -m harness.kernels.emu.validation`` prints the table.
 The kernels come from the standalone wheel (package ``nkilib_src.nkilib``).
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.nki_emu import install
-from harness.nki_emu.launch import launch
+from harness.kernels.emu import install
+from harness.kernels.emu.launch import launch
 
 PACKAGE = "nkilib_src.nkilib"
 TESTS = "aws-neuron/nki-library test/integration/nkilib"
@@ -106,7 +106,7 @@ def _cumsum(batch, hidden, ndim, seq, dtype):
 
 
 def _nl_dtype(dtype):
-    from harness.nki_emu import language
+    from harness.kernels.emu import language
 
     return language.bfloat16 if dtype == torch.bfloat16 else language.float32
 
@@ -227,7 +227,7 @@ def table(rows) -> str:
 
 
 def main() -> int:
-    """``python -m harness.nki_emu.validation``: run every case, print the table."""
+    """``python -m harness.kernels.emu.validation``: run every case, print the table."""
     rows = [validate(case) for case in CASES]
     print(table(rows))
     return 0 if all(row["passed"] for row in rows) else 1

@@ -13,12 +13,12 @@ Three operators are registered with ``torch.library`` in the ``harness`` namespa
 Every kernel module ``X.py`` here (and in ``nki/``) has its float64-capable torch reference
 ``X_torch.py`` beside it: for each kernel function ``f`` in ``X.py``, ``X_torch.f_torch_ref``
 takes the same arguments (nki-library's convention). The kernel registry checks the pairing
-(``harness.kernel_checks.registry.twin_problems``). ``rope_torch`` is the repository's one
+(``harness.kernels.checks.registry.twin_problems``). ``rope_torch`` is the repository's one
 RoPE reference (inverse frequencies, cos/sin, the rotation).
 
 Each has a CPU/CUDA kernel written in torch, a fake (meta) kernel and autograd, so
 registration, autograd and the module swap run on every device. On a Neuron device the
-implementation is an NKI kernel (``harness/ops/nki/``; the MoE backward is nki-library's,
+implementation is an NKI kernel (``harness/kernels/ops/nki/``; the MoE backward is nki-library's,
 fed by our forward's recompute), registered by ``neuron.py`` only when the real
 ``torch_neuronx`` and ``nki`` import (the PyPI placeholders count as absent).
 
@@ -29,15 +29,15 @@ attribute access.
 
 from __future__ import annotations
 
-from harness.ops import grouped_swiglu, rope  # noqa: F401  (modules; importing registers the operators)
-from harness.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
+from harness.kernels.ops import grouped_swiglu, rope  # noqa: F401  (modules; importing registers the operators)
+from harness.kernels.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
 
 register_neuron_kernels()
 
 _LAZY = {
-    "CustomOpCosSinRoPE": "harness.ops.modules",
-    "CustomOpGroupedExperts": "harness.ops.modules",
-    "use_custom_ops": "harness.ops.modules",
+    "CustomOpCosSinRoPE": "harness.kernels.ops.modules",
+    "CustomOpGroupedExperts": "harness.kernels.ops.modules",
+    "use_custom_ops": "harness.kernels.ops.modules",
 }
 
 __all__ = [
@@ -57,4 +57,4 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'harness.ops' has no attribute {name!r}")
+    raise AttributeError(f"module 'harness.kernels.ops' has no attribute {name!r}")

@@ -6,8 +6,8 @@ The summed negative log-likelihood of ``labels (B, L)`` under ``logits (B, L, V)
 aligned with the logits (position t predicts labels[t]): no shift happens here. Computes in the
 logits' dtype (float64 for the truth; ``gradcheck`` runs on it). No torch loss function, no
 torchtitan or transformers import: the kernel registry holds torchtitan's loss and nki-library's
-kernel against it (harness/kernel_checks/references.py). How the trainer normalises the sums of
-its ranks is the loss contract (harness/data/loss_reference.py).
+kernel against it (harness/kernels/checks/references.py). How the trainer normalises the sums of
+its ranks is the loss contract (harness/references/loss.py).
 """
 
 from __future__ import annotations

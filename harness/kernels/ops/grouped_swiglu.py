@@ -48,9 +48,9 @@ The blockwise contract (every device). The forward runs as ``block -> body -> un
 (``(N*B, D)`` rows, ``block_expert``, weights) -> ``(N*B, D)``: on CPU/CUDA ``grouped_swiglu_math``
 over the blocks (each expert's segment is its blocks, so the grouped GEMMs see each expert's
 rows plus its zero padding rows; bitwise the unblocked computation at the dims of
-tests/kernels/test_custom_ops.py); on Neuron the NKI kernel (harness/ops/nki/grouped_swiglu_kernel.py),
+tests/kernels/test_custom_ops.py); on Neuron the NKI kernel (harness/kernels/ops/nki/grouped_swiglu_kernel.py),
 whose torch twin walks the same blocks. Cost: at most ``N*B <= R + E*(B-1)`` rows instead of
-``R`` (harness/ops/nki/grouped_swiglu_cost.py has the full-shape numbers).
+``R`` (harness/kernels/ops/nki/grouped_swiglu_cost.py has the full-shape numbers).
 
 The backward is an operator of its own, ``torch.ops.harness.grouped_swiglu_backward(grad, x,
 offsets, w1, w2, w3) -> (dx, dw1, dw2, dw3)``, which the forward's registered autograd formula
@@ -59,9 +59,9 @@ calls, so each device has its own backward kernel:
 * CPU/CUDA: the offset-based formulas below (``grouped_swiglu_backward_math``). Each step is the
   same op autograd would run for torchtitan's forward, so forward and backward are bitwise
   torchtitan's on CPU; the recorded losses rest on it;
-* Neuron: NKI, registered by ``harness.ops.neuron`` -- nki-library's blockwise backward
+* Neuron: NKI, registered by ``harness.kernels.ops.neuron`` -- nki-library's blockwise backward
   (``experimental/moe/bwd``) fed by our forward kernel's recompute of the activations
-  (harness/ops/nki/grouped_swiglu_backward.py). Its rounding is the library's (block
+  (harness/kernels/ops/nki/grouped_swiglu_backward.py). Its rounding is the library's (block
   contributions to ``dW`` added in bfloat16), held to the kernel tolerance against the float64
   derivative and torchtitan's (tests/kernels/test_moe_backward.py). Nothing in it uses
   ``dma_copy(dst_rmw_op=...)``, which NKI 0.3 removed.
@@ -153,7 +153,7 @@ def grouped_swiglu_math(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: 
     return y.type_as(x).contiguous()
 
 
-BLOCK_SIZE = 32  # rows per block; the choice is tabulated in harness/ops/nki/grouped_swiglu_cost.py
+BLOCK_SIZE = 32  # rows per block; the choice is tabulated in harness/kernels/ops/nki/grouped_swiglu_cost.py
 
 
 def max_blocks(num_rows: int, num_experts: int, block_size: int = BLOCK_SIZE) -> int:

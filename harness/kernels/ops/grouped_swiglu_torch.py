@@ -1,16 +1,16 @@
 """The repository's one SwiGLU reference, in torch: the MLP of one expert (or of a dense layer),
-and the grouped form of ``harness/ops/grouped_swiglu.py`` built on it.
+and the grouped form of ``harness/kernels/ops/grouped_swiglu.py`` built on it.
 
 ``swiglu``: ``y = (silu(x w_gate^T) * (x w_up^T)) w_down^T``, in ``x``'s dtype; ``dtype`` makes
 the three matmuls (and the product between them) take ``dtype`` operands and return ``dtype``
 results, cast back to ``x``'s dtype at the end: torchtitan's ``GroupedExperts`` with
-``dtype=bfloat16``, the precision the model reference (harness/parity/reference.py) emulates its
+``dtype=bfloat16``, the precision the model reference (harness/references/model.py) emulates its
 experts in.
 
 ``grouped_swiglu_torch_ref`` is the torch twin of the custom op (its signature): expert ``e``
 owns rows ``offsets[e-1]:offsets[e]`` and applies ``swiglu`` with its weights ``w1[e]`` (gate),
 ``w3[e]`` (up), ``w2[e]`` (down); rows owned by no expert are zero. ``grouped_swiglu_rows`` is
-the same by row counts (the kernel registry's form, harness/kernel_checks/references.py).
+the same by row counts (the kernel registry's form, harness/kernels/checks/references.py).
 
 Exact math in the dtype it is given (float64 for the truth; ``gradcheck`` runs on it), no
 bfloat16 policy of its own: torchtitan's rounding points are the implementation's, declared in

@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.common.rope import CosSinRoPE
 
-import harness.ops  # noqa: F401  (registers torch.ops.harness.*)
-from harness import titan_api
+import harness.kernels.ops  # noqa: F401  (registers torch.ops.harness.*)
+from harness.upstream import titan_api
 
 
 class CustomOpCosSinRoPE(CosSinRoPE):
@@ -63,7 +63,7 @@ class CustomOpGroupedExperts(GroupedExperts):
 
 
 # The GroupedExperts method that computes on already-dispatched tokens differs per torchtitan
-# generation ("forward" on 0.3.0, "_experts_forward" on spring-2026 main): harness.titan_api.
+# generation ("forward" on 0.3.0, "_experts_forward" on spring-2026 main): harness.upstream.titan_api.
 setattr(CustomOpGroupedExperts, titan_api.GROUPED_EXPERTS_COMPUTE_METHOD,
         CustomOpGroupedExperts._grouped_swiglu)
 

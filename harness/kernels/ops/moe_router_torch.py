@@ -3,10 +3,10 @@
 Logits ``x @ gate_weight^T``, a softmax over the experts, the ``top_k`` most probable experts of
 each token and, with ``renormalise``, their probabilities divided by their sum (Qwen3-MoE's
 ``norm_topk_prob``; torchtitan's ``route_norm``). Everything computes in the dtype it is given:
-float64 for the truth (``gradcheck`` runs on it); the model reference (harness/parity/
-reference.py) gives it float32, as Qwen3-MoE defines its router. No torchtitan or transformers
-import. The router has no kernel in harness/ops: the kernel registry holds torchtitan's and
-transformers' against this (harness/kernel_checks/references.py).
+float64 for the truth (``gradcheck`` runs on it); the model reference (harness/references/
+model.py) gives it float32, as Qwen3-MoE defines its router. No torchtitan or transformers
+import. The router has no kernel in harness/kernels/ops: the kernel registry holds torchtitan's and
+transformers' against this (harness/kernels/checks/references.py).
 
 The order of the chosen experts is a parameter: ``by_value`` (descending probability,
 ``torch.topk`` sorted, the order transformers sums them in) or ``topk(sorted=False)``'s

@@ -1,7 +1,7 @@
 """Neuron detection and the Neuron (NKI) registration of the harness operators.
 
 NOT YET RUN ON HARDWARE. Everything here is import-guarded: without the real Neuron SDK
-nothing is registered and importing ``harness.ops`` still works.
+nothing is registered and importing ``harness.kernels.ops`` still works.
 
 PyPI's ``nki``, ``torch-neuronx`` and ``neuronx-cc`` are placeholders whose import raises
 ``ImportError("WRONG PACKAGE ...")``; ``probe_module`` reports them as absent with that
@@ -13,7 +13,7 @@ tensors out for the NKI kernel and calls it on Neuron tensors, which torch-neuro
 and runs (eager: compiled per shape on first call). The MoE kernels launch on two programs
 (LNC=2, trn2's default). Backward: ``harness::grouped_swiglu``'s autograd formula calls the op
 ``harness::grouped_swiglu_backward``, whose neuron kernel is NKI (our forward's recompute, then
-nki-library's blockwise backward: harness/ops/nki/grouped_swiglu_backward.py); RoPE's autograd
+nki-library's blockwise backward: harness/kernels/ops/nki/grouped_swiglu_backward.py); RoPE's autograd
 formula (``rope.py``) is device-independent torch code and runs as torch-neuronx ops.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 
-from harness.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
+from harness.device.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 
 # Filled by register_neuron_kernels(): {"registered": bool, "reason": str, "ops": [...]}.
 NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_kernels() not called", "ops": []}
@@ -30,8 +30,8 @@ NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_ker
 @functools.lru_cache(maxsize=None)
 def neuron_available() -> tuple[bool, str]:
     """(available, reason) for running the NKI kernels: the 'neuron' device is present
-    (``harness.devices.neuron_status``, the one device probe) and the real ``nki`` imports."""
-    from harness.devices import neuron_status
+    (``harness.device.devices.neuron_status``, the one device probe) and the real ``nki`` imports."""
+    from harness.device.devices import neuron_status
 
     ok, reason = probe_module("nki")
     if not ok:
@@ -54,7 +54,7 @@ def register_neuron_kernels() -> dict:
         return NEURON_REGISTRATION
     import torch
 
-    from harness.ops.nki import grouped_swiglu_backward, grouped_swiglu_kernel, rope_kernel
+    from harness.kernels.ops.nki import grouped_swiglu_backward, grouped_swiglu_kernel, rope_kernel
 
     kernels = {
         "harness::rope": rope_kernel.rope_neuron,

@@ -3,9 +3,9 @@
 ``y = weight * (x * rsqrt(mean(x^2 over the last dim) + eps))``, in the order transformers'
 ``Qwen3RMSNorm`` computes it, in the dtype it is given (float64 for the truth; ``gradcheck``
 runs on it; float32 in the parity reference, whose tolerances were measured so). No torchtitan
-or transformers import. RMSNorm has no kernel in harness/ops: the kernel registry holds
-torchtitan's and transformers' against this (harness/kernel_checks/references.py), and the
-model reference (harness/parity/reference.py) normalises with it.
+or transformers import. RMSNorm has no kernel in harness/kernels/ops: the kernel registry holds
+torchtitan's and transformers' against this (harness/kernels/checks/references.py), and the
+model reference (harness/references/model.py) normalises with it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The repository's one RoPE reference (rotate-half, as Qwen3 in HF and torchtitan), in torch.
 
-Torch twin of ``harness/ops/rope.py`` (``rope_torch_ref`` has the custom op's signature) and
-the math of the kernel registry's op-level reference (harness/kernel_checks/references.py
+Torch twin of ``harness/kernels/ops/rope.py`` (``rope_torch_ref`` has the custom op's signature) and
+the math of the kernel registry's op-level reference (harness/kernels/checks/references.py
 ``rotary_embedding``). Everything computes in the dtype it is given (float64 for the truth;
 ``gradcheck`` runs on it), with no torchtitan or transformers import. Other code that needs
 RoPE imports it from here::
 
-    from harness.ops.rope_torch import rope_inv_freq, rope_cos_sin, apply_rope
+    from harness.kernels.ops.rope_torch import rope_inv_freq, rope_cos_sin, apply_rope
 
 The math: for pair ``i < D/2`` the angle is ``p * theta**(-2i/D)``; dims ``i`` and ``i + D/2``
 rotate together: ``y_i = x_i cos - x_{i+D/2} sin``, ``y_{i+D/2} = x_{i+D/2} cos + x_i sin``.

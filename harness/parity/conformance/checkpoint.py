@@ -20,7 +20,7 @@ first):
 - :func:`adapter_round_trip_violations` -- torchtitan's adapter ``from_hf(to_hf(sd))``
   reproduces every native tensor bit for bit, and :func:`unmapped_native_keys` -- every
   native tensor has an HF name, except those in the data allow-list
-  (``harness/conformance/expected_unmapped_keys.toml``).
+  (``harness/parity/conformance/expected_unmapped_keys.toml``).
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def save_like_trainer(model: torch.nn.Module, adapter, out_dir: str | Path) -> P
 def tensor_equality_violations(directory: str | Path, expected: dict[str, torch.Tensor],
                                what: str = "saved") -> list[Violation]:
     """Every tensor in ``directory`` equals ``expected`` bit for bit (and none is missing)."""
-    from harness.parity.reference import load_hf_tensors
+    from harness.references.model import load_hf_tensors
 
     got = load_hf_tensors(directory)
     out = []

@@ -11,10 +11,10 @@ same tensor, not merely flagged as tied) and the attention scale (one attention 
 built model is run on CPU with random weights and input, and its attention output is compared
 with ``softmax(q k^T * head_dim^-0.5)`` at the HF config's ``head_dim``, computed from the q,
 k, v the module itself produced). The HF side is the config.json, read without transformers
-(:class:`~harness.hf_config.Qwen3Arch`).
+(:class:`~harness.registry.hf_config.Qwen3Arch`).
 
 Known violations (confirmed upstream defects) are not listed here: they are entries of the
-one registry, harness/known_issues/ (check ``config_conformance``, ``subject``).
+one registry, harness/registry/known_issues/ (check ``config_conformance``, ``subject``).
 
 Every violation is listed (grouped per field and value, with the module count and the first
 module), not just the first.
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from harness import titan_api
-from harness.conformance.checkpoint import Violation
-from harness.hf_config import Qwen3Arch
-from harness.ops.rope_torch import apply_rope, rope_cos_sin
+from harness.upstream import titan_api
+from harness.parity.conformance.checkpoint import Violation
+from harness.registry.hf_config import Qwen3Arch
+from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ConformanceReport:
 def build_meta(model_config) -> nn.Module:
     """The model of ``model_config`` as given (no ``update_from_config``: the config under
     conformance is the one a config function wrote), on the meta device."""
-    from harness.model_build import meta_module
+    from harness.model.build import meta_module
 
     return meta_module(model_config)
 
@@ -235,7 +235,7 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
 
     ``build(model_config) -> module`` replaces the meta-device build (the self-tests plant
     defects in the built model this way)."""
-    from harness.tolerances import parity_tolerance as tolerance
+    from harness.registry.tolerances import parity_tolerance as tolerance
 
     arch = Qwen3Arch.from_hf_dict(hf)
     report = ConformanceReport(subject or f"native vs {arch.model_type} config.json")

@@ -4,10 +4,10 @@ is under test and on spring-2026 drops the MoE experts: known issue
 spring2026-qwen3-moe-adapter-expert-keys).
 
 The names are Qwen3's HF on-disk layout (``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``,
-``save_pretrained``; harness/conformance/checkpoint.py ``expected_hf_checkpoint`` is that
+``save_pretrained``; harness/parity/conformance/checkpoint.py ``expected_hf_checkpoint`` is that
 layout for a config, and ``hf_state_from_native``'s result is checked against it key for key and
 shape for shape). Each row of ``NAME_TABLE`` also names the reference step whose computation
-reads the tensor (harness/parity/reference.py ``trace_names``: torchtitan's module names), which
+reads the tensor (harness/references/model.py ``trace_names``: torchtitan's module names), which
 ``module_of_weight`` answers for an HF name (the diagnosis: which module a gradient belongs to):
 
 | torchtitan (native Qwen3, both generations)            | HF                                        | reference step |
@@ -86,7 +86,7 @@ def module_of_weight(key: str) -> str:
         match = re.fullmatch(_hf_module_pattern(hf), key)
         if match:
             return f"layers.{match.group(1)}.{step}" if match.groups() else step
-    raise KeyError(f"{key}: no module of the HF Qwen3 name table (harness/conformance/"
+    raise KeyError(f"{key}: no module of the HF Qwen3 name table (harness/parity/conformance/"
                    f"native_to_hf.py) holds it")
 
 
@@ -106,8 +106,8 @@ def hf_state_from_native(native: dict[str, torch.Tensor], config_dir: str | Path
     """``native`` (a model's full state under torchtitan's names, or the transformers backend's)
     as the HF checkpoint of the config in ``config_dir``: every key and shape that
     ``save_pretrained`` writes for it, and no other."""
-    from harness.conformance.checkpoint import expected_hf_checkpoint
-    from harness.hf_config import Qwen3Arch
+    from harness.parity.conformance.checkpoint import expected_hf_checkpoint
+    from harness.registry.hf_config import Qwen3Arch
 
     arch = Qwen3Arch.from_dir(config_dir)
     hf = _from_hf_backend(native)
@@ -149,4 +149,4 @@ def _convert_one(name: str, tensor: torch.Tensor, hf: dict[str, torch.Tensor]) -
                                  f"so only a state before the first optimizer step converts")
         return
     raise NotConvertible(f"{name}: not a native Qwen3 tensor name the harness knows "
-                         f"(harness/conformance/native_to_hf.py lists them)")
+                         f"(harness/parity/conformance/native_to_hf.py lists them)")

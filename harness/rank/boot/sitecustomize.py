@@ -1,11 +1,11 @@
-"""Installed into each launched rank through PYTHONPATH (harness/launch.py ``rank_environment``
+"""Installed into each launched rank through PYTHONPATH (harness/launch/run.py ``rank_environment``
 puts this folder first on every rank's path, on every device).
 
 Python imports ``sitecustomize`` at start-up, before ``-m torchtitan.train`` runs, which is the
 only point early enough for shims that must act before torchtitan imports itself. It installs,
 in this order, the shims named in ``HARNESS_SHIMS`` (harness/upstream/install.py), the plants
 named in ``HARNESS_PLANTS`` (self-tests only, harness/plants) and the rank-side observers named
-in ``HARNESS_OBSERVERS`` (harness/rank_observers.py; last, so theirs are the outermost
+in ``HARNESS_OBSERVERS`` (harness/rank/observers.py; last, so theirs are the outermost
 wrappers), with a rank's start-up collection setting where shims or plants are named; then it
 runs the ``sitecustomize`` it shadows, if the path holds another (an image's own), as Python
 would have without this folder. With the three variables unset it installs nothing.
@@ -14,11 +14,11 @@ would have without this folder. With the three variables unset it installs nothi
 import os
 
 # A launched rank imports with automatic garbage collection off, until torchtitan's Trainer is
-# built and manages collection itself, the imports' objects frozen (harness/startup_gc.py).
+# built and manages collection itself, the imports' objects frozen (harness/rank/startup_gc.py).
 # Before the shims: they import torch.
 if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
     try:
-        from harness.startup_gc import defer_until_trainer
+        from harness.rank.startup_gc import defer_until_trainer
     except ImportError:  # another checkout's harness without it
         defer_until_trainer = None
     if defer_until_trainer is not None:
@@ -26,7 +26,7 @@ if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
 
 for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"),
                          ("HARNESS_PLANTS", "harness.plants"),
-                         ("HARNESS_OBSERVERS", "harness.rank_observers")):
+                         ("HARNESS_OBSERVERS", "harness.rank.observers")):
     if os.environ.get(variable):
         try:
             import importlib

@@ -4,7 +4,7 @@ place the rest of the harness asks about it (``known_issues.judge``, ``applicabl
 with ``known_issues.settle``).
 
 The mechanism (what an entry is, how a check is judged against the entries, how a test ends
-on the verdict) is harness/known_issues/mechanism.py. The entries are grouped by what they
+on the verdict) is harness/registry/known_issues/mechanism.py. The entries are grouped by what they
 concern, one module each:
 
 | module            | the known issues of                                                  |
@@ -20,8 +20,8 @@ A new entry goes into the module of what it concerns, and into that module's ``I
 
 from __future__ import annotations
 
-from harness.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
-from harness.known_issues.mechanism import (KnownIssue, Registry, Signature, Verdict, Where,
+from harness.registry.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
+from harness.registry.known_issues.mechanism import (KnownIssue, Registry, Signature, Verdict, Where,
                                             Workaround, inherited, settle)
 
 __all__ = ["ISSUES", "KnownIssue", "REGISTRY", "Signature", "Verdict", "WORKAROUNDS",
@@ -41,5 +41,5 @@ WORKAROUNDS: dict[str, Workaround] = REGISTRY.workarounds
 # The one --workaround option (pytest and ``python -m harness`` alike): validated names only.
 WORKAROUND_OPTION = dict(
     action="append", default=[], choices=sorted(WORKAROUNDS), metavar="NAME",
-    help="apply the workaround of a known upstream defect (harness/known_issues/) to every run "
+    help="apply the workaround of a known upstream defect (harness/registry/known_issues/) to every run "
          f"and in-process suite it changes, repeatable; one of {', '.join(sorted(WORKAROUNDS))}")

@@ -1,19 +1,19 @@
 """Known issues of torchtitan 0.3.0's transformers modeling backend (backend ``hf_v5``, with
 transformers 5.9.0): the one home of its entries and their workarounds (``hf_rope_init``,
 ``hf_block_causal``). The spring-2026 generation's own issues of that backend are in
-harness/known_issues/spring2026.py; what an entry is, harness/known_issues/mechanism.py.
+harness/registry/known_issues/spring2026.py; what an entry is, harness/registry/known_issues/mechanism.py.
 """
 
 from __future__ import annotations
 
-from harness.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
+from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
 
 HF_ROPE_INIT = Workaround(
     name="hf_rope_init",
     what="recompute every Qwen3RotaryEmbedding.inv_freq after HFTransformerModel.init_states",
     rank_shim="hf_rope_init",
     backends=("hf_v5",),
-    in_process="harness.workarounds:hf_rope_init",
+    in_process="harness.upstream.workarounds:hf_rope_init",
 )
 
 HF_BLOCK_CAUSAL = Workaround(
@@ -40,7 +40,7 @@ HF_V5_ROPE_INV_FREQ = KnownIssue(
              "are off 1/theta^(2i/d) by more than 1e-5 relative "
              "(values like 0.0, 2e-43, 2e30: whatever the memory held; in 1 of 27 suite runs "
              "4 of 24, a freed correct inv_freq). Built with uninitialised memory poisoned "
-             "(harness/determinism.py), every entry is NaN: 24 of 24 in 40 of 40 builds (20 as "
+             "(harness/device/determinism.py), every entry is NaN: 24 of 24 in 40 of 40 builds (20 as "
              "the allocator was left, 20 primed with a freed correct inv_freq).",
     where=(Where(check="rope_inv_freq", backend=("hf_v5",)),),
     # fraction of inv_freq entries outside the rope tolerance (NaN counts as wrong), read with

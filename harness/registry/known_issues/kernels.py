@@ -1,14 +1,14 @@
 """Known issues of the kernels under conformance: the one home of the entries of check
-``kernel`` (harness/kernel_checks/runner.py judges each property of a cell; the selectors name
+``kernel`` (harness/kernels/checks/runner.py judges each property of a cell; the selectors name
 the one property excused). Formerly harness/kernels/findings.py F1 and F2 (F3 and F5, torch's
-grouped GEMM, are in harness/known_issues/pytorch.py); and nki-library's kernels' races that the
-NKI emulator records (check ``nki_emu_race``, harness/ops/nki/). What an entry is:
-harness/known_issues/mechanism.py.
+grouped GEMM, are in harness/registry/known_issues/pytorch.py); and nki-library's kernels' races that the
+NKI emulator records (check ``nki_emu_race``, harness/kernels/ops/nki/). What an entry is:
+harness/registry/known_issues/mechanism.py.
 """
 
 from __future__ import annotations
 
-from harness.known_issues.mechanism import KnownIssue, Signature, Where
+from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where
 
 _ROPE_CACHE_USERS = ("torchtitan", "transformers", "harness_op", "nki_contract", "nki_kernel", "nkilib")
 
@@ -58,7 +58,7 @@ NKILIB_BWD_EA_GRAD_RACE = KnownIssue(
             "stores: one program's zeroing can clobber the other's EA grad (on hardware the zeroing "
             "usually runs first and wins the race by timing). harness::grouped_swiglu_backward "
             "drops the EA grad (affinity 1.0, computed from y), so its gradients are unaffected.",
-    evidence="NKI emulator (lnc-race, harness/nki_emu/races.py), tests/kernels/test_moe_backward.py case "
+    evidence="NKI emulator (lnc-race, harness/kernels/emu/races.py), tests/kernels/test_moe_backward.py case "
              "two_blocks_for_one_expert (counts 300/0/20, D=F=64, T=321, E=3): programs (0,) and (1,) "
              "leave 175.0 vs 0.0 at flat index 321 of [963, 1]; conformance grouped_swiglu nki_kernel "
              "cases qwen3_30b_dims ([6, 1], 5 elements, 6.25 vs 0.0) and all_rows_one_expert "

@@ -2,7 +2,7 @@
 the entries, and how a test ends on the verdict. The one home of ``Where``, ``Signature``,
 ``KnownIssue``, ``Workaround``, ``Verdict``, ``Registry`` (``applicable``, ``judge``,
 ``inherited``) and ``settle``; the entries themselves live beside it, grouped by what they
-concern (harness/known_issues/__init__.py assembles them).
+concern (harness/registry/known_issues/__init__.py assembles them).
 
 In the manner of PyTorch OpInfo's ``DecorateInfo``: each ``KnownIssue`` says exactly where it
 applies (``Where``: which check, on which backend / size / init / device / attention /
@@ -35,11 +35,11 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any, Iterable
 
-from harness.generations import base_of
+from harness.registry.generations import base_of
 
 WHERE_FIELDS = ("backend", "size", "init", "device", "attention", "generation", "subject",
                 "op", "impl", "case", "dtype", "property")
-ENTRIES = "harness/known_issues/"  # where the entries live, for the messages that send there
+ENTRIES = "harness/registry/known_issues/"  # where the entries live, for the messages that send there
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Where:
     init: tuple[str, ...] = ()
     device: tuple[str, ...] = ()
     attention: tuple[str, ...] = ()
-    generation: tuple[str, ...] = ()  # torchtitan API generation (harness/titan_api)
+    generation: tuple[str, ...] = ()  # torchtitan API generation (harness/upstream/titan_api)
     subject: tuple[str, ...] = ()  # a config or model under a conformance check
     op: tuple[str, ...] = ()
     impl: tuple[str, ...] = ()
@@ -91,7 +91,7 @@ class Where:
 
     def inherited_by(self, check: str, context: dict[str, str]) -> bool:
         """Whether a fork (``context["generation"]``) inherits this from the generation it
-        forks (harness/generations.py ``FORK_OF``): it applies there, not to the fork itself."""
+        forks (harness/registry/generations.py ``FORK_OF``): it applies there, not to the fork itself."""
         base = base_of(context.get("generation") or "")
         return (base is not None and not self.matches(check, context)
                 and self.matches(check, {**context, "generation": base}))

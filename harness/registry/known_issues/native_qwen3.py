@@ -1,18 +1,18 @@
 """Known issues of torchtitan's native Qwen3 (backend ``titan_native``): the one home of its
 entries and their workarounds (``titan_4b_theta``). What an entry is:
-harness/known_issues/mechanism.py.
+harness/registry/known_issues/mechanism.py.
 """
 
 from __future__ import annotations
 
-from harness.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
+from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
 
 TITAN_4B_THETA = Workaround(
     name="titan_4b_theta",
     what="set every layer's RoPE theta from the checkpoint's config.json (5e6 for 2507)",
     rank_shim="titan_4b_theta",  # the "4B" flavor's theta from the run's assets (harness/upstream)
     backends=("titan_native",),
-    in_process="harness.workarounds:theta_from_hf",
+    in_process="harness.upstream.workarounds:theta_from_hf",
 )
 
 TITAN_4B_ROPE_THETA = KnownIssue(

@@ -1,12 +1,12 @@
 """Known issues of torch itself (2.14): the one home of the entries for its grouped GEMM (the
 checks of tests/kernels/test_custom_ops.py; formerly harness/kernels/findings.py F3 and F5) and
 for DTensor's random init on a CPU mesh, with its workaround (``dtensor_full_init``). What an
-entry is: harness/known_issues/mechanism.py.
+entry is: harness/registry/known_issues/mechanism.py.
 """
 
 from __future__ import annotations
 
-from harness.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
+from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
 
 GROUPED_MM_CPU_EXPANDED_GRAD = KnownIssue(
     name="torch-grouped-mm-cpu-expanded-grad",

@@ -1,6 +1,6 @@
 """Known issues of torchtitan ``main`` of spring 2026 (generation ``spring2026``, the Neuron
-fork's base; harness/titan_api/spring2026.py): the one home of its entries. A fork inherits
-them (harness/generations.py ``FORK_OF``; harness/known_issues/mechanism.py ``inherited``).
+fork's base; harness/upstream/titan_api/spring2026.py): the one home of its entries. A fork inherits
+them (harness/registry/generations.py ``FORK_OF``; harness/registry/known_issues/mechanism.py ``inherited``).
 
 The first three make its transformers backend unusable; their workarounds are applied whenever
 that backend is built on this generation (titan_api.transformers_backend), and
@@ -9,7 +9,7 @@ tests/selftest/test_upstream_shims.py tells when each stops being needed.
 
 from __future__ import annotations
 
-from harness.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
+from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
 
 SPRING_HF_CONFIG_KW_ONLY = KnownIssue(
     name="spring2026-hf_v5-config-not-keyword-only",
@@ -91,7 +91,7 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
              "every other parameter loaded and distinct. In process, the adapter's to_hf of "
              "tiny_moe's state (tests/parity/test_native_to_hf.py; with and without the "
              "harness's custom ops) gives 21 of the 213 tensors of the harness's own conversion "
-             "(harness/conformance/native_to_hf.py), every one bit for bit equal, and lacks "
+             "(harness/parity/conformance/native_to_hf.py), every one bit for bit equal, and lacks "
              "exactly the other 192: 2 layers x 32 experts x gate/up/down_proj.",
     where=(Where(check="first_step_loss", backend=("nki_moe",), init=("pretrained",),
                  generation=("spring2026",)),

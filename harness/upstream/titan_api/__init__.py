@@ -1,7 +1,7 @@
 """The torchtitan API generation installed, and its API: one module per API.
 
 The generations by name (which versions each accepts, which is a fork of which) are
-harness/generations.py, re-exported here. Everything that differs between the APIs lives in one
+harness/registry/generations.py, re-exported here. Everything that differs between the APIs lives in one
 module per API (``v0_3.py``, ``spring2026.py``), each exposing the same names (``API``), each
 difference with its reason. Backends import those names from here and never branch on versions
 themselves.
@@ -10,7 +10,7 @@ TorchTitan Neuron is a generation of its own that shares the spring2026 API modu
 (``API_OF``) and inherits its known issues (``FORK_OF``): what was found wrong in public ``main``
 (known issues recorded with ``generation="spring2026"``) is expected on the fork where its
 signature reproduces, named "inherited", and where the fork does not show it the check passes
-and says so (harness/known_issues/). Expectations computed from the API (init rules, the
+and says so (harness/registry/known_issues/). Expectations computed from the API (init rules, the
 dataloader's batches) are the API's (``api_generation``). A fork version the harness has not
 been run against is accepted and named as such in every result (``fork_note``).
 """
@@ -42,7 +42,7 @@ API = (
     "NOT_PORTED",
 )
 
-from harness.generations import (API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED,  # noqa: E402,F401
+from harness.registry.generations import (API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED,  # noqa: E402,F401
                                  UnsupportedTorchtitanError, api_generation_of, base_of, fork_note,
                                  generation_of, is_fork)
 

@@ -1,6 +1,6 @@
 """torchtitan ``main`` of spring 2026 (0.2.2+main.*; TorchTitan Neuron 0.2.2+neuron.1 forks it).
 
-The names harness.titan_api exposes; each says how it differs from 0.3.0 (v0_3.py) and why.
+The names harness.upstream.titan_api exposes; each says how it differs from 0.3.0 (v0_3.py) and why.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def call_loss(loss_fn, pred, labels, *args):
     return loss_fn(pred, labels, *args)
 
 
-# How the pretraining dataset packs documents into rows (harness/data/reference.py implements
+# How the pretraining dataset packs documents into rows (harness/references/data.py implements
 # both): spring appends every document to one token stream and cuts rows of seq_len + 1, inputs
 # row[:-1] and labels row[1:], so a document's last token (its EOS) predicts the next
 # document's first token, and the row's last token is a label only; positions restart at 0 per

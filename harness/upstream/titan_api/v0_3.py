@@ -1,4 +1,4 @@
-"""torchtitan 0.3.0 (PyPI, September 2026): the names harness.titan_api exposes.
+"""torchtitan 0.3.0 (PyPI, September 2026): the names harness.upstream.titan_api exposes.
 
 Each definition says how it differs from spring-2026 ``main`` (spring2026.py) and why.
 """
@@ -118,7 +118,7 @@ def call_loss(loss_fn, pred, labels, *args):
     return loss
 
 
-# How the pretraining dataset packs documents into rows (harness/data/reference.py implements
+# How the pretraining dataset packs documents into rows (harness/references/data.py implements
 # both): 0.3.0 shifts within each document (inputs doc[:-1], labels doc[1:]) and cuts rows of
 # exactly seq_len, so a document's last token never predicts the next document's first;
 # positions restart at 0 per document and at each row start.

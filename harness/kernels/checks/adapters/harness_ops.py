@@ -1,27 +1,27 @@
-"""The harness custom operators (harness/ops), through the torchtitan module subclasses the
+"""The harness custom operators (harness/kernels/ops), through the torchtitan module subclasses the
 nki_moe backend builds: ``CustomOpCosSinRoPE`` and ``CustomOpGroupedExperts``.
 
 On "cpu"/"cuda" this runs the ops' torch kernels; on "neuron" the ops dispatch to the NKI
-kernels registered by harness.ops.neuron.
+kernels registered by harness.kernels.ops.neuron.
 """
 
 from __future__ import annotations
 
 import functools
 
-from harness import titan_api
-from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
+from harness.upstream import titan_api
+from harness.kernels.checks.adapters.torchtitan import rope_max_seq_len
 
 
 def _on(device: str):
-    from harness.kernel_checks.spec import torch_device
+    from harness.kernels.checks.spec import torch_device
 
     return torch_device(device)
 
 
 @functools.lru_cache(maxsize=8)
 def _rope_module(dim: int, theta: float, max_seq_len: int, device: str):
-    from harness.ops.modules import CustomOpCosSinRoPE
+    from harness.kernels.ops.modules import CustomOpCosSinRoPE
 
     return CustomOpCosSinRoPE.Config(dim=dim, max_seq_len=max_seq_len, theta=theta).build().to(_on(device))
 
@@ -34,7 +34,7 @@ def rotary_embedding(inputs, params, device):
 
 
 def grouped_swiglu(inputs, params, device):
-    from harness.ops.modules import CustomOpGroupedExperts
+    from harness.kernels.ops.modules import CustomOpGroupedExperts
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
     config = titan_api.grouped_experts_config(CustomOpGroupedExperts.Config, dim=w1.shape[2],

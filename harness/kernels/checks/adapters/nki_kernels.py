@@ -1,8 +1,8 @@
-"""The harness NKI kernels (harness/ops/nki). RoPE forward only (its backward is the op's torch
+"""The harness NKI kernels (harness/kernels/ops/nki). RoPE forward only (its backward is the op's torch
 autograd formula); the grouped SwiGLU forward and backward (the backward in NKI: our forward's
-recompute and nki-library's blockwise backward, harness/ops/nki/grouped_swiglu_backward.py).
+recompute and nki-library's blockwise backward, harness/kernels/ops/nki/grouped_swiglu_backward.py).
 
-"nki-emu": the kernel body on the harness's NKI emulator (harness/nki_emu), on CPU tensors.
+"nki-emu": the kernel body on the harness's NKI emulator (harness/kernels/emu), on CPU tensors.
 "nki-sim": ``nki.simulate(kernel)`` pinned to trn2 on CPU tensors (needs the real ``nki``).
 "neuron":  the kernel called on Neuron tensors (needs torch-neuronx and a NeuronCore).
 "cpu" (implementation ``nki_contract``): the kernel's torch twin (``X_torch.py`` beside the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.kernel_checks.adapters.harness_ops import _rope_module
-from harness.kernel_checks.adapters.torchtitan import rope_max_seq_len
+from harness.kernels.checks.adapters.harness_ops import _rope_module
+from harness.kernels.checks.adapters.torchtitan import rope_max_seq_len
 
 
 def _cos_sin(inputs, params, device):
@@ -29,7 +29,7 @@ def _cos_sin(inputs, params, device):
 
 
 def rotary_embedding(inputs, params, device):
-    from harness.ops.nki import rope_kernel
+    from harness.kernels.ops.nki import rope_kernel
 
     cos, sin = _cos_sin(inputs, params, device)
     x = inputs["x"]
@@ -39,12 +39,12 @@ def rotary_embedding(inputs, params, device):
         return {"y": rope_kernel.rope_simulated(x, cos, sin)}
     if device == "neuron":
         return {"y": rope_kernel.rope_neuron(x, cos, sin)}
-    from harness.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
+    from harness.kernels.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
 
     return {"y": rope_kernel.rope_via(rope_halves_kernel_torch_ref, x, cos, sin)}
 
 
-GROUPED_SWIGLU_MODULE = "harness.ops.nki.grouped_swiglu_kernel"
+GROUPED_SWIGLU_MODULE = "harness.kernels.ops.nki.grouped_swiglu_kernel"
 
 
 class _GroupedSwigluKernels(torch.autograd.Function):
@@ -65,9 +65,9 @@ class _GroupedSwigluKernels(torch.autograd.Function):
 
 def _simulated_calls():
     """(forward, backward) under the real ``nki.simulate`` pinned to trn2, LNC=2."""
-    from harness.ops.nki import grouped_swiglu_backward as gb
-    from harness.ops.nki import grouped_swiglu_kernel as gk
-    from harness.ops.nki.simulation import simulated
+    from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+    from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+    from harness.kernels.ops.nki.simulation import simulated
 
     library = gb._library_module("nki-sim").blockwise_mm_bwd
 
@@ -81,8 +81,8 @@ def _simulated_calls():
 def grouped_swiglu_calls(device: str):
     """(forward, backward) of the op through our NKI forward kernel and the NKI backward on
     ``device`` ("nki-emu", "nki-sim" or "neuron")."""
-    from harness.ops.nki import grouped_swiglu_backward as gb
-    from harness.ops.nki import grouped_swiglu_kernel as gk
+    from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+    from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
 
     if device == "nki-emu":
         return gk.grouped_swiglu_emulated, gb.grouped_swiglu_backward_emulated
@@ -92,8 +92,8 @@ def grouped_swiglu_calls(device: str):
 
 
 def grouped_swiglu(inputs, params, device):
-    from harness.ops.nki import grouped_swiglu_kernel as gk
-    from harness.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
+    from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+    from harness.kernels.ops.nki.grouped_swiglu_kernel_torch import grouped_swiglu_kernel_torch_ref
 
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
     offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32).to(x.device)

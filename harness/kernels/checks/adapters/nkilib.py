@@ -1,7 +1,7 @@
 """aws-neuron/nki-library kernels: on "nki-emu" (the harness's NKI emulator, with the
 standalone wheel ``nkilib_src.nkilib``), "nki-sim" (the real ``nki.simulate``, trn2) and
 "neuron". The module is ``nkilib.X`` where neuronx-cc bundles it and ``nkilib_src.nkilib.X``
-from the standalone wheel (``harness.ops.nki.simulation.nkilib_module``).
+from the standalone wheel (``harness.kernels.ops.nki.simulation.nkilib_module``).
 
 rotary_embedding  core.embeddings.rope.RoPE(x [D, B, H, S], cos/sin [D/2, B, S]), forward only.
 cross_entropy     experimental.loss.cross_entropy: cross_entropy_forward(logits [N, V],
@@ -20,28 +20,28 @@ from __future__ import annotations
 
 import torch
 
-from harness.kernel_checks.adapters.nki_kernels import _cos_sin
+from harness.kernels.checks.adapters.nki_kernels import _cos_sin
 
 EMULATOR_PACKAGE = "nkilib_src.nkilib"  # the standalone wheel, the one CI installs
 
 
 def _module(path: str, device: str):
     if device == "nki-emu":
-        from harness import nki_emu
+        from harness.kernels import emu as nki_emu
 
         return nki_emu.import_module(f"{EMULATOR_PACKAGE}.{path}")
-    from harness.ops.nki.simulation import nkilib_module
+    from harness.kernels.ops.nki.simulation import nkilib_module
 
     return nkilib_module(path)
 
 
 def _call(kernel, device):
     if device == "nki-emu":
-        from harness import nki_emu
+        from harness.kernels import emu as nki_emu
 
         return nki_emu.run(kernel)
     if device == "nki-sim":
-        from harness.ops.nki.simulation import simulated
+        from harness.kernels.ops.nki.simulation import simulated
 
         return simulated(kernel)
     return kernel
@@ -49,7 +49,7 @@ def _call(kernel, device):
 
 def _language(device):
     if device == "nki-emu":
-        from harness.nki_emu import language
+        from harness.kernels.emu import language
 
         return language
     import nki.language
@@ -126,13 +126,13 @@ def grouped_swiglu(inputs, params, device):
     ``harness::grouped_swiglu``. Each routed row is a "token" whose one expert is its own:
     affinity 1.0 there and 0 elsewhere, applied after the down projection (POST_SCALE, exact
     for 1.0), so the library's top-k combine is the identity. The blocks and ``block_to_expert``
-    are ``harness.ops.grouped_swiglu.block_layout``'s at B = 128; padding positions name the
+    are ``harness.kernels.ops.grouped_swiglu.block_layout``'s at B = 128; padding positions name the
     zero token ``R``. D is zero-padded to a multiple of 512 (the kernel tiles H by PSUM banks of
     512) and F to a multiple of 16 (its vector DGE needs a partition count of 1 or 16k); zero
     features add nothing to any GEMM and silu(0) * 0 = 0. Launched on two programs (LNC=2):
     its PING_PONG split reads ``block_to_expert`` with stride 2. Rows owned by no expert are
     zero."""
-    from harness.ops import grouped_swiglu as gs
+    from harness.kernels.ops import grouped_swiglu as gs
 
     kernel = _module("core.moe.moe_cte.bwmm_shard_on_block", device).bwmm_shard_on_block
     x, w1, w2, w3 = (inputs[k] for k in ("x", "w1", "w2", "w3"))

@@ -15,11 +15,11 @@ import functools
 import torch
 from torch.func import functional_call
 
-from harness import titan_api
+from harness.upstream import titan_api
 
 
 def _on(device: str):
-    from harness.kernel_checks.spec import torch_device
+    from harness.kernels.checks.spec import torch_device
 
     return torch_device(device)
 

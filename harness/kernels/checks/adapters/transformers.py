@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 
 def _on(device: str):
-    from harness.kernel_checks.spec import torch_device
+    from harness.kernels.checks.spec import torch_device
 
     return torch_device(device)
 

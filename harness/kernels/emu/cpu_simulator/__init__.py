@@ -5,7 +5,7 @@ nki-library's ``test/utils/simulation_setup.py`` imports ``nki_cpu_simulator.nki
 ``.tensor`` and ``.builtin``, installs them as ``nki``, ``nki.language``, ... and runs each
 kernel with ``nki.cpu_simulate(kernel)[lnc](**numpy_inputs)``. AWS's simulator package is not
 public; ``install()`` makes that module tree importable under that name, every module being
-the emulator's own (``harness.nki_emu``): ``nki_cpu_simulator.nki`` is the emulator's ``nki``,
+the emulator's own (``harness.kernels.emu``): ``nki_cpu_simulator.nki`` is the emulator's ``nki``,
 so the kernels nki-library's tests run, run on the emulator, unchanged.
 """
 
@@ -20,7 +20,7 @@ __emulator__ = True
 
 def modules() -> dict[str, types.ModuleType]:
     """Module name -> module, for the tree simulation_setup.py imports."""
-    from harness.nki_emu import nki_module
+    from harness.kernels.emu import nki_module
 
     tree = {"nki": nki_module}
     for name in ("language", "isa", "typing", "compiler", "tensor", "builtin"):
@@ -38,7 +38,7 @@ def install() -> None:
 
 def __getattr__(name: str):
     if name == "nki":
-        from harness.nki_emu import nki_module
+        from harness.kernels.emu import nki_module
 
         return nki_module
     raise AttributeError(f"module {PACKAGE} has no attribute {name!r}")

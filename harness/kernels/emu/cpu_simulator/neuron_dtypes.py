@@ -1,14 +1,14 @@
 """``neuron_dtypes``, the Neuron SDK's dtype helpers (not on PyPI), as far as nki-library's test
 tree uses them: ``static_cast(array, dtype)``, ``is_float_type(dtype)`` and the packed x4
 dtypes. Over NumPy and ``ml_dtypes``, with the emulator's dtypes (NKI's dtypes are NumPy
-dtypes); ``harness.nki_emu.cpu_simulator.pytest_plugin`` installs it when no real one is
+dtypes); ``harness.kernels.emu.cpu_simulator.pytest_plugin`` installs it when no real one is
 importable."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harness.nki_emu import dtypes
+from harness.kernels.emu import dtypes
 
 float8_e5m2_x4 = dtypes.DTYPES["float8_e5m2_x4"]
 float8_e4m3fn_x4 = dtypes.DTYPES["float8_e4m3fn_x4"]

@@ -1,11 +1,11 @@
 """The pytest plugin that runs nki-library's own tests on the emulator
-(``pytest -p harness.nki_emu.cpu_simulator.pytest_plugin --test-mode simulation``, from an
+(``pytest -p harness.kernels.emu.cpu_simulator.pytest_plugin --test-mode simulation``, from an
 unchanged copy of nki-library's source and tests; ``scripts/nkilib_tests.py`` runs it).
 
 Before nki-library's ``test/conftest.py`` is imported (``pytest_load_initial_conftests``), it
 puts in place what that tree expects of the machine it runs on, and nothing else:
 
-- ``nki_cpu_simulator`` (``harness.nki_emu.cpu_simulator.install``), which its
+- ``nki_cpu_simulator`` (``harness.kernels.emu.cpu_simulator.install``), which its
   ``simulation_setup.py`` installs as ``nki``; and the emulator as ``nki`` already, because
   ``test/conftest.py`` imports ``nki.isa`` (through ``test.utils.common_dataclasses``) before
   it sets simulation mode up;
@@ -13,7 +13,7 @@ puts in place what that tree expects of the machine it runs on, and nothing else
   annotations (neuronx-cc ships it; PyPI's neuronx-cc is a placeholder): the emulator's
   ``nki.typing``, only when no real ``neuronxcc`` is importable;
 - ``neuron_dtypes`` (part of the Neuron SDK, not on PyPI), which its test utilities import:
-  ``harness.nki_emu.cpu_simulator.neuron_dtypes``, only when no real one is importable;
+  ``harness.kernels.emu.cpu_simulator.neuron_dtypes``, only when no real one is importable;
 - the two modules its public repository imports but does not ship,
   ``test.utils.perf_analysis_private`` and ``test.utils.scripts.remote_lock_scripts``: every
   name in them raises ``NotImplementedError`` when used (only the hardware path uses them);
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.nki_emu import cpu_simulator, install
+from harness.kernels.emu import cpu_simulator, install
 
 ABSENT_MODULES = ("test.utils.perf_analysis_private", "test.utils.scripts.remote_lock_scripts")
 
@@ -56,7 +56,7 @@ class _Absent:
 
 
 def _absent_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name, "Not in nki-library's public repository (harness.nki_emu.cpu_simulator.pytest_plugin).")
+    module = types.ModuleType(name, "Not in nki-library's public repository (harness.kernels.emu.cpu_simulator.pytest_plugin).")
     def attribute(attribute_name: str):
         if attribute_name.startswith("__"):
             raise AttributeError(attribute_name)
@@ -70,7 +70,7 @@ def _install() -> None:
     cpu_simulator.install()
     sys.modules.update(install._emulator_modules())
     if importlib.util.find_spec("neuronxcc") is None:
-        from harness.nki_emu import nki_module
+        from harness.kernels.emu import nki_module
 
         for name, module in (("neuronxcc", types.ModuleType("neuronxcc")), ("neuronxcc.nki", types.ModuleType("neuronxcc.nki")),
                              ("neuronxcc.nki.typing", nki_module.typing)):
@@ -78,7 +78,7 @@ def _install() -> None:
         sys.modules["neuronxcc"].nki = sys.modules["neuronxcc.nki"]
         sys.modules["neuronxcc.nki"].typing = sys.modules["neuronxcc.nki.typing"]
     if importlib.util.find_spec("neuron_dtypes") is None:
-        from harness.nki_emu.cpu_simulator import neuron_dtypes
+        from harness.kernels.emu.cpu_simulator import neuron_dtypes
 
         sys.modules["neuron_dtypes"] = neuron_dtypes
     for name in ABSENT_MODULES:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
 
 BACKWARD_BLOCK = 256  # nki-library's backward block size at LNC=2 (see the module docstring)
 NKILIB_BACKWARD = "experimental.moe.bwd.blockwise_mm_backward"
@@ -60,7 +60,7 @@ def _padded(t: Tensor, *sizes: int) -> Tensor:
 
 def _recompute(forward, x, offsets, gate_up, down, programs):
     """(y rows (R, D), gate/up rows (R, 2, F)) from the checkpoint forward at its block size."""
-    from harness.ops import grouped_swiglu as gs
+    from harness.kernels.ops import grouped_swiglu as gs
 
     rows = x.shape[0]
     slots, block_expert = gs.block_layout(offsets, rows)
@@ -77,7 +77,7 @@ def _recompute(forward, x, offsets, gate_up, down, programs):
 def backward_layout(offsets: Tensor, rows: int, block: int = BACKWARD_BLOCK):
     """(slots (R,), block_expert (N,) int32, token_position_to_id (N*B,) int32): nki-library's
     blockwise layout of ``rows`` expert-sorted rows, padding positions naming token ``rows``."""
-    from harness.ops import grouped_swiglu as gs
+    from harness.kernels.ops import grouped_swiglu as gs
 
     slots, block_expert = gs.block_layout(offsets, rows, block)
     positions = block_expert.shape[0] * block
@@ -101,7 +101,7 @@ def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offs
     """``(dx, dw1, dw2, dw3)`` of ``harness::grouped_swiglu`` for the upstream ``grad``, with
     ``forward`` = our checkpoint kernel (launched) and ``backward`` = nki-library's
     ``blockwise_mm_bwd`` (launched) at ``block`` rows per block; see the module docstring."""
-    from harness.ops import grouped_swiglu as gs
+    from harness.kernels.ops import grouped_swiglu as gs
 
     rows, dim = x.shape
     experts, hidden, _ = w1.shape
@@ -132,10 +132,10 @@ def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offs
 
 def _library_module(device: str):
     if device == "nki-emu":
-        from harness import nki_emu
+        from harness.kernels import emu as nki_emu
 
         return nki_emu.import_module(f"nkilib_src.nkilib.{NKILIB_BACKWARD}")
-    from harness.ops.nki.simulation import nkilib_module
+    from harness.kernels.ops.nki.simulation import nkilib_module
 
     return nkilib_module(NKILIB_BACKWARD)
 
@@ -171,8 +171,8 @@ def ea_grad_race(race, tokens: int, experts: int, programs: int) -> str:
 def settle_races(races, tokens: int, experts: int, programs: int) -> list:
     """The races of a ``blockwise_mm_bwd`` launch recorded by the emulator, judged against the known
     issues (check "nki_emu_race"): each must be the known EA grad race, else RuleViolation."""
-    from harness import known_issues
-    from harness.nki_emu import RuleViolation
+    from harness.registry import known_issues
+    from harness.kernels.emu import RuleViolation
 
     for race in races:
         verdict = known_issues.judge("nki_emu_race", race.message, {"race": ea_grad_race(race, tokens, experts, programs)},
@@ -187,7 +187,7 @@ def emulated_backward(programs: int = gk.PROGRAMS):
     races recorded and settled (``settle_races``: only known issue nkilib-bwd-ea-grad-lnc-race
     passes, and its tensor, the EA grad, is one ``grouped_swiglu_backward_via`` drops). The
     settled races of the last call are in the returned function's ``races``."""
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     library = _library_module("nki-emu").blockwise_mm_bwd
     traced = nki_emu.trace(library, grid=(programs,) if programs > 1 else (), races="record")
@@ -213,7 +213,7 @@ def grouped_swiglu_backward_emulated(grad, x, offsets, w1, w2, w3):
 
 def grouped_swiglu_backward_neuron(grad, x, offsets, w1, w2, w3):
     """The 'neuron' device kernel of ``harness::grouped_swiglu_backward`` (registered by
-    harness.ops.neuron): both kernels at LNC=2 on Neuron tensors; no host read of the routing."""
+    harness.kernels.ops.neuron): both kernels at LNC=2 on Neuron tensors; no host read of the routing."""
     library = _library_module("neuron").blockwise_mm_bwd
     return grouped_swiglu_backward_via(gk.launched(gk.grouped_swiglu_checkpoint_kernel), gk.launched(library),
                                        grad, x, offsets, w1, w2, w3)

@@ -12,7 +12,7 @@ whole; harness history up to commit bc9d5d3) and ``capacity_padded_cost`` the on
 (every expert padded to ``R`` rows; up to d763245), for the side-by-side report.
 tests/kernels/test_moe_blockwise_cost.py checks the counts against the emulator's cost report
 (shape-only and with numerics) and keeps the full-shape bounds; ``python3 -m
-harness.ops.nki.grouped_swiglu_cost`` prints the table; scripts/moe_kernel_cost.py adds the
+harness.kernels.ops.nki.grouped_swiglu_cost`` prints the table; scripts/moe_kernel_cost.py adds the
 emulator's traces, nki-library's kernels and the backward.
 
 Instruction kinds and the engine each runs on: ``nc_matmul`` (Tensor Engine), ``activation``
@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.ops.grouped_swiglu import BLOCK_SIZE, max_blocks
-from harness.ops.nki.grouped_swiglu_kernel import MOVING_MAX, PART, PROGRAMS, program_blocks, tile_count
+from harness.kernels.ops.grouped_swiglu import BLOCK_SIZE, max_blocks
+from harness.kernels.ops.nki.grouped_swiglu_kernel import MOVING_MAX, PART, PROGRAMS, program_blocks, tile_count
 
 BF16, F32, I32 = 2, 4, 4  # bytes per element
 

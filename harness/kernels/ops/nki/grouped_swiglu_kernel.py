@@ -23,7 +23,7 @@ routing reaches the kernel only as the data of ``weight_load``: one compiled ker
 Per program (LNC=2: ``kernel[2]``, ``nl.program_id(0)`` in 0..1), the contiguous half of the
 blocks ``[p * ceil(N/2), (p+1) * ceil(N/2))``; the blocks are sorted by expert, so each program
 meets each expert in one run of blocks. Per block ``n`` (a Python loop: NKI 0.7 unrolls it while
-tracing; harness/ops/nki/grouped_swiglu_cost.py counts it):
+tracing; harness/kernels/ops/nki/grouped_swiglu_cost.py counts it):
 
 1. ``weight_load[n]`` -> a ``(1, 1)`` int32 SBUF tile;
 2. the expert's weights into the program's weight tiles, two DMAs at
@@ -139,7 +139,7 @@ def grouped_swiglu_via(call, x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
     """``harness::grouped_swiglu``'s blockwise path with ``call`` (kernel, emulated or simulated
     kernel, or twin) as the body: ``call(x_blocks, weight_load, gate_up, down) -> y_blocks``.
     ``offsets``: int32 cumulative rows per expert (runtime data)."""
-    from harness.ops.grouped_swiglu import grouped_swiglu_blockwise
+    from harness.kernels.ops.grouped_swiglu import grouped_swiglu_blockwise
 
     def body(x_blocked, block_expert, w1_, w2_, w3_):
         y_blocks = call(*kernel_layout(x_blocked, block_expert, w1_, w2_, w3_, programs))
@@ -231,7 +231,7 @@ def launched(kernel, programs: int = PROGRAMS):
 
 def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.ops.nki.simulation import simulated
+    from harness.kernels.ops.nki.simulation import simulated
 
     if grouped_swiglu_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
@@ -241,7 +241,7 @@ def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
 def emulated(name: str, programs: int = PROGRAMS):
     """This module's kernel ``name`` on the harness's NKI emulator (device tier ``nki-emu``),
     launched on ``programs`` programs."""
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     kernel = getattr(nki_emu.import_module(__name__), name)
     return nki_emu.run(kernel, grid=(programs,) if programs > 1 else ())
@@ -253,7 +253,7 @@ def grouped_swiglu_emulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, 
 
 
 def grouped_swiglu_neuron(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
-    """The 'neuron' device kernel of ``harness::grouped_swiglu`` (registered by harness.ops.neuron).
+    """The 'neuron' device kernel of ``harness::grouped_swiglu`` (registered by harness.kernels.ops.neuron).
 
     No host read of the routing: ``offsets``, ``block_expert`` and the load map stay device
     tensors; the kernel sees only shapes."""

@@ -2,10 +2,10 @@
 forward and backward, side by side (FLOPs, instructions, DMA bytes, peak SBUF / PSUM).
 
 Rows (``trace_rows``), each a shape-only trace (meta tensors, no numerics) of the kernel on two
-programs, as an LNC=2 core launches it, on the NKI emulator (harness/nki_emu):
+programs, as an LNC=2 core launches it, on the NKI emulator (harness/kernels/emu):
 
 forward
-  ``ours``              grouped_swiglu_kernel, B = 32 (harness/ops/nki/grouped_swiglu_kernel.py)
+  ``ours``              grouped_swiglu_kernel, B = 32 (harness/kernels/ops/nki/grouped_swiglu_kernel.py)
   ``ours before``       the kernel it replaced (commit bc9d5d3: every block reloads its weights,
                         no program split, so at LNC=2 each core runs every block)
   ``nki-library``       core.moe.moe_cte.bwmm_shard_on_block, B = 128, routed rows as one-hot
@@ -57,13 +57,16 @@ from pathlib import Path
 
 import torch
 
-from harness.ops import grouped_swiglu as gs
-from harness.ops.nki import grouped_swiglu_cost as cost
-from harness.ops.nki import grouped_swiglu_kernel as gk
-from harness.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK
+from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops.nki import grouped_swiglu_cost as cost
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK
 
 PREVIOUS_REV = "bc9d5d3"  # the last commit with the kernel that reloaded every block
-KERNEL_PATH = "harness/ops/nki/grouped_swiglu_kernel.py"
+KERNEL_PATH = "harness/ops/nki/grouped_swiglu_kernel.py"  # its path at PREVIOUS_REV
+# the modules it imports, renamed since PREVIOUS_REV (issue 27's tree)
+RENAMED_SINCE = (("from harness import nki_emu", "from harness.kernels import emu as nki_emu"),
+                 ("harness.ops.", "harness.kernels.ops."))
 NKILIB_FORWARD_BLOCK = 128
 
 
@@ -92,10 +95,10 @@ class Row:
 @contextlib.contextmanager
 def _per_program_instructions():
     """Count each traced instruction against the program that issued it."""
-    from harness.nki_emu import cost as trace_cost
+    from harness.kernels.emu import cost as trace_cost
 
     counts: Counter = Counter()
-    real = trace_cost.Program.instruction  # one Program per program of the launch (harness/nki_emu/cost.py)
+    real = trace_cost.Program.instruction  # one Program per program of the launch (harness/kernels/emu/cost.py)
 
     def instruction(self, *args, **kwargs):
         counts[self.id] += 1
@@ -109,7 +112,7 @@ def _per_program_instructions():
 
 
 def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=None, note=""):
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     start = time.time()
     with _per_program_instructions() as per_program:
@@ -120,18 +123,20 @@ def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=No
 
 
 def _meta(shape, dtype=torch.bfloat16):
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     return nki_emu.meta(shape, dtype)
 
 
 def _previous_kernel(rev: str):
     """The kernel at ``rev`` (from git), imported against the emulator."""
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_PATH}"], check=True,
                             capture_output=True, text=True).stdout
+    for before, now in RENAMED_SINCE:
+        source = source.replace(before, now)
     path = Path(tempfile.mkdtemp()) / "previous_grouped_swiglu_kernel.py"
     path.write_text(source)
     import importlib.util
@@ -144,10 +149,10 @@ def _previous_kernel(rev: str):
 
 
 def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: str | None = PREVIOUS_REV) -> list[Row]:
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     needed = cost.needed_flops(rows, dim, hidden)
-    ours = nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel")
+    ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
     n = gs.max_blocks(rows, experts)
     args = (_meta((n, min(dim, gk.PART), gk.tile_count(dim), gs.BLOCK_SIZE)), _meta((n, 1), torch.int32),
             _meta((experts, dim, 2, hidden)), _meta((experts, hidden, dim)))
@@ -174,12 +179,12 @@ def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: s
 
 
 def backward_rows(rows: int, dim: int, hidden: int, experts: int) -> list[Row]:
-    from harness import nki_emu
-    from harness.ops.nki.grouped_swiglu_backward import NKILIB_BACKWARD, backward_size
+    from harness.kernels import emu as nki_emu
+    from harness.kernels.ops.nki.grouped_swiglu_backward import NKILIB_BACKWARD, backward_size
 
     dim_p, hidden_p = backward_size(dim), backward_size(hidden)
     needed = 2 * cost.needed_flops(rows, dim, hidden)  # dh, dx (2), dW (3): six GEMMs of R rows
-    ours = nki_emu.import_module("harness.ops.nki.grouped_swiglu_kernel")
+    ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
     n = gs.max_blocks(rows, experts)
     recompute = _traced(
         "backward", "ours: recompute (checkpoint forward)", ours.grouped_swiglu_checkpoint_kernel,

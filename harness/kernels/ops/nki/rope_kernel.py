@@ -33,7 +33,7 @@ FREE_TILE = 512  # free-axis tile width (one PSUM bank of float32 is not needed 
 
 def to_halves(x: Tensor, cos: Tensor, sin: Tensor):
     """``x (B,S,H,D)``, ``cos/sin`` broadcastable -> six contiguous ``[D/2, B*S*H]`` arrays."""
-    from harness.ops.rope import broadcast_cos_sin  # the op's own shape rules
+    from harness.kernels.ops.rope import broadcast_cos_sin  # the op's own shape rules
 
     half = x.shape[-1] // 2
     c = broadcast_cos_sin(cos, x).expand(x.shape)
@@ -55,7 +55,7 @@ def from_halves(o1: Tensor, o2: Tensor, shape) -> Tensor:
 
 def rope_via(call, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Run ``call`` (kernel, simulated kernel or reference) on ``x`` and reassemble (B,S,H,D)."""
-    from harness.ops.nki.simulation import as_torch
+    from harness.kernels.ops.nki.simulation import as_torch
 
     o1, o2 = as_torch(tuple(call(*to_halves(x, cos, sin))))
     return from_halves(o1, o2, x.shape).to(x.dtype)
@@ -116,7 +116,7 @@ rope_halves_kernel = nki.jit(rope_halves_kernel_source) if nki is not None else 
 
 def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.ops.nki.simulation import simulated
+    from harness.kernels.ops.nki.simulation import simulated
 
     if rope_halves_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
@@ -126,12 +126,12 @@ def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``), two programs
     as on an LNC=2 core."""
-    from harness import nki_emu
+    from harness.kernels import emu as nki_emu
 
     module = nki_emu.import_module(__name__)
     return rope_via(nki_emu.run(module.rope_halves_kernel, grid=(PROGRAMS,)), x, cos, sin)
 
 
 def rope_neuron(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The 'neuron' device kernel of ``harness::rope`` (registered by harness.ops.neuron), LNC=2."""
+    """The 'neuron' device kernel of ``harness::rope`` (registered by harness.kernels.ops.neuron), LNC=2."""
     return rope_via(launched(rope_halves_kernel), x, cos, sin)

@@ -1,5 +1,5 @@
 """Torch twin of ``rope_kernel.rope_halves_kernel``: same arguments, layout and dtype policy,
-computed by the one RoPE reference (``harness.ops.rope_torch``).
+computed by the one RoPE reference (``harness.kernels.ops.rope_torch``).
 
 Six ``[D/2, N]`` arrays in, ``(o1, o2)`` out in ``x1``'s dtype; the rotation is computed in the
 promotion of the input dtypes (float32 for the kernel's bf16/f32 inputs with float32 cos/sin;
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.ops.rope_torch import rope_torch_ref
+from harness.kernels.ops.rope_torch import rope_torch_ref
 
 
 def rope_halves_kernel_torch_ref(x1: Tensor, x2: Tensor, c1: Tensor, c2: Tensor, s1: Tensor, s2: Tensor):

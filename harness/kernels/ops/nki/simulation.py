@@ -1,8 +1,8 @@
 """Calling NKI kernels off the device: the real ``nki.simulate`` pinned to trn2, kernel results
 as torch tensors (bfloat16 ``ml_dtypes`` arrays included), and nki-library's package path.
 
-Below the kernels (``harness/ops/nki/*_kernel.py`` import it) and below the Neuron registration
-(``harness.ops.neuron`` re-exports it), so imports flow one way.
+Below the kernels (``harness/kernels/ops/nki/*_kernel.py`` import it) and below the Neuron registration
+(``harness.kernels.ops.neuron`` re-exports it), so imports flow one way.
 """
 
 from __future__ import annotations
