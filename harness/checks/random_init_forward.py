@@ -58,7 +58,7 @@ import psutil
 
 from harness.registry import paths
 from harness.device.devices import CPU_SHIMS
-from harness.launch.run import BOOT_DIR, package_versions
+from harness.upstream.versions import package_versions
 from harness.upstream import install as shim_install
 
 GIB = 1024**3
@@ -535,7 +535,7 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env[shim_install.ENV_VAR] = ",".join(CPU_SHIMS)  # the CPU ranks' shims (cpu device, eager flex)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(BOOT_DIR), str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+        [str(paths.BOOT_DIR), str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
     )
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -30,7 +30,7 @@ import torch
 
 from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
 from harness.registry.dump_layout import initial_weights_dir, load_batches
-from harness.registry.expectations import MissingExpectation, RunForwards, run_model_dir
+from harness.registry.expectations import MissingExpectation, RunForwards
 from harness.registry.tolerances import LossBand
 
 MASKINGS = ("document", "causal", "row_causal")
@@ -166,4 +166,15 @@ def model_masking(run) -> str:
     return titan_api.transformers_backend().masking
 
 
-FORWARDS = RunForwards(hf_forward=hf_forward, initial_weights_forward=initial_weights_forward)
+def run_model_dir(run) -> Path | None:
+    """A full-size run's model config dir (its assets); None: the fixtures' by model key."""
+    if run.size != "full" or not run.assets_dir:
+        return None
+    from harness.backends import backend
+
+    spec = backend(run.backend).size(run.size)
+    return spec.resolve(spec.model_dir, run.assets_dir)
+
+
+FORWARDS = RunForwards(hf_forward=hf_forward, initial_weights_forward=initial_weights_forward,
+                       model_dir=run_model_dir)

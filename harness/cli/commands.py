@@ -18,7 +18,8 @@ from harness.checks import run_checks as checks
 from harness.registry import known_issues
 from harness.backends import BACKENDS, INITS, SIZES
 from harness.device.devices import KINDS, detect
-from harness.launch.run import RunSpec, launch, package_versions
+from harness.launch.run import RunSpec, launch
+from harness.upstream.versions import code_commit, package_versions
 from harness.report import baseline as baseline_module
 from harness.report.run_report import RunVerdict, format_table, results_document, table_rows, write_report
 from harness.launch.subjects import Subject, SubjectError, infer, lint
@@ -178,25 +179,6 @@ def run(args: argparse.Namespace) -> int:
         (out / "compare.txt").write_text(text + "\n")
     print(f"\nreport: {out / 'summary.md'}")
     return status
-
-
-def code_commit() -> str:
-    """The harness's git commit (with "+dirty" for uncommitted changes), or "unknown"."""
-    import subprocess
-
-    from harness.registry import paths
-
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=paths.REPO_ROOT, capture_output=True, text=True,
-                              timeout=30)
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode != 0:
-            return "unknown"
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-        return head.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,8 @@ from harness.launch.preflight import check_run_inputs
 from harness.results.run_result import RunResult, read_step_records
 from harness.launch.subjects import Facts
 from harness.upstream import install as shim_install
-from harness.upstream.versions import package_versions  # also the name cli and the reports import
+from harness.upstream.versions import package_versions
 
-BOOT_DIR = Path(__file__).resolve().parents[1] / "rank" / "boot"
 SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
 OBSERVERS_ENV = rank_observers.OBSERVERS_ENV
@@ -245,7 +244,7 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
         else:
             env.pop(variable, None)
     env[OBSERVERS_ENV] = rank_observers.env_value()  # every run, every device
-    python_path.insert(0, str(BOOT_DIR))
+    python_path.insert(0, str(paths.BOOT_DIR))
     if env.get("PYTHONPATH"):
         python_path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(python_path)

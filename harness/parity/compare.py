@@ -244,7 +244,7 @@ def compare_curves(what: str, name_a: str, a: list[float], name_b: str, b: list[
 
 
 def versions_line() -> str:
-    from harness.launch.run import package_versions
+    from harness.upstream.versions import package_versions
 
     return "versions: " + ", ".join(f"{k} {v}" for k, v in package_versions().items())
 

@@ -39,6 +39,8 @@ class RunForwards:
 
     hf_forward: Callable[[Any], tuple[float, str]]
     initial_weights_forward: Callable[[Any], "tuple[float, str, LossBand] | None"]
+    # a full-size run's model config dir (its assets); None: the fixtures' by model key
+    model_dir: Callable[[Any], "Path | None"] = lambda run: None
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,9 @@ def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
 def _api_generation(generation: str | None) -> str:
     """Expectations are the API's: a fork (TorchTitan Neuron) shares its base's init rules and
     dataloader, so its expected numbers (harness/upstream/titan_api API_OF)."""
-    from harness.upstream import titan_api
+    from harness.registry.generations import api_generation_of, installed_generation
 
-    return titan_api.api_generation_of(generation or titan_api.generation())
+    return api_generation_of(generation or installed_generation())
 
 
 def truncated_normal_std(std: float, cutoff: float) -> float:
@@ -260,7 +262,7 @@ class ExpectationRegistry:
                                      f"knows, so it has no expectation")
         return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
                         run.versions.get("torchtitan-generation"), run=run,
-                        model_dir=run_model_dir(run), forwards=forwards)
+                        model_dir=forwards.model_dir(run), forwards=forwards)
 
     def published(self, run) -> Expectation | None:
         """The source's published first-step loss for ``run``, where it has one: same backend,
@@ -301,13 +303,3 @@ def run_data(run) -> str:
         if arg == "--dataloader.dataset":
             return command[i + 1]
     return "fixture"
-
-
-def run_model_dir(run) -> Path | None:
-    """A full-size run's model config dir (its assets); None: the fixtures' by model key."""
-    if run.size != "full" or not run.assets_dir:
-        return None
-    from harness.backends import backend
-
-    spec = backend(run.backend).size(run.size)
-    return spec.resolve(spec.model_dir, run.assets_dir)

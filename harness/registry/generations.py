@@ -12,6 +12,7 @@ one): the known-issue registry reads these too (a fork inherits its base's known
 from __future__ import annotations
 
 import re
+from importlib import metadata
 
 # generation -> (what it accepts, how to install it)
 SUPPORTED: dict[str, tuple[str, str]] = {
@@ -82,3 +83,20 @@ def api_generation_of(name: str) -> str:
 def base_of(name: str) -> str | None:
     """The generation fork ``name`` was forked from; None for a generation that is no fork."""
     return FORK_OF.get(name)
+
+
+def installed_version() -> str:
+    """The installed torchtitan's version, read from its metadata (torchtitan is not imported)."""
+    try:
+        return metadata.version("torchtitan")
+    except metadata.PackageNotFoundError as error:
+        raise UnsupportedTorchtitanError(
+            "torchtitan is not installed; install it with "
+            f"`{SUPPORTED['v0_3'][1]}` or build the spring-2026 venv with "
+            "`scripts/make_titan_venv.sh`"
+        ) from error
+
+
+def installed_generation() -> str:
+    """The installed generation's name ("v0_3", "spring2026" or "spring2026-neuron")."""
+    return generation_of(installed_version())

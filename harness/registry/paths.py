@@ -8,3 +8,4 @@ CORPUS = FIXTURES / "corpus"
 TOKENIZER = FIXTURES / "tokenizer"
 TINY_DENSE = FIXTURES / "tiny_dense"
 TINY_MOE = FIXTURES / "tiny_moe"
+BOOT_DIR = REPO_ROOT / "harness" / "rank" / "boot"  # first on every launched rank's PYTHONPATH

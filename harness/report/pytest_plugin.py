@@ -57,8 +57,7 @@ def baseline_document(pytestconfig: pytest.Config) -> dict:
 
 
 def header() -> dict[str, str]:
-    from harness.cli.commands import code_commit
-    from harness.launch.run import package_versions
+    from harness.upstream.versions import code_commit, package_versions
 
     return {"commit": code_commit(), **{f"version {k}": v for k, v in package_versions().items()}}
 

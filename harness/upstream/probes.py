@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.registry import paths
-from harness.launch.run import BOOT_DIR
 
 # The child: runs the probes of ``argv[1]`` (a JSON list of [name, code]) in order, and after
 # each one rewrites ``argv[2]`` with every observation so far. A probe it is running when it
@@ -102,7 +101,7 @@ class Observation:
 def child_environment(shims: tuple[str, ...] = (), plants: tuple[str, ...] = ()) -> dict[str, str]:
     """A rank's start-up without a launch: the boot folder and this tree first on the path,
     exactly the named shims and plants (none inherited)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(BOOT_DIR), str(paths.REPO_ROOT))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(paths.BOOT_DIR), str(paths.REPO_ROOT))))
     env.pop("HARNESS_SHIMS", None)
     env.pop("HARNESS_PLANTS", None)
     if shims:

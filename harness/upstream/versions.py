@@ -1,10 +1,13 @@
-"""The versions every result records: the packages under test and the torchtitan API
-generation (harness/upstream/titan_api). Read by the launcher, the lint and the reports alike."""
+"""The versions every result records: the packages under test, the torchtitan API
+generation (harness/upstream/titan_api) and the harness's own commit. Read by the launcher, the lint and the reports alike."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from importlib import metadata
+
+from harness.registry import paths
 
 VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "torch-neuronx")
 
@@ -25,3 +28,18 @@ def package_versions() -> dict[str, str]:
     if note:
         versions["torchtitan-unknown-fork"] = note
     return versions
+
+
+def code_commit() -> str:
+    """The harness's git commit (with "+dirty" for uncommitted changes), or "unknown"."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                              timeout=30)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"

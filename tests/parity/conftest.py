@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.registry import paths
-from harness.launch.run import package_versions
+from harness.upstream.versions import package_versions
 from harness.parity import models as M
 
 

@@ -1,10 +1,17 @@
-"""Data flows one way through ``harness/``: no module imports, at any depth and at any point
-(module top or inside a function), a module that imports it back.
+"""Data flows one way through ``harness/``: its folders are the stages, in one order, over the
+data layer every stage reads, and no module imports a module above its own folder or one that
+imports it back.
 
 Specification:
 - the import graph of ``harness/`` is read from the source (every ``import`` and
-  ``from ... import`` statement, lazy ones too, resolved to harness modules); a package's
-  ``__init__`` importing its own submodules is the package holding its parts, not a circle;
+  ``from ... import`` statement, lazy ones inside functions too, resolved to harness modules);
+  a package's ``__init__`` importing its own submodules is the package holding its parts;
+- ``LAYERS`` is the order of the folders, bottom to top: a module imports only from its own
+  folder or from folders below it (``kernels`` is three layers, emu < ops < checks). Every
+  import against the order is reported as ``module:line imports target (folder a is below
+  folder b)``; ``EXCEPTIONS`` names the ones allowed, each with its reason (none today);
+- every module of ``harness/`` sits in a folder of ``LAYERS`` (no loose modules but
+  ``__init__.py`` and ``__main__.py``, the entry point, which may import anything);
 - the graph has no cycle: every cycle found is reported, each as one path through it (the
   three circles that once stood, devices <-> ops.neuron, kernel_checks.runner <-> diagnostics
   and launch <-> subjects, are gone).
@@ -21,8 +28,32 @@ from harness.registry import paths
 
 HARNESS = paths.REPO_ROOT / "harness"
 
-# TEMPORARY: removed in other changes under way; delete this constant (and its use below)
-# once they have landed.
+# The folders of harness/, bottom to top (the lead's map: docs/architecture.md).
+LAYERS = (
+    "registry",        # the data layer: paths, generations, known issues, tolerances, expectations
+    "device",          # which device a run uses, and what it needs there
+    "upstream",        # torchtitan's API generations, the shims and workarounds, versions
+    "kernels.emu",     # the NKI emulator
+    "kernels.ops",     # the harness's ops and NKI kernels
+    "kernels.checks",  # the kernel checks
+    "references",      # independent references: model math, loss contract, data paths
+    "plants",          # planted defects (the launcher names them to the ranks)
+    "rank",            # code that runs inside the launched ranks
+    "results",         # what a run leaves, typed
+    "backends",        # the backend entries (torchtitan config functions)
+    "model",           # a model built and walked as the trainer does, through the backend entry
+    "parity",          # in-process model parity and HF conformance
+    "launch",          # launching runs, subjects, child processes, the run cache
+    "diagnosis",       # why a run failed, said where
+    "checks",          # the checks of a launched run
+    "report",          # what a person reads: reports, the baseline, the pytest plugin
+    "cli",             # python -m harness
+)
+
+# Imports allowed against LAYERS: {(importing module, imported module): reason}. Keep it short.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
 def module_files(root: Path) -> dict[str, Path]:
     files = {}
     for path in sorted(root.rglob("*.py")):
@@ -31,15 +62,18 @@ def module_files(root: Path) -> dict[str, Path]:
     return files
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """``{module: the harness modules it imports}``."""
+def imports(root: Path) -> list[tuple[str, int, str]]:
+    """Every import of a harness module by a harness module: ``(module, line, imported)``,
+    module-level and function-level alike; a package's ``__init__`` importing its own
+    submodules is left out (the package holding its parts)."""
     files = module_files(root)
-    graph: dict[str, set[str]] = {name: set() for name in files}
+    found = []
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
             if isinstance(node, ast.Import):
-                graph[name] |= {a.name for a in node.names if a.name in files}
+                targets = [a.name for a in node.names if a.name in files]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative import
@@ -48,13 +82,89 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                 for alias in node.names:
                     target = f"{base}.{alias.name}"
                     if target in files:
-                        graph[name].add(target)
+                        targets.append(target)
                     elif base in files:
-                        graph[name].add(base)
-        graph[name].discard(name)
-        if path.name == "__init__.py":  # a package holding its parts
-            graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+                        targets.append(base)
+            for target in targets:
+                if target == name:
+                    continue
+                if path.name == "__init__.py" and target.startswith(name + "."):
+                    continue
+                found.append((name, node.lineno, target))
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """``{module: the harness modules it imports}``."""
+    graph: dict[str, set[str]] = {name: set() for name in module_files(root)}
+    for name, _, target in imports(root):
+        graph[name].add(target)
     return graph
+
+
+def layer_of(module: str, layers: tuple[str, ...]) -> int | None:
+    """The index in ``layers`` of the folder holding ``module`` (its longest listed prefix);
+    None for the package's own ``__init__`` and ``__main__`` and for a loose module."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in layers:
+            return layers.index(".".join(parts[:n]))
+    return None
+
+
+def unplaced_modules(root: Path, layers: tuple[str, ...]) -> list[str]:
+    """Modules in no folder of ``layers`` (the root package, its ``__main__`` and a folder that
+    holds layers, ``kernels``, excepted)."""
+    top = root.name
+    holders = {f"{top}.{layer.rpartition('.')[0]}" for layer in layers if "." in layer}
+    return [m for m in module_files(root)
+            if m not in (top, f"{top}.__main__", *holders) and layer_of(m, layers) is None]
+
+
+def upward_imports(root: Path, layers: tuple[str, ...],
+                   exceptions: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """Every import of a module in a folder above the importer's, as
+    ``module:line imports target (a is above b)``; the root's ``__main__`` may import any."""
+    exceptions = exceptions or {}
+    found = []
+    for name, line, target in imports(root):
+        own, theirs = layer_of(name, layers), layer_of(target, layers)
+        if own is None or theirs is None or theirs <= own or (name, target) in exceptions:
+            continue
+        found.append(f"{name}:{line} imports {target} ({layers[theirs]} is above {layers[own]})")
+    return found
+
+
+def test_every_harness_module_sits_in_a_folder_of_the_order():
+    loose = unplaced_modules(HARNESS, LAYERS)
+    assert not loose, f"modules outside the folders of LAYERS (give each a home): {loose}"
+
+
+def test_no_harness_module_imports_from_a_folder_above_its_own():
+    found = upward_imports(HARNESS, LAYERS, EXCEPTIONS)
+    assert not found, ("imports against the folder order of harness/ (LAYERS, bottom to top: "
+                       + " < ".join(LAYERS) + "):\n  " + "\n  ".join(found))
+
+
+def test_every_exception_is_still_an_import_against_the_order():
+    stale = [pair for pair in EXCEPTIONS
+             if not any((n, t) == pair for n, _, t in imports(HARNESS))]
+    assert not stale, f"EXCEPTIONS lists imports that no longer exist: {stale}"
+
+
+def test_an_import_against_the_order_is_reported_with_its_line(tmp_path):
+    package = tmp_path / "pkg"
+    for folder in ("low", "high"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "a.py").write_text("from pkg.low import b\n")
+    (package / "low" / "b.py").write_text("import os\n\n\ndef f():\n    from pkg.high import a\n")
+    assert upward_imports(package, ("low", "high")) == [
+        "pkg.low.b:5 imports pkg.high.a (high is above low)"]
+    assert upward_imports(package, ("low", "high"), {("pkg.low.b", "pkg.high.a"): "why"}) == []
+    (package / "loose.py").write_text("")
+    assert unplaced_modules(package, ("low", "high")) == ["pkg.loose"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

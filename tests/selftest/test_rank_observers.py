@@ -36,7 +36,7 @@ from harness.rank import observers as rank_observers
 from harness.upstream import titan_api
 from harness.backends import BACKENDS
 from harness.device.devices import detect, neuron_profile
-from harness.launch.run import BOOT_DIR, RunSpec, rank_environment
+from harness.launch.run import RunSpec, rank_environment
 from harness.launch.run_matrix import RunCase
 from harness.launch.subjects import Facts
 from harness.upstream import probes
@@ -107,7 +107,7 @@ def subject_spec() -> RunSpec:
                                   subject_spec()], ids=["backend", "pretrained", "subject"])
 def test_every_rank_boots_with_every_observer_on_every_device(profile, spec):
     env = rank_environment(spec, profile)
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(BOOT_DIR)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(paths.BOOT_DIR)
     assert env[rank_observers.OBSERVERS_ENV].split(",") == list(rank_observers.OBSERVERS)
 
 

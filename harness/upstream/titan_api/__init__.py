@@ -18,7 +18,6 @@ been run against is accepted and named as such in every result (``fork_note``).
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 
 # The names every generation module defines (checked at import, so a generation module that
 # forgets one fails here, not in the middle of a run).
@@ -42,20 +41,10 @@ API = (
     "NOT_PORTED",
 )
 
-from harness.registry.generations import (API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED,  # noqa: E402,F401
-                                 UnsupportedTorchtitanError, api_generation_of, base_of, fork_note,
-                                 generation_of, is_fork)
-
-
-def torchtitan_version() -> str:
-    try:
-        return metadata.version("torchtitan")
-    except metadata.PackageNotFoundError as error:
-        raise UnsupportedTorchtitanError(
-            "torchtitan is not installed; install it with "
-            f"`{SUPPORTED['v0_3'][1]}` or build the spring-2026 venv with "
-            "`scripts/make_titan_venv.sh`"
-        ) from error
+from harness.registry.generations import (  # noqa: E402,F401
+    API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED, UnsupportedTorchtitanError, api_generation_of,
+    base_of, fork_note, generation_of, is_fork)
+from harness.registry.generations import installed_version as torchtitan_version  # noqa: E402
 
 
 TORCHTITAN_VERSION = torchtitan_version()
