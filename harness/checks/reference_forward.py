@@ -31,7 +31,7 @@ import torch
 from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
 from harness.registry.dump_layout import initial_weights_dir, load_batches
 from harness.registry.expectations import MissingExpectation, RunForwards
-from harness.registry.tolerances import LossBand
+from harness.registry.tolerances import initial_weights_forward_band, LossBand
 
 MASKINGS = ("document", "causal", "row_causal")
 
@@ -122,7 +122,6 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     from harness.backends import backend
     from harness.parity.conformance.native_to_hf import NotConvertible
     from harness.diagnosis import rank_dump
-    from harness.registry.tolerances import initial_weights_forward_band
 
     if run.init != "random" or run.run_dir is None:
         return None

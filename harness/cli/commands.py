@@ -23,6 +23,7 @@ from harness.upstream.versions import code_commit, package_versions
 from harness.report import baseline as baseline_module
 from harness.report.run_report import RunVerdict, format_table, results_document, table_rows, write_report
 from harness.launch.subjects import Subject, SubjectError, infer, lint
+from harness.registry.tolerances import parity_tolerance
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,8 +111,6 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: s
 def compare_table(a, b) -> tuple[str, int | None]:
     """The two runs' loss curves side by side and the first step where they differ by more
     than the loss-curve parity tolerance of their precision regime."""
-    from harness.registry.tolerances import parity_tolerance
-
     regime = "bf16_experts" if "nki_moe" in (a.backend, b.backend) else "float32"
     band = parity_tolerance("torchrun_loss", regime).atol
     rows = [("step", a.name, b.name, "diff")]

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.registry import paths
+from harness.registry import dump_layout, known_issues, paths
 
 TIMEOUT_S = 900
 # Module walks a session may start, per device (none given: no limit). On trn2 every walk is a
@@ -90,8 +90,6 @@ def known_explanation(run, deviation: float | None) -> str | None:
     """The known issue (harness/registry/known_issues/) that a failing step-1 loss of this run is, by
     its recorded signature here (backend, size, init, device, attention, generation, the run's
     workarounds): that is the answer, and rebuilding the model would only say it again."""
-    from harness.registry import known_issues
-
     if deviation is None:
         return None
     verdict = known_issues.judge("first_step_loss", "the step-1 loss is off", {"deviation": deviation},
@@ -154,7 +152,6 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
 
     start = time.monotonic()
     diagnosis = Diagnosis()
-    from harness.registry import dump_layout
     from harness.diagnosis.subject import NATIVE_BUILDS
 
     try:

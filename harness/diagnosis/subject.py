@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from harness.registry import dump_layout
-from harness.diagnosis import rank_dump
+from harness.registry import dump_layout, known_issues
+from harness.diagnosis import rank_dump, streamed
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
 from harness.references.model import WeightSource
+from harness.registry.hf_config import Qwen3Arch
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
@@ -70,7 +71,6 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
-    from harness.registry.hf_config import Qwen3Arch
     from harness.parity.compare import native_keys_not_loaded_kinds
     from harness.plants import planted
 
@@ -130,8 +130,6 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     """torchtitan's native Qwen3 on the meta device, streamed one unit at a time
     (harness/diagnosis/streamed.py), at every size: the CPU tier's tiny runs walk the path the
     full-size runs walk."""
-    from harness.diagnosis import streamed
-    from harness.registry.hf_config import Qwen3Arch
     from harness.parity.compare import native_keys_not_loaded_kinds
 
     model, adapter = streamed.native_on_meta(source, custom_ops=NATIVE_BUILDS[backend]["custom_ops"],
@@ -196,7 +194,6 @@ def _hf_known_issues(applied: set[str]) -> tuple[list[str], str]:
     mask its model applies). The uninitialised RoPE is recomputed after it is named, since the
     run's RoPE table is whatever memory held and cannot be rebuilt; the mask one is compared
     like for like (the reference masked as the run masked)."""
-    from harness.registry import known_issues
     from harness.upstream import titan_api
 
     api = titan_api.transformers_backend()
@@ -224,9 +221,7 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     config-level workarounds), streamed one unit at a time through its own forward
     (harness/diagnosis/streamed.py)."""
     from harness.upstream import workarounds as W
-    from harness.diagnosis import streamed
     from harness.diagnosis.localize import hf_modules
-    from harness.registry.hf_config import Qwen3Arch
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     applied = set(workarounds)
@@ -262,7 +257,6 @@ def known_load_gap_issues(kinds) -> list[str]:
     under the right names, so that the module walk looks past it for a further defect; any
     other gap is an error (the diagnosis cannot say which weights the model computes with).
     Returns one line per known issue."""
-    from harness.registry import known_issues
     from harness.upstream import titan_api
 
     if not kinds:

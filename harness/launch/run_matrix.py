@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.registry import paths
+from harness.registry import known_issues, paths
 from harness.backends import BACKENDS
 from harness.device.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
-from harness.registry import known_issues
 from harness.launch.run import RunSpec
 from harness.upstream.titan_api import generation
 from harness.launch.subjects import Subject, infer
+from harness.registry.assets_twin import full_size_assets_dir
 
 # Per-run timeouts by device and size (harness/device/devices.py TIMEOUTS_S: a cold compile on
 # neuron). Every neuron run at its timeout must fit the nightly test step's limit
@@ -148,8 +148,6 @@ class RunCase:
         """``assets_root``: the --assets-dir of a full-size run (the twin's root on CPU);
         ``workdir``: where an assets folder derived for the run is built; ``data_path``: a local
         C4 copy for a full-size run (the twin's default: fixtures/c4; else the Hub's)."""
-        from harness.registry.assets_twin import full_size_assets_dir
-
         full = self.size == "full"
         assets = None
         if full:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.backends import BACKENDS
 from harness.model.build import is_transformers_backend, on_meta
-from harness.registry import paths
+from harness.registry import known_issues, paths
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
 KNOWN_MODEL_DIRS = {
@@ -217,7 +217,6 @@ def lint(subject: Subject) -> LintReport:
     """Everything that can be checked about a config before any rank starts (seconds, CPU,
     meta device): the model spec against the config.json it loads, the assets dir, the
     parameter count, and what it will run with (attention, torchtitan)."""
-    from harness.registry import known_issues
     from harness.upstream.versions import package_versions
     from harness.launch.preflight import PreflightError, check_run_inputs
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.registry.tolerances import ParityTolerance as Tolerance
+from harness.registry import known_issues
 
 
 @dataclass
@@ -290,7 +291,6 @@ def judge_parity(problem: str | None, models, workarounds=(), *, subject: str):
     """The verdict of a parity comparison between ``models`` (ParityModels) of fixture
     ``subject``: a comparison that involves a native model is the ``native_moe_parity`` check,
     judged against the known issues with what that model's HF load left unloaded."""
-    from harness.registry import known_issues
     from harness.upstream import titan_api
 
     natives = [m for m in models if m.kind == "native"]

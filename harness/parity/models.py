@@ -35,6 +35,8 @@ from harness.references import model as reference
 from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
 from harness.registry.hf_config import Qwen3Arch, normalized_hf_dict
+from harness.registry import paths
+from harness.upstream import titan_api
 
 
 @dataclass
@@ -69,7 +71,6 @@ def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_siz
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    from harness.registry import paths
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(paths.CORPUS))
@@ -414,7 +415,6 @@ def hf_backend_config(model_dir: str | Path, configure: Callable | None = None):
     updated from it as the trainer updates it and adjusted by ``configure``;
     ``titan_api.transformers_backend()``)."""
     prepare_in_process()
-    from harness.upstream import titan_api
 
     api = titan_api.transformers_backend()
     # model_registry returns one shared config object: copy it, or update_from_config and

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from harness.references.model import load_hf_tensors
 from harness.plants import Plant
+from harness.kernels.ops.rope_torch import rope_inv_freq
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -196,8 +197,6 @@ def with_lr_scheduler(trainer_config, **fields):
 
 def hf_rope_theta(model: torch.nn.Module, theta: float) -> torch.nn.Module:
     """Every HF rotary module's inv_freq recomputed (by the one RoPE reference) at ``theta``."""
-    from harness.kernels.ops.rope_torch import rope_inv_freq
-
     for m in model.modules():
         if hasattr(m, "inv_freq") and hasattr(m, "config"):
             m.inv_freq.copy_(rope_inv_freq(m.inv_freq.numel() * 2, theta).to(m.inv_freq.dtype))

@@ -14,6 +14,7 @@ import torch
 from harness.kernels.checks import cases, references
 from harness.kernels.checks.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
 from harness.kernels.checks.spec import Implementation, OpSpec, module_probe
+from harness.kernels.ops.neuron import nki_available
 
 HOST = ("cpu", "cuda")
 
@@ -23,8 +24,6 @@ has_transformers = module_probe("transformers")
 
 def has_nkilib() -> tuple[bool, str]:
     """The real ``nki`` and nki-library (bundled ``nkilib`` or the standalone ``nkilib_src``)."""
-    from harness.kernels.ops.neuron import nki_available
-
     ok, reason = nki_available()
     if not ok:
         return False, reason

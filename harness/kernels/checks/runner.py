@@ -26,6 +26,7 @@ from harness.kernels.checks import compare
 from harness.kernels.checks.compare import Check
 from harness.kernels.checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
 from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
+from harness.registry import known_issues
 
 
 @dataclass
@@ -326,15 +327,11 @@ def observed(check: Check) -> dict:
 
 
 def issues_for(result: RunResult, prop: str, workarounds=()) -> list:
-    from harness.registry import known_issues
-
     return known_issues.applicable(KNOWN_ISSUE_CHECK, workarounds, **context(result, prop))
 
 
 def judge(result: RunResult, workarounds=()) -> list[tuple[Check, object]]:
     """``[(check, harness.registry.known_issues.Verdict)]`` for every property of the cell."""
-    from harness.registry import known_issues
-
     verdicts = []
     for check in result.checks:
         problem = None if check.passed else check.summary()

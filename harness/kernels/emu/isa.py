@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from harness.kernels.emu import cost, dtypes, semantics
-from harness.kernels.emu.ops import REDUCTIONS, Op
+from harness.kernels.emu.ops import Op, OPS, REDUCTIONS
 from harness.kernels.emu.rules import check
 from harness.kernels.emu.tensors import PMAX, PSUM, PSUM_BANK_BYTES, SBUF, SHARED_HBM, NkiTensor
+from harness.kernels.emu.tensors import float_to_integer
+from harness.kernels.emu.tensors import wrap_integer
 
 __emulator__ = True
 
@@ -272,8 +274,6 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
 
 
 def _wrap(values: torch.Tensor, name: str) -> torch.Tensor:
-    from harness.kernels.emu.tensors import wrap_integer
-
     return wrap_integer(values, dtypes.DTYPES[name])
 
 
@@ -525,16 +525,12 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
 
 def _converted(dst: NkiTensor, values: torch.Tensor) -> torch.Tensor:
     """float32 values as ``dst``'s storage would hold them after a write."""
-    from harness.kernels.emu.tensors import float_to_integer
-
     if dst.storage.is_float:
         return values.to(dst.storage.data.dtype)
     return float_to_integer(values, dst.dtype)
 
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None):
-    from harness.kernels.emu.ops import OPS
-
     cmp_op = _alu(cmp_op if cmp_op is not None else OPS["equal"], "affine_select", 2)
     dst, on_true = _tensor(dst, "affine_select", "dst"), _tensor(on_true_tile, "affine_select", "on_true_tile")
     check(dst.buffer is SBUF and on_true.buffer is SBUF, "on-chip-operand",

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.kernels.emu import cost, dtypes
+from harness.kernels.emu import cost, dtypes, isa
 from harness.kernels.emu.dtypes import DTYPES
 from harness.kernels.emu.ops import OPS
 from harness.kernels.emu.tensors import (HBM, PRIVATE_HBM, PSUM, PSUM_BANK_BYTES, PSUM_BANKS, SBUF, SBUF_BYTES_PER_PARTITION,
                                      SHARED_HBM, NkiTensor, allocate, numpy_to_torch)
+from harness.kernels.emu.isa import unimplemented
 
 __emulator__ = True
 
@@ -111,8 +112,6 @@ def full(shape, fill_value, dtype, buffer=SBUF, name: str = ""):
 
 def load(src, dtype=None):
     """``nl.load(src)``: a new SBUF tile holding ``src`` (one DMA)."""
-    from harness.kernels.emu import isa
-
     tile = allocate(src.shape, dtype if dtype is not None else src.dtype, SBUF)
     isa.dma_copy(dst=tile, src=src)
     return tile
@@ -200,8 +199,6 @@ DOCUMENTED_UNIMPLEMENTED = (
 
 
 def _unimplemented(name: str):
-    from harness.kernels.emu.isa import unimplemented
-
     return unimplemented(f"nki.language.{name}")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 from harness.device.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
+from harness.device.devices import neuron_status
 
 # Filled by register_neuron_kernels(): {"registered": bool, "reason": str, "ops": [...]}.
 NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_kernels() not called", "ops": []}
@@ -31,8 +32,6 @@ NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_ker
 def neuron_available() -> tuple[bool, str]:
     """(available, reason) for running the NKI kernels: the 'neuron' device is present
     (``harness.device.devices.neuron_status``, the one device probe) and the real ``nki`` imports."""
-    from harness.device.devices import neuron_status
-
     ok, reason = probe_module("nki")
     if not ok:
         return False, reason

@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels import emu as nki_emu
+from harness.kernels.ops import grouped_swiglu as gs
 
 BACKWARD_BLOCK = 256  # nki-library's backward block size at LNC=2 (see the module docstring)
 NKILIB_BACKWARD = "experimental.moe.bwd.blockwise_mm_backward"
@@ -60,8 +62,6 @@ def _padded(t: Tensor, *sizes: int) -> Tensor:
 
 def _recompute(forward, x, offsets, gate_up, down, programs):
     """(y rows (R, D), gate/up rows (R, 2, F)) from the checkpoint forward at its block size."""
-    from harness.kernels.ops import grouped_swiglu as gs
-
     rows = x.shape[0]
     slots, block_expert = gs.block_layout(offsets, rows)
     num_blocks = block_expert.shape[0]
@@ -77,8 +77,6 @@ def _recompute(forward, x, offsets, gate_up, down, programs):
 def backward_layout(offsets: Tensor, rows: int, block: int = BACKWARD_BLOCK):
     """(slots (R,), block_expert (N,) int32, token_position_to_id (N*B,) int32): nki-library's
     blockwise layout of ``rows`` expert-sorted rows, padding positions naming token ``rows``."""
-    from harness.kernels.ops import grouped_swiglu as gs
-
     slots, block_expert = gs.block_layout(offsets, rows, block)
     positions = block_expert.shape[0] * block
     token = torch.full((positions + 1,), rows, dtype=torch.int32, device=offsets.device)
@@ -101,8 +99,6 @@ def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offs
     """``(dx, dw1, dw2, dw3)`` of ``harness::grouped_swiglu`` for the upstream ``grad``, with
     ``forward`` = our checkpoint kernel (launched) and ``backward`` = nki-library's
     ``blockwise_mm_bwd`` (launched) at ``block`` rows per block; see the module docstring."""
-    from harness.kernels.ops import grouped_swiglu as gs
-
     rows, dim = x.shape
     experts, hidden, _ = w1.shape
     dim_p, hidden_p = backward_size(dim), backward_size(hidden)
@@ -187,8 +183,6 @@ def emulated_backward(programs: int = gk.PROGRAMS):
     races recorded and settled (``settle_races``: only known issue nkilib-bwd-ea-grad-lnc-race
     passes, and its tensor, the EA grad, is one ``grouped_swiglu_backward_via`` drops). The
     settled races of the last call are in the returned function's ``races``."""
-    from harness.kernels import emu as nki_emu
-
     library = _library_module("nki-emu").blockwise_mm_bwd
     traced = nki_emu.trace(library, grid=(programs,) if programs > 1 else (), races="record")
 

@@ -50,6 +50,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.kernels import emu as nki_emu
+from harness.kernels.ops.grouped_swiglu import grouped_swiglu_blockwise
+
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
     import nki
     import nki.isa as nisa
@@ -139,8 +142,6 @@ def grouped_swiglu_via(call, x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
     """``harness::grouped_swiglu``'s blockwise path with ``call`` (kernel, emulated or simulated
     kernel, or twin) as the body: ``call(x_blocks, weight_load, gate_up, down) -> y_blocks``.
     ``offsets``: int32 cumulative rows per expert (runtime data)."""
-    from harness.kernels.ops.grouped_swiglu import grouped_swiglu_blockwise
-
     def body(x_blocked, block_expert, w1_, w2_, w3_):
         y_blocks = call(*kernel_layout(x_blocked, block_expert, w1_, w2_, w3_, programs))
         return from_kernel_blocks(torch.as_tensor(y_blocks))
@@ -241,8 +242,6 @@ def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
 def emulated(name: str, programs: int = PROGRAMS):
     """This module's kernel ``name`` on the harness's NKI emulator (device tier ``nki-emu``),
     launched on ``programs`` programs."""
-    from harness.kernels import emu as nki_emu
-
     kernel = getattr(nki_emu.import_module(__name__), name)
     return nki_emu.run(kernel, grid=(programs,) if programs > 1 else ())
 

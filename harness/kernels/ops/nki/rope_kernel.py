@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.kernels import emu as nki_emu
+from harness.kernels.ops.rope import broadcast_cos_sin
+
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
     import nki
     import nki.isa as nisa
@@ -33,8 +36,6 @@ FREE_TILE = 512  # free-axis tile width (one PSUM bank of float32 is not needed 
 
 def to_halves(x: Tensor, cos: Tensor, sin: Tensor):
     """``x (B,S,H,D)``, ``cos/sin`` broadcastable -> six contiguous ``[D/2, B*S*H]`` arrays."""
-    from harness.kernels.ops.rope import broadcast_cos_sin  # the op's own shape rules
-
     half = x.shape[-1] // 2
     c = broadcast_cos_sin(cos, x).expand(x.shape)
     s = broadcast_cos_sin(sin, x).expand(x.shape)
@@ -126,8 +127,6 @@ def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``), two programs
     as on an LNC=2 core."""
-    from harness.kernels import emu as nki_emu
-
     module = nki_emu.import_module(__name__)
     return rope_via(nki_emu.run(module.rope_halves_kernel, grid=(PROGRAMS,)), x, cos, sin)
 
