@@ -1,4 +1,4 @@
-"""What the MoE kernels once needed bridges for (harness/kernels/ops/nki/emu_gaps.py, deleted: the NKI
+"""What the MoE kernels once needed bridges for (harness/ops/nki/emu_gaps.py, deleted: the NKI
 emulator implements all five), checked as behaviour of the emulator itself, each with the kernel
 that violates the rule and the kernel at its limit.
 
