@@ -9,9 +9,10 @@
   :mod:`~harness.parity.routing` are what it compares besides activations.
 - :mod:`~harness.parity.training`: torchtitan's optimizer/schedule/clipping vs a reference.
 - :mod:`~harness.parity.measure`: re-measures the numbers behind the parity tolerances.
+- :mod:`~harness.parity.conformance`: checkpoint and config conformance against the HF format
+  and the native <-> HF name table (it and parity import each other's parts, so one folder).
 
 Elsewhere, each in its one home: the tolerances (:mod:`harness.registry.tolerances`), config.json
-(:mod:`harness.registry.hf_config`), checkpoint and config conformance (:mod:`harness.parity.conformance`),
-the known issues (:mod:`harness.registry.known_issues`) and their in-process workarounds
+(:mod:`harness.registry.hf_config`), the known issues (:mod:`harness.registry.known_issues`) and their in-process workarounds
 (:mod:`harness.upstream.workarounds`), the planted defects (:mod:`harness.plants`).
 """

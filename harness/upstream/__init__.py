@@ -9,4 +9,10 @@ upstream no longer needs it, so it can be deleted.
 The rank-side realisations of opt-in workarounds live here too: ``hf_rope_init`` (a shim) and
 ``titan_overrides`` (torchtitan ``--override.imports``). Each belongs to a known issue in
 harness/registry/known_issues/, whose check fails as stale the day upstream fixes the issue.
+
+Beside the shims, the rest of the harness's contact with upstream: ``titan_api`` (one API per
+torchtitan generation), ``workarounds`` (the in-process bodies of the registry's workarounds),
+``metrics_sink`` (torchtitan's MetricsProcessor plus the harness's JSONL sink, installed like a
+shim), ``versions`` (the versions every result records). The ranks' boot folder is
+harness/rank/boot.
 """

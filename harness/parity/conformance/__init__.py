@@ -5,4 +5,5 @@
 - :mod:`~harness.parity.conformance.config`: the native model built from a config vs the HF
   config.json, field by field, with RoPE, attention scale and tying exercised on the built
   modules.
+- :mod:`~harness.parity.conformance.native_to_hf`: the native <-> HF Qwen3 name table, the one.
 """
