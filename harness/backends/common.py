@@ -19,6 +19,7 @@ from harness.registry import paths
 from harness.registry.assets_twin import FULL_ASSETS_ENV
 from harness.upstream.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 from harness.upstream.metrics_sink import JsonlMetricsProcessor
+from harness.registry.hf_config import read_config_json
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,6 @@ def full_assets(default: str) -> str:
 
 def assets_config(assets: str) -> dict | None:
     """The assets dir's config.json, or None where there is none (meta-device config tests)."""
-    from harness.registry.hf_config import read_config_json
-
     return read_config_json(assets) if (Path(assets) / "config.json").is_file() else None
 
 

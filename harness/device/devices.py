@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from harness.device.package_probe import probe_module
+
 KINDS = ("neuron", "cuda", "cpu")
 # The logical-NeuronCore configuration ranks run at unless the environment says otherwise:
 # trn2's default (neuronx-cc compiles for LNC 2); NKI 0.7 rejects a kernel whose LNC differs
@@ -121,8 +123,6 @@ class DeviceProfile:
 
 def neuron_status() -> tuple[bool, str]:
     """(available, reason). PyPI's torch-neuronx is a placeholder: it counts as absent."""
-    from harness.device.package_probe import probe_module
-
     importable, reason = probe_module("torch_neuronx")
     if not importable:
         return False, reason

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.registry import known_issues
+from harness.registry.hf_config import Qwen3Arch
+
 CHECK = "first_step_loss"
 
 
@@ -33,8 +36,6 @@ def random_init_hint(observed: float, vocab: int, hidden: int, lm_head_std: floa
 
 def known_issue_hints(deviation: float, context: dict[str, str]) -> list[str]:
     """Known issues recorded elsewhere whose first-step signature this deviation fits."""
-    from harness.registry import known_issues
-
     here = {i.name for i in known_issues.applicable(CHECK, **context)}
     hints = []
     for issue in known_issues.ISSUES:
@@ -66,7 +67,6 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
         return []
     from harness.backends import backend
     from harness.registry.expectations import configured_lm_head_std
-    from harness.registry.hf_config import Qwen3Arch
 
     size = backend(run.backend).size(run.size)
     model_dir = size.resolve(size.model_dir, run.assets_dir)

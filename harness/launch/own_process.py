@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.device import devices
+
 MARKER = "own_process"
 _CONFIG: list[pytest.Config] = []  # this process's config (the child serialises with it)
 # Set in the child: the file its reports go to (and "run the test here, not in another child").
@@ -52,8 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The in-process tests of a tier whose runtime is exclusive (harness/device/devices.py
     ``EXCLUSIVE_RUNTIME``) run in a child; on a stand-in (the rehearsal) they are deselected,
     and the session's summary says why: the stand-in is a profile for launches, not a device."""
-    from harness.device import devices
-
     for kind in devices.TIER_MARKERS:
         in_process = [i for i in items if i.get_closest_marker(kind)
                       and not set(RUN_FIXTURES) & set(getattr(i, "fixturenames", ()))]

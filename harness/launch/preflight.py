@@ -10,6 +10,8 @@ import json
 import struct
 from pathlib import Path
 
+from harness.registry import paths
+
 REGENERATE = "regenerate the fixtures with `python scripts/make_fixtures.py`"
 
 
@@ -18,8 +20,6 @@ class PreflightError(ValueError):
 
 
 def _fix_for(path: Path) -> str:
-    from harness.registry import paths
-
     if paths.FIXTURES in path.resolve().parents:
         return REGENERATE
     return "re-download the model's HF assets (e.g. `hf download <repo> --local-dir <dir>`)"

@@ -21,6 +21,8 @@ from pathlib import Path
 from harness.backends import BACKENDS
 from harness.model.build import is_transformers_backend, on_meta
 from harness.registry import known_issues, paths
+from harness.registry.hf_config import read_config_json
+from harness.upstream.versions import package_versions
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
 KNOWN_MODEL_DIRS = {
@@ -138,8 +140,6 @@ def hf_parameters(model_dir: Path) -> int:
 
 
 def _config_shape(model_dir: Path) -> tuple:
-    from harness.registry.hf_config import read_config_json
-
     hf = read_config_json(model_dir)
     return (hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"])
 
@@ -217,7 +217,6 @@ def lint(subject: Subject) -> LintReport:
     """Everything that can be checked about a config before any rank starts (seconds, CPU,
     meta device): the model spec against the config.json it loads, the assets dir, the
     parameter count, and what it will run with (attention, torchtitan)."""
-    from harness.upstream.versions import package_versions
     from harness.launch.preflight import PreflightError, check_run_inputs
 
     report = LintReport(subject.name)
@@ -259,7 +258,6 @@ def lint(subject: Subject) -> LintReport:
             report.notes.append(f"the HF model class is built from {config.hf_model}/config.json, "
                                 f"the weights come with {hf_json}")
         return report
-    from harness.registry.hf_config import read_config_json
     from harness.parity.conformance.config import config_violations
 
     conformance = config_violations(config.model_spec.model, read_config_json(hf_json.parent), subject.name)

@@ -19,6 +19,7 @@ import torch
 
 from harness.registry.tolerances import ParityTolerance as Tolerance
 from harness.registry import known_issues
+from harness.upstream.versions import package_versions
 
 
 @dataclass
@@ -245,8 +246,6 @@ def compare_curves(what: str, name_a: str, a: list[float], name_b: str, b: list[
 
 
 def versions_line() -> str:
-    from harness.upstream.versions import package_versions
-
     return "versions: " + ", ".join(f"{k} {v}" for k, v in package_versions().items())
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from harness.parity import models as M, training as T
+from harness.registry import paths
 
 
 def random_checkpoint(template_dir: Path, seed: int, out_dir: Path) -> Path:
@@ -107,7 +108,6 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 def main(argv: list[str]) -> int:
     only = set(argv)
-    from harness.registry import paths
 
     stats: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:

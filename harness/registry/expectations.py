@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 from harness.registry import paths
 from harness.registry.tolerances import RANDOM_INIT_DRAW, LossBand, loss_band
+from harness.registry.generations import api_generation_of, installed_generation
+from harness.registry.hf_config import read_config_json
 
 EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"
 
@@ -128,8 +130,6 @@ def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: fl
 
 
 def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
-    from harness.registry.hf_config import read_config_json
-
     if model_dir is not None:  # a full-size run: the config.json of its own assets
         return read_config_json(model_dir)
     for root in (paths.FIXTURES, paths.FIXTURES / "reference_configs"):
@@ -141,8 +141,6 @@ def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
 def _api_generation(generation: str | None) -> str:
     """Expectations are the API's: a fork (TorchTitan Neuron) shares its base's init rules and
     dataloader, so its expected numbers (harness/upstream/titan_api API_OF)."""
-    from harness.registry.generations import api_generation_of, installed_generation
-
     return api_generation_of(generation or installed_generation())
 
 

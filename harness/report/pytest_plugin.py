@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.report import baseline as baseline_module
+from harness.upstream.versions import code_commit, package_versions
 
 BASELINE_FIXTURE = "baseline_document"
 
@@ -59,8 +60,6 @@ def baseline_document(pytestconfig: pytest.Config) -> dict:
 
 
 def header() -> dict[str, str]:
-    from harness.upstream.versions import code_commit, package_versions
-
     return {"commit": code_commit(), **{f"version {k}": v for k, v in package_versions().items()}}
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import harness.device.devices
+
 LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"
 
 
@@ -20,8 +22,6 @@ def rank_lnc_default() -> str:
 
     harness.device.devices does not export it yet (the default "2" sits inside ``profile_for``); the
     ``NEURON_LNC_DEFAULT`` name is read when it exists."""
-    import harness.device.devices
-
     return str(getattr(harness.device.devices, "NEURON_LNC_DEFAULT", "2"))
 
 

@@ -27,6 +27,7 @@ from harness.kernels.checks.compare import Check
 from harness.kernels.checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
 from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
 from harness.registry import known_issues
+from harness.registry.known_issues import Verdict
 
 
 @dataclass
@@ -343,8 +344,6 @@ def judge(result: RunResult, workarounds=()) -> list[tuple[Check, object]]:
 def outcome(result: RunResult, workarounds=()):
     """One ``Verdict`` for the cell: "fail" if any property fails (known issues or not), else
     "known" if a known issue showed exactly as recorded, else "pass"."""
-    from harness.registry.known_issues import Verdict
-
     verdicts = judge(result, workarounds)
     if not verdicts:
         return Verdict("fail", "no check ran")

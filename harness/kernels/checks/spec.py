@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from harness.device.devices import device_status  # noqa: F401  (the one device probe, re-exported)
+from harness.device.package_probe import probe_module
 
 DTYPES = (torch.float32, torch.bfloat16)
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -35,8 +36,6 @@ def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
 
     @functools.lru_cache(maxsize=None)
     def probe() -> tuple[bool, str]:
-        from harness.device.package_probe import probe_module
-
         if importlib.util.find_spec(name.split(".")[0]) is None:
             return False, f"{name} is not installed"
         return probe_module(name)

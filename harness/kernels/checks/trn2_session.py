@@ -38,6 +38,7 @@ import torch
 
 from harness.kernels.checks.compare import elementwise
 from harness.registry.tolerances import kernel_tolerance
+from harness.device.devices import device_status
 
 # Per rank in the source's run: local batch 1 x seq 2048 tokens, top-4 of 64 experts, hidden
 # 2048, moe_intermediate 768; Qwen3-30B-A3B attention: 32 query heads of 128.
@@ -220,7 +221,6 @@ class NeuronDevice:
 def neuron_device_or_reason(neff_root: Path):
     """(NeuronDevice, None) on a trn2 with the Neuron SDK, else (None, why not). A usable device
     is the 'neuron' device (``harness.device.devices``, the one probe) and the real ``nki``."""
-    from harness.device.devices import device_status
     from harness.kernels.ops.neuron import nki_available
 
     ok, reason = device_status("neuron")

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from harness.registry.hf_config import Qwen3Arch
+
 _LAYER = r"layers\.(\d+)\."
 _EXPERTS = _LAYER + r"moe\.(?:routed_experts\.inner_experts|experts)\."
 # (torchtitan's name: a pattern, HF's: {0} the layer, {e} the expert, the reference step)
@@ -107,7 +109,6 @@ def hf_state_from_native(native: dict[str, torch.Tensor], config_dir: str | Path
     as the HF checkpoint of the config in ``config_dir``: every key and shape that
     ``save_pretrained`` writes for it, and no other."""
     from harness.parity.conformance.checkpoint import expected_hf_checkpoint
-    from harness.registry.hf_config import Qwen3Arch
 
     arch = Qwen3Arch.from_dir(config_dir)
     hf = _from_hf_backend(native)

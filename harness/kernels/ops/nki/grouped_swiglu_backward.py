@@ -39,6 +39,7 @@ from torch import Tensor
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
 from harness.kernels import emu as nki_emu
 from harness.kernels.ops import grouped_swiglu as gs
+from harness.registry import known_issues
 
 BACKWARD_BLOCK = 256  # nki-library's backward block size at LNC=2 (see the module docstring)
 NKILIB_BACKWARD = "experimental.moe.bwd.blockwise_mm_backward"
@@ -167,7 +168,6 @@ def ea_grad_race(race, tokens: int, experts: int, programs: int) -> str:
 def settle_races(races, tokens: int, experts: int, programs: int) -> list:
     """The races of a ``blockwise_mm_bwd`` launch recorded by the emulator, judged against the known
     issues (check "nki_emu_race"): each must be the known EA grad race, else RuleViolation."""
-    from harness.registry import known_issues
     from harness.kernels.emu import RuleViolation
 
     for race in races:
