@@ -33,7 +33,6 @@ from torch import nn
 from harness.diagnosis.errors import NotDiagnosable
 from harness.references.model import WeightSource
 from harness.model.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
-from harness.model import build
 
 EMBED = "model.embed_tokens.weight"
 
@@ -43,6 +42,7 @@ def native_on_meta(model_dir: Path, *, custom_ops: bool, attention: str):
     harness/parity/models.py ``build_native``), and the trainer's HF state-dict adapter."""
     from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
+    from harness.model import build
     from harness.parity.models import native_model_config, prepare_in_process
 
     prepare_in_process()
@@ -208,6 +208,7 @@ def known_gaps_report(model: nn.Module, adapter):
 def hf_backend_on_meta(model_dir: Path, configure=None):
     """torchtitan's transformers-backend model on the meta device, as the trainer builds it
     (the config and patches of harness/parity/models.py ``build_hf_backend``)."""
+    from harness.model import build
     from harness.parity.models import hf_backend_config
 
     trainer_config, _api = hf_backend_config(model_dir, configure)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from harness.registry import dump_layout, known_issues
-from harness.diagnosis import rank_dump, streamed
+from harness.diagnosis import rank_dump
 from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
 from harness.references.model import WeightSource
 from harness.registry.hf_config import Qwen3Arch
@@ -130,6 +130,7 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     """torchtitan's native Qwen3 on the meta device, streamed one unit at a time
     (harness/diagnosis/streamed.py), at every size: the CPU tier's tiny runs walk the path the
     full-size runs walk."""
+    from harness.diagnosis import streamed
     from harness.parity.compare import native_keys_not_loaded_kinds
 
     model, adapter = streamed.native_on_meta(source, custom_ops=NATIVE_BUILDS[backend]["custom_ops"],
@@ -221,6 +222,7 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     config-level workarounds), streamed one unit at a time through its own forward
     (harness/diagnosis/streamed.py)."""
     from harness.upstream import workarounds as W
+    from harness.diagnosis import streamed
     from harness.diagnosis.localize import hf_modules
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from harness.parity import models as M, training as T
 from harness.registry import paths
 
 
@@ -52,6 +51,8 @@ def rms_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
+    from harness.parity import models as M
+
     moe = M.Qwen3Arch.from_dir(model_dir).is_moe
     hf, nat, ref = M.load_hf(model_dir), M.build_native(model_dir), M.reference_model(model_dir)
     refb = M.reference_model(model_dir, expert_dtype=torch.bfloat16) if moe else None
@@ -91,6 +92,9 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
 
 
 def measure_training(model_dir: Path, steps: int, stats) -> None:
+    from harness.parity import models as M
+    from harness.parity import training as T
+
     batches = M.load_batches(model_dir, steps)
     nat = M.build_native(model_dir)
     hf = M.load_hf(model_dir)
@@ -108,6 +112,7 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 def main(argv: list[str]) -> int:
     only = set(argv)
+    from harness.parity import models as M
 
     stats: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from harness.rank import hooks as rank_hooks, step0 as rank_step0
+from harness.rank import step0 as rank_step0
 from harness.upstream.install import after_import
 
 OBSERVERS_ENV = "HARNESS_OBSERVERS"
@@ -125,4 +125,6 @@ def record_after_load(trainer) -> None:
 def _rank_hooks():
     # Imported once the trainer is: it imports torch, which the boot must not (the shims'
     # post-import hooks are registered first).
+    from harness.rank import hooks as rank_hooks
+
     return rank_hooks

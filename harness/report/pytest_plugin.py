@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import baseline as baseline_module
 from harness.upstream.versions import code_commit, package_versions
 
 BASELINE_FIXTURE = "baseline_document"
@@ -85,6 +84,7 @@ def write_session_report(runs, out: Path, steps: int, base: dict | None = None,
     check the session did not select has no verdict (the report says so). Then the session is
     over for every checkpoint too."""
     from harness.checks import run_checks as checks
+    from harness.report import baseline as baseline_module
     from harness.report.run_report import RunVerdict, results_document, write_report
 
     verdicts = [RunVerdict(run, checks.recorded(run)) for run in runs]

@@ -14,11 +14,6 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from harness.upstream import dtensor_full_init, hf_config_kw_only, hf_shape_from_config
-from harness.upstream import hf_tied_fsdp
-from harness.upstream import titan_4b_theta
-from harness.upstream import titan_sdpa_attention
-
 ENV_VAR = "HARNESS_SHIMS"
 
 
@@ -107,26 +102,38 @@ def _install_patches(module) -> None:
 
 
 def _install_titan_sdpa_attention() -> None:
+    from harness.upstream import titan_sdpa_attention
+
     _install_patches(titan_sdpa_attention)
 
 
 def _install_hf_config_kw_only() -> None:
+    from harness.upstream import hf_config_kw_only
+
     _install_patches(hf_config_kw_only)
 
 
 def _install_hf_shape_from_config() -> None:
+    from harness.upstream import hf_shape_from_config
+
     _install_patches(hf_shape_from_config)
 
 
 def _install_dtensor_full_init() -> None:
+    from harness.upstream import dtensor_full_init
+
     _install_patches(dtensor_full_init)
 
 
 def _install_titan_4b_theta() -> None:
+    from harness.upstream import titan_4b_theta
+
     _install_patches(titan_4b_theta)
 
 
 def _install_hf_tied_fsdp() -> None:
+    from harness.upstream import hf_tied_fsdp
+
     _install_patches(hf_tied_fsdp)
 
 

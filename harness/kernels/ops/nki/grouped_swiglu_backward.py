@@ -37,7 +37,6 @@ import torch
 from torch import Tensor
 
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
-from harness.kernels import emu as nki_emu
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.registry import known_issues
 
@@ -183,6 +182,8 @@ def emulated_backward(programs: int = gk.PROGRAMS):
     races recorded and settled (``settle_races``: only known issue nkilib-bwd-ea-grad-lnc-race
     passes, and its tensor, the EA grad, is one ``grouped_swiglu_backward_via`` drops). The
     settled races of the last call are in the returned function's ``races``."""
+    from harness.kernels import emu as nki_emu
+
     library = _library_module("nki-emu").blockwise_mm_bwd
     traced = nki_emu.trace(library, grid=(programs,) if programs > 1 else (), races="record")
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.kernels import emu as nki_emu
 from harness.kernels.ops.grouped_swiglu import grouped_swiglu_blockwise
 
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
@@ -242,6 +241,8 @@ def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
 def emulated(name: str, programs: int = PROGRAMS):
     """This module's kernel ``name`` on the harness's NKI emulator (device tier ``nki-emu``),
     launched on ``programs`` programs."""
+    from harness.kernels import emu as nki_emu
+
     kernel = getattr(nki_emu.import_module(__name__), name)
     return nki_emu.run(kernel, grid=(programs,) if programs > 1 else ())
 

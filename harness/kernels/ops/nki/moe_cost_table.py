@@ -60,7 +60,6 @@ import torch
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost, grouped_swiglu_kernel as gk
 from harness.kernels.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK
-from harness.kernels import emu as nki_emu
 from harness.kernels.ops.nki.grouped_swiglu_backward import NKILIB_BACKWARD, backward_size
 
 PREVIOUS_REV = "bc9d5d3"  # the last commit with the kernel that reloaded every block
@@ -113,6 +112,8 @@ def _per_program_instructions():
 
 
 def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=None, note=""):
+    from harness.kernels import emu as nki_emu
+
     start = time.time()
     with _per_program_instructions() as per_program:
         _, report = nki_emu.trace(kernel, numerics=False, grid=grid)(*args, **kwargs)
@@ -122,11 +123,15 @@ def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=No
 
 
 def _meta(shape, dtype=torch.bfloat16):
+    from harness.kernels import emu as nki_emu
+
     return nki_emu.meta(shape, dtype)
 
 
 def _previous_kernel(rev: str):
     """The kernel at ``rev`` (from git), imported against the emulator."""
+    from harness.kernels import emu as nki_emu
+
     root = Path(__file__).resolve().parents[4]
     source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_PATH}"], check=True,
                             capture_output=True, text=True).stdout
@@ -144,6 +149,8 @@ def _previous_kernel(rev: str):
 
 
 def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: str | None = PREVIOUS_REV) -> list[Row]:
+    from harness.kernels import emu as nki_emu
+
     needed = cost.needed_flops(rows, dim, hidden)
     ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
     n = gs.max_blocks(rows, experts)
@@ -172,6 +179,8 @@ def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: s
 
 
 def backward_rows(rows: int, dim: int, hidden: int, experts: int) -> list[Row]:
+    from harness.kernels import emu as nki_emu
+
     dim_p, hidden_p = backward_size(dim), backward_size(hidden)
     needed = 2 * cost.needed_flops(rows, dim, hidden)  # dh, dx (2), dW (3): six GEMMs of R rows
     ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.kernels import emu as nki_emu
 from harness.kernels.ops.rope import broadcast_cos_sin
 
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
@@ -127,6 +126,8 @@ def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``), two programs
     as on an LNC=2 core."""
+    from harness.kernels import emu as nki_emu
+
     module = nki_emu.import_module(__name__)
     return rope_via(nki_emu.run(module.rope_halves_kernel, grid=(PROGRAMS,)), x, cos, sin)
 
