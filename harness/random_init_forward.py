@@ -464,6 +464,15 @@ def _child_main(argv: list[str]) -> int:
     parser.add_argument("case", nargs="?")
     args = parser.parse_args(argv)
     _eager_block_masks()
+    from harness.model_build import transformers_backend_patches_restored
+
+    # The transformers backend's init is its patched _init_weights, in force from the build
+    # (on_meta) through the unit-by-unit init that follows it: one block around both.
+    with transformers_backend_patches_restored():
+        return _child_cases(args)
+
+
+def _child_cases(args) -> int:
     if args.mode == "case":
         result = streamed_first_step(args.case, BATCH, SEQ_LEN, COMPUTE_DTYPE)
         result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
