@@ -304,7 +304,17 @@ def _chunked_loss(head, h, inputs, labels, chunk: int) -> LossStats:
 
 def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
                         chunk: int = LOGIT_CHUNK, keep_weights: bool = False) -> dict:
-    """Stream-initialise and run the model of case ``name``; return its loss statistics."""
+    """Stream-initialise and run the model of case ``name``; return its loss statistics. The
+    transformers backend's init is its patched ``_init_weights``, in force from the build
+    (``on_meta``) through the unit-by-unit init that follows it: one block around both."""
+    from harness.model_build import transformers_backend_patches_restored
+
+    with transformers_backend_patches_restored():
+        return _streamed_first_step(name, batch, seq_len, compute_dtype, chunk, keep_weights)
+
+
+def _streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str, chunk: int,
+                         keep_weights: bool) -> dict:
     import torch
     from harness.backends.common import SEED
     from harness.model.unit_walk import run_layer
@@ -424,6 +434,13 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
 
 def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
     """Reference for the small check: the whole model, init and forward as the trainer does."""
+    from harness.model_build import transformers_backend_patches_restored
+
+    with transformers_backend_patches_restored():  # as streamed_first_step
+        return _whole_model_first_step(name, batch, seq_len, chunk)
+
+
+def _whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
     import torch
     from harness.backends.common import SEED
     from harness.upstream.hf_rope_init import _recompute_inv_freq

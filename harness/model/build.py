@@ -102,12 +102,24 @@ def is_transformers_backend(config) -> bool:
     return hasattr(config, "hf_model")
 
 
+_PATCH_SCOPES = [0]  # open transformers_backend_patches_restored blocks: only the outermost restores
+
+
 @contextlib.contextmanager
 def transformers_backend_patches_restored():
     """``HFTransformerModel.__init__`` monkey-patches transformers globally
     (``PreTrainedModel._init_weights`` / ``_initialize_weights`` and the decoder layers'
     ``__init__``): whatever is built (and initialised) inside this block has them; they are
-    restored after it, so other models built in this process are unaffected."""
+    restored after it, so other models built in this process are unaffected. Blocks nest: an
+    inner one (``on_meta`` inside a caller that initialises the model later, unit by unit)
+    leaves the patches to the outermost, so the init that follows the build still has them."""
+    if _PATCH_SCOPES[0]:
+        _PATCH_SCOPES[0] += 1
+        try:
+            yield
+        finally:
+            _PATCH_SCOPES[0] -= 1
+        return
     import transformers.models.qwen3.modeling_qwen3 as q3
     import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
     from transformers.modeling_utils import PreTrainedModel
@@ -118,9 +130,11 @@ def transformers_backend_patches_restored():
         (q3.Qwen3DecoderLayer, "__init__"): q3.Qwen3DecoderLayer.__dict__["__init__"],
         (q3m.Qwen3MoeDecoderLayer, "__init__"): q3m.Qwen3MoeDecoderLayer.__dict__["__init__"],
     }
+    _PATCH_SCOPES[0] = 1
     try:
         yield
     finally:
+        _PATCH_SCOPES[0] = 0
         for (owner, attr), value in saved.items():
             setattr(owner, attr, value)
 

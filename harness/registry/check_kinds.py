@@ -154,6 +154,7 @@ KINDS: tuple[CheckKind, ...] = (
                SELF + "test_import_graph.py::test_harness_has_no_import_cycle",
                E2E + "test_assets_twin.py::test_fork_is_its_own_generation",
                SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test",
+               SELF + "test_doc_links.py::test_every_relative_link_in_the_readme_and_docs_resolves",
                SELF + "test_nightly.py::test_the_2_33_dlami_venv_is_found_by_its_own_name_newest_first",
                SELF + "test_own_process.py::test_marked_tests_run_each_in_a_child_and_report_as_it_saw_them"),
               (SELF + "test_parallel_tier.py::test_a_run_read_on_two_workers_launches_once",)),

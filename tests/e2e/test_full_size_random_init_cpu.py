@@ -57,6 +57,20 @@ def test_random_init_first_step_loss(case, tmp_path):
 
 
 
+def test_the_streamed_init_is_the_backends_own_init_scale():
+    """The cheap form of the cases above (default tier, in-process): the streamed init of the
+    tiny transformers-backend model is its backend's configured init (its patched
+    ``_init_weights``, in force from the build through the unit-by-unit init): the measured
+    lm_head std equals the configured one."""
+    from harness.expectations import configured_lm_head_std
+    from harness.random_init_forward import streamed_first_step
+    from harness.tolerances import INIT_STD_RTOL
+
+    result = streamed_first_step("hf_v5-tiny_dense", batch=1, seq_len=32, compute_dtype="float32", chunk=16)
+    configured = configured_lm_head_std("hf_v5", result["hidden_size"])
+    assert abs(result["lm_head_std"] / configured - 1) <= INIT_STD_RTOL, (
+        f"lm_head init std {result['lm_head_std']:.5f} vs configured {configured:.5f}")
+
 
 # --- the checks above, on fabricated results: a 1.5x init-scale error cannot pass ------------
 
