@@ -307,7 +307,7 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
     """Stream-initialise and run the model of case ``name``; return its loss statistics. The
     transformers backend's init is its patched ``_init_weights``, in force from the build
     (``on_meta``) through the unit-by-unit init that follows it: one block around both."""
-    from harness.model_build import transformers_backend_patches_restored
+    from harness.model.build import transformers_backend_patches_restored
 
     with transformers_backend_patches_restored():
         return _streamed_first_step(name, batch, seq_len, compute_dtype, chunk, keep_weights)
@@ -434,7 +434,7 @@ def _streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str
 
 def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
     """Reference for the small check: the whole model, init and forward as the trainer does."""
-    from harness.model_build import transformers_backend_patches_restored
+    from harness.model.build import transformers_backend_patches_restored
 
     with transformers_backend_patches_restored():  # as streamed_first_step
         return _whole_model_first_step(name, batch, seq_len, chunk)

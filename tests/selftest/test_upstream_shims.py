@@ -117,7 +117,7 @@ else:
 SDPA_POSITIONS = Probe("sdpa_positions", """
 import types, torch
 from harness.backends.native_qwen3 import native_config_from_hf, read_hf_config
-from harness import paths
+from harness.registry import paths
 from harness.upstream import titan_sdpa_attention as shim
 import torchtitan.trainer as real_trainer
 shim.causal_positions_for_sdpa(real_trainer)  # the real class can be patched
@@ -182,7 +182,7 @@ except ValueError as error:
 
 HF_SHAPE = Probe("hf_shape", """
 import json
-from harness import paths
+from harness.registry import paths
 from torchtitan.experiments.transformers_modeling_backend import model_registry
 from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 hf = json.loads((paths.TINY_DENSE / "config.json").read_text())
