@@ -397,23 +397,13 @@ def pretrain(name: str, rows):
 
 def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int, seq_len: int,
                        dataset: str = "c4_test"):
-    """The (inputs, positions, labels) each dp rank gets as its first batch, built with
-    torchtitan's own tokenizer and dataloader classes exactly as its trainer builds them
-    (``dataset``: torchtitan's dataset name; "c4" reads ``corpus_dir`` as a local C4 copy)."""
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    """The (inputs, positions, labels) each dp rank gets as its first batch, from torchtitan's
+    own tokenizer and dataloader as its trainer builds them (harness.parity.models
+    ``load_batches``; "c4" reads ``corpus_dir`` as a local C4 copy)."""
+    from harness.parity.models import load_batches
 
-    from harness.upstream.titan_api import HuggingFaceTextDataLoader
-
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(tokenizer_dir))
-    config = HuggingFaceTextDataLoader.Config(dataset=dataset, dataset_path=str(corpus_dir))
-    batches = []
-    for rank in range(dp):
-        loader = HuggingFaceTextDataLoader(config, dp_world_size=dp, dp_rank=rank,
-                                           tokenizer=tokenizer, seq_len=seq_len,
-                                           local_batch_size=lbs)
-        input_dict, labels = next(iter(loader))
-        batches.append((input_dict["input"], input_dict["positions"], labels))
-    return batches
+    first = load_batches(tokenizer_dir, 1, dp, lbs, seq_len, dataset, corpus_dir)[0]
+    return [(b.inputs, b.positions, b.labels) for b in first]
 
 
 def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,

@@ -64,21 +64,22 @@ class Batch:
 
 
 def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_size: int = 2,
-                 seq_len: int = 256) -> list[list[Batch]]:
+                 seq_len: int = 256, dataset: str = "c4_test",
+                 dataset_path: str | Path = paths.CORPUS) -> list[list[Batch]]:
     """``[step][dp rank]`` batches from torchtitan's own tokenizer and dataloader, as the
-    trainer builds them (tokenizer from the HF assets dir, ``c4_test`` on fixtures/corpus)."""
+    trainer builds them (tokenizer from the HF assets dir; ``dataset``: torchtitan's dataset
+    name, read from ``dataset_path``: ``c4_test`` on fixtures/corpus by default, ``c4`` on a
+    local C4 copy)."""
     prepare_in_process()
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
-    config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(paths.CORPUS))
+    loader_class = titan_api.HuggingFaceTextDataLoader
+    config = loader_class.Config(dataset=dataset, dataset_path=str(dataset_path))
     per_rank = []
     for rank in range(dp):
-        loader = HuggingFaceTextDataLoader(config, dp_world_size=dp, dp_rank=rank,
-                                           tokenizer=tokenizer, seq_len=seq_len,
-                                           local_batch_size=local_batch_size)
+        loader = loader_class(config, dp_world_size=dp, dp_rank=rank, tokenizer=tokenizer,
+                              seq_len=seq_len, local_batch_size=local_batch_size)
         it = iter(loader)
         rows = []
         for _ in range(steps):
