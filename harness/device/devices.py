@@ -205,8 +205,8 @@ def neuron_rank_env(environ: dict[str, str]) -> tuple[dict[str, str], tuple[str,
     return env, NEURON_CORE_VISIBILITY, recorded
 
 
-# Shims torchtitan 0.3.0 needs on CPU; see harness/upstream/.
-CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op")
+# Shims torchtitan needs on CPU; see harness/upstream/ (gloo_all_to_all: EP's uneven token dispatch).
+CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op", "gloo_all_to_all")
 
 
 def profile_for(kind: str) -> DeviceProfile:

@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 
 from harness.registry import dump_layout, known_issues
+from harness.registry.hf_config import read_config_json
+from harness.registry.layouts import FSDP, Layout, layout as layout_entry
 from harness.rank import observers as rank_observers
 from harness.backends import BackendSpec, backend
 from harness.registry import paths
@@ -68,6 +70,9 @@ class RunSpec:
     # what the harness inferred about it (harness/launch/subjects.py); ``backend`` is then its kind.
     subject: Facts | None = None
     pythonpath: tuple[str, ...] = ()  # folders the ranks need to import a subject's module
+    # How the run spreads a step over its ranks (harness/registry/layouts.py); its ranks and
+    # global batch are the layout's.
+    layout: str = FSDP
 
     @classmethod
     def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
@@ -84,6 +89,15 @@ class RunSpec:
             w for w in self.workarounds if known_issues.workaround(w).applies_to(self.backend)))
         if self.data not in DATA_SOURCES:
             raise ValueError(f"data must be one of {DATA_SOURCES}, not {self.data!r}")
+        if self.layout != FSDP:
+            if self.subject is not None or self.size != "tiny":
+                raise ValueError(f"layout {self.layout!r}: the layouts run the registered "
+                                 f"backends' tiny models (a layout's ranks and batch are sized "
+                                 f"for them); {self.name} is not one")
+            entry = self.layout_spec
+            if not entry.applies_to(self.model_kind):
+                raise ValueError(f"layout {self.layout!r} applies to {entry.kinds} models; "
+                                 f"{self.backend}/{self.size} is {self.model_kind}")
         if self.subject is not None:  # the subject's own config decides init, size, attention
             return
         if self.attention is None:  # one key per distinct run: the default, spelled out
@@ -96,6 +110,21 @@ class RunSpec:
     @property
     def spec(self) -> BackendSpec:
         return backend(self.backend)
+
+    @property
+    def layout_spec(self) -> Layout:
+        return layout_entry(self.layout)
+
+    @property
+    def model_kind(self) -> str:
+        """"moe" or "dense", from the model's config.json (its routed experts)."""
+        return "moe" if (self.model_config.get("num_experts")
+                        or self.model_config.get("num_local_experts")) else "dense"
+
+    @property
+    def model_config(self) -> dict:
+        model_dir = self.size_spec.resolve(self.size_spec.model_dir, self.hf_assets_path)
+        return read_config_json(model_dir)
 
     @property
     def size_spec(self):
@@ -138,11 +167,17 @@ class RunSpec:
         """Ranks of this run on one node: asked for, else the size's (never more than the node
         has: a 1-GPU host runs the tiny models on one rank and asks for the dp1 expectation)."""
         wanted = (2 if self.size == "tiny" else None) if self.subject else self.size_spec.nproc
+        if self.layout != FSDP and profile.kind == "cpu":
+            return self.nproc or self.layout_spec.ranks  # CPU ranks are processes: any count
+        if self.layout != FSDP:
+            wanted = self.layout_spec.ranks
         return self.nproc or min(wanted or profile.ranks_per_node, profile.ranks_per_node)
 
     @property
     def name(self) -> str:
         suffix = "".join(f"+{w}" for w in self.all_workarounds) + "".join(f"+plant:{p}" for p in self.plants)
+        if self.layout != FSDP:
+            suffix = f"@{self.layout}{suffix}"
         if self.subject:
             return f"{self.subject.module}:{self.subject.config}{suffix}"
         attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
@@ -203,7 +238,30 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         ]
     for name in spec.all_workarounds:
         command += list(known_issues.workaround(name).rank_overrides)
-    return command + list(spec.overrides)
+    # The layout's flags come last: 0.3.0's activation checkpointing is a subcommand.
+    return command + list(spec.overrides) + list(layout_flags(spec))
+
+
+def layout_flags(spec: RunSpec) -> tuple[str, ...]:
+    """The command line of ``spec``'s layout (none for FSDP, the configs' own): the parallel
+    degrees, the batch that keeps the tiny run's global batch, compile, and what the
+    generation spells its own way (``titan_api.layout_overrides``)."""
+    if spec.layout == FSDP:
+        return ()
+    from harness.upstream import titan_api
+
+    lay = spec.layout_spec
+    flags = (
+        "--parallelism.tensor_parallel_degree", str(lay.tp),
+        "--parallelism.context_parallel_degree", str(lay.cp),
+        "--parallelism.expert_parallel_degree", str(lay.ep),
+        "--parallelism.data_parallel_replicate_degree", str(lay.replicate),
+        "--training.local_batch_size", str(lay.local_batch_size),
+        "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga),
+        *(("--compile.enable",) if lay.compile else ()),
+    )
+    return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, ac=lay.ac,
+                                              vocab_size=spec.model_config["vocab_size"])
 
 
 def data_flags(data: str, data_path: str | None, ranks: int) -> list[str]:
@@ -364,6 +422,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         model=spec.model,
         mask=spec.mask,
         workarounds=spec.all_workarounds,
+        layout=spec.layout,
         assets_dir=spec.hf_assets_path,
         command=command,
         returncode=None if timed_out else proc.returncode,

@@ -221,3 +221,61 @@ def _distinguishable(spec, size: str, attention: str) -> bool:
     except MissingExpectation:
         return True  # the run will say what is missing
     return abs(default.value - variant.value) > max(default.tolerance, variant.tolerance)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts (harness/registry/layouts.py): every backend's tiny pretrained run in every layout
+# that applies to its model, on the tiers whose tiny runs have ranks to spread (the neuron
+# tier's layouts are its full-size configurations).
+LAYOUT_DEVICES = ("cpu", "cuda")
+LAYOUT_BACKENDS = ("titan_native", "nki_moe")
+# The default tier's cheap form of each kind of layout, one launch each: TP and compile on the
+# dense model, EP, gradient accumulation and no activation checkpointing (the routing counts'
+# reference) on the MoE. Every other (backend, layout) runs in the slow tier.
+DEFAULT_TIER_LAYOUTS = frozenset({("titan_native", "tp"), ("titan_native", "compile"),
+                                  ("nki_moe", "ep"), ("nki_moe", "ga=2"), ("nki_moe", "ac=none")})
+
+
+@dataclass(frozen=True)
+class LayoutCase:
+    """One backend's tiny pretrained run in one layout, on one device tier."""
+
+    device: str
+    backend: str
+    layout: str
+    slow: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.device}-{self.backend}-tiny-pretrained@{self.layout}"
+
+    @property
+    def layout_spec(self):
+        from harness.registry.layouts import layout
+
+        return layout(self.layout)
+
+    @property
+    def attention(self) -> str:
+        return self.layout_spec.attention or BACKENDS[self.backend].default_attention
+
+    def fsdp_case(self) -> RunCase:
+        """The same run under FSDP (the template's tiny pretrained run)."""
+        return RunCase(self.device, self.backend, "tiny", "pretrained", self.attention)
+
+    def run_spec(self, steps: int, workarounds=()) -> RunSpec:
+        return replace(self.fsdp_case().run_spec(steps, workarounds=workarounds), layout=self.layout)
+
+
+def layout_cases(devices=LAYOUT_DEVICES) -> list[LayoutCase]:
+    from harness.registry.layouts import FSDP, LAYOUTS
+
+    out = []
+    for device in devices:
+        for name in LAYOUT_BACKENDS:
+            kind = RunSpec(name).model_kind
+            for lay in LAYOUTS.values():
+                if lay.name != FSDP and lay.applies_to(kind):
+                    slow = lay.slow or (name, lay.name) not in DEFAULT_TIER_LAYOUTS
+                    out.append(LayoutCase(device, name, lay.name, slow))
+    return out

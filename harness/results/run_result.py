@@ -68,6 +68,7 @@ class RunResult:
     model: str | None = None  # the expectations' model key
     mask: str = ""  # how attention treats packed rows (the recorded loss that applies)
     workarounds: tuple[str, ...] = ()
+    layout: str = "fsdp"  # harness/registry/layouts.py
     assets_dir: str | None = None  # the HF assets dir of a full-size run
     # The device's compile cache around the run (``CompileCache``), where it has one.
     compile_cache: dict | None = None
@@ -112,7 +113,7 @@ class RunResult:
     def where(self) -> dict[str, str]:
         """Where the run happened, in the known-issues registry's terms."""
         return {"backend": self.backend, "size": self.size, "init": self.init, "device": self.device,
-                "attention": self.attention, "generation": self.versions.get("torchtitan-generation", "")}
+                "attention": self.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", "")}
 
     def first_error(self) -> str | None:
         """The first exception line any rank logged ("SomeError: message"), if any."""

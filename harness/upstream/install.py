@@ -81,6 +81,11 @@ def _install_gloo_reduce_op() -> None:
     )
 
 
+def _install_gloo_all_to_all() -> None:
+    from harness.upstream import gloo_all_to_all as shim
+    after_import("torch.distributed.distributed_c10d", shim.send_uneven_chunks_as_rows)
+
+
 def _install_hf_rope_init() -> None:
     from harness.upstream import hf_rope_init as shim
 
@@ -141,6 +146,7 @@ SHIMS: dict[str, Callable[[], None]] = {
     "cpu_device": _install_cpu_device,
     "flex_attention_cpu": _install_flex_attention_cpu,
     "gloo_reduce_op": _install_gloo_reduce_op,
+    "gloo_all_to_all": _install_gloo_all_to_all,
     # API-generation shims (harness.upstream.titan_api applies them in-process when needed):
     "titan_sdpa_attention": _install_titan_sdpa_attention,  # torchtitan 0.3.0 only
     "hf_config_kw_only": _install_hf_config_kw_only,  # spring-2026 main + transformers 5.x

@@ -84,3 +84,24 @@ def activations():
         return cache[key]
 
     return get
+
+
+def _layout_param(case):
+    from harness.device.devices import TIER_MARKERS
+
+    marks = [getattr(pytest.mark, TIER_MARKERS[case.device])] if case.device in TIER_MARKERS else []
+    if case.slow:
+        marks.append(pytest.mark.slow)
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The layouts' runs (harness/launch/run_matrix.py ``layout_cases``), marked with their
+    tier; ``fsdp_layout_case``: those that read the FSDP run's own batches."""
+    from harness.launch.run_matrix import layout_cases
+
+    if "layout_case" in metafunc.fixturenames:
+        metafunc.parametrize("layout_case", [_layout_param(c) for c in layout_cases()], scope="module")
+    if "fsdp_layout_case" in metafunc.fixturenames:
+        metafunc.parametrize("fsdp_layout_case", [_layout_param(c) for c in layout_cases()
+                                                  if c.layout_spec.same_batches_as_fsdp], scope="module")

@@ -38,7 +38,7 @@ from harness.registry import known_issues
 from harness.upstream import titan_api
 from harness.backends import BACKENDS
 from harness.parity.conformance import checkpoint as C
-from harness.parity import compare
+from harness.parity import compare, curves
 from harness.parity import models as M
 from harness.parity import training as T
 from harness.launch.run_matrix import RunCase
@@ -77,37 +77,13 @@ def run(backend_runs, device_profile, steps, workarounds):
     return get
 
 
-_trajectories: dict = {}
-
-
 def reference_trajectory(model_dir, steps, mask):
     """transformers + AdamW on the runs' global batches (ranks' shards concatenated), with
     packed rows masked as ``mask`` (``Batch.masked_as``)."""
-    key = (str(model_dir), steps, mask)
-    if key not in _trajectories:
-        batches = [[b.masked_as(mask) for b in ranks] for ranks in M.load_batches(model_dir, steps, dp=DP)]
-        _trajectories[key] = T.train_reference(M.load_hf(model_dir), batches, total_steps=steps)
-    return _trajectories[key]
+    return curves.reference_trajectory(model_dir, steps, mask, dp=DP)
 
 
-def curve_reports(name, result, ref_name, ref, regime):
-    """Loss, pre-clip grad norm and learning rate, step by step, against ``ref`` (a reference
-    TrainRecord or another run's result)."""
-    def of(x, what):  # a TrainRecord's list, or a run's per-step values
-        if isinstance(x, T.TrainRecord) or what == "loss":
-            return getattr(x, {"loss": "losses", "grad_norm": "grad_norms", "lr": "lrs"}[what])
-        return [getattr(s, what) for s in x.steps]
-
-    band = tolerance("torchrun_loss", regime).atol
-    gn_tol, lr_tol = tolerance("grad_norm", regime), tolerance("lr")
-    gn_ref, lr_ref = of(ref, "grad_norm"), of(ref, "lr")
-    return [
-        compare.compare_curves("loss", name, of(result, "loss"), ref_name, of(ref, "loss"), band),
-        compare.compare_curves("grad norm (pre-clip)", name, of(result, "grad_norm"), ref_name, gn_ref,
-                               [gn_tol.bound(abs(x)) for x in gn_ref]),
-        compare.compare_curves("lr", name, of(result, "lr"), ref_name, lr_ref,
-                               [lr_tol.bound(abs(x)) for x in lr_ref]),
-    ]
+curve_reports = curves.curve_reports
 
 
 # (backend, attention) of every native run held against the reference trajectory
@@ -196,19 +172,7 @@ SAVED_CASES = [
 ]
 
 
-def saved_weights_problem(name, saved, initial, ref, regime) -> str | None:
-    """Per tensor: relative error (``torchrun_update``), size ratio and direction
-    (``update_ratio``, ``update_cosine``) of the saved update against the reference's."""
-    agreements = T.update_agreement(saved, initial, ref.params[-1])
-    bound = tolerance("torchrun_update", regime).rtol
-    problems = T.update_agreement_problems(agreements, regime)
-    problems.update({k: f"rel err {a.error:.3e} > {bound:g}" for k, a in agreements.items()
-                     if not a.error <= bound and k not in problems})
-    if not problems:
-        return None
-    return compare.parity_message(
-        f"{name}: {len(problems)} of {len(agreements)} saved tensors' updates are not the "
-        f"reference trajectory's:", *T.format_update_agreement(agreements, problems))
+saved_weights_problem = curves.saved_weights_problem
 
 
 @pytest.mark.parametrize("backend,attention,extra,mask", SAVED_CASES,

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 from harness.registry.generations import base_of
 
-WHERE_FIELDS = ("backend", "size", "init", "device", "attention", "generation", "subject",
+WHERE_FIELDS = ("backend", "size", "init", "device", "attention", "layout", "generation", "subject",
                 "op", "impl", "case", "dtype", "property")
 ENTRIES = "harness/registry/known_issues/"  # where the entries live, for the messages that send there
 
@@ -71,6 +71,7 @@ class Where:
     init: tuple[str, ...] = ()
     device: tuple[str, ...] = ()
     attention: tuple[str, ...] = ()
+    layout: tuple[str, ...] = ()  # harness/registry/layouts.py ("fsdp": the source's)
     generation: tuple[str, ...] = ()  # torchtitan API generation (harness/upstream/titan_api)
     subject: tuple[str, ...] = ()  # a config or model under a conformance check
     op: tuple[str, ...] = ()

@@ -39,6 +39,7 @@ API = (
     "TEXT_PACKING",
     "post_dataloading_parts",
     "NOT_PORTED",
+    "layout_overrides",
 )
 
 from harness.registry.generations import (  # noqa: E402,F401
@@ -82,6 +83,7 @@ call_loss = _impl.call_loss
 MOE_GROUPED_EXPERTS_PATH: str = _impl.MOE_GROUPED_EXPERTS_PATH
 TEXT_PACKING: str = _impl.TEXT_PACKING
 post_dataloading_parts = _impl.post_dataloading_parts
+layout_overrides = _impl.layout_overrides
 
 
 def grouped_experts_compute(module, x_RD, num_tokens_per_expert_E, weights: dict | None = None):

@@ -1,0 +1,98 @@
+"""The layout registry: how a run spreads one training step over its ranks, one ``Layout`` per
+parallel layout our users train with (like the backend registry, harness/backends).
+
+A layout is a dimension of the run template (``RunSpec.layout``): the same backend, size, init
+and attention, on other ranks. Every layout keeps the run's *global* batch (the rows one
+optimizer step reads): ``TINY``'s 2 ranks x local batch 2 = 4 rows, so its trajectory is held to
+the reference trajectory on its own global batches, and to the FSDP run itself where both read
+the same rows (``same_batches_as_fsdp``).
+
+What each field becomes on torchtitan's command line is one function per generation
+(harness/upstream/titan_api ``layout_overrides``): the spellings differ, the layouts do not.
+
+Adding a layout: one entry below. The README's layout table is generated from here and from
+the known issues (``layout_table_markdown``; tests/selftest/test_doc_links.py holds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The global batch of a tiny run (harness/backends/common.py TINY: 2 ranks x local batch 2).
+TINY_GLOBAL_BATCH = 4
+FSDP = "fsdp"
+# Activation checkpointing of the backends' configs when a layout says nothing: torchtitan's
+# default (ActivationCheckpointConfig.mode = "selective" in both generations).
+DEFAULT_AC = "selective"
+MODEL_KINDS = ("dense", "moe")
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    what: str
+    ranks: int  # ranks of a tiny run (the CPU and cuda tiers)
+    tp: int = 1  # tensor parallel degree
+    cp: int = 1  # context parallel degree
+    ep: int = 1  # expert parallel degree (borrowed from the data-parallel ranks, as torchtitan does)
+    replicate: int = 1  # HSDP: data-parallel replicas (each shards over ranks / replicate)
+    ga: int = 1  # gradient accumulation: microbatches per optimizer step
+    ac: str = DEFAULT_AC  # activation checkpointing: none | selective | full
+    compile: bool = False  # torch.compile of model and loss
+    kinds: tuple[str, ...] = MODEL_KINDS  # the model kinds it applies to (EP: MoE only)
+    attention: str | None = None  # an attention it needs (CP: flex); None: the backend's default
+    slow: bool = False  # the slow tier's (4 ranks); the default tier runs the cheap forms
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that read different rows (EP borrows from them and keeps their data)."""
+        return self.ranks // (self.tp * self.cp)
+
+    @property
+    def local_batch_size(self) -> int:
+        """Rows per rank per microbatch that keep the tiny run's global batch."""
+        rows, rest = divmod(TINY_GLOBAL_BATCH, self.data_parallel * self.ga)
+        if rest or rows < 1:
+            raise ValueError(f"layout {self.name}: {TINY_GLOBAL_BATCH} rows do not split over "
+                             f"{self.data_parallel} data-parallel ranks x {self.ga} microbatches")
+        return rows
+
+    @property
+    def rows_per_rank(self) -> int:
+        """Rows each data-parallel rank reads per optimizer step (its microbatches in order)."""
+        return self.local_batch_size * self.ga
+
+    @property
+    def same_batches_as_fsdp(self) -> bool:
+        """Whether its global batches are the FSDP run's, row for row: each data-parallel rank
+        reads the same shard of the data, the same rows per step."""
+        fsdp = LAYOUTS[FSDP]
+        return (self.data_parallel, self.rows_per_rank) == (fsdp.data_parallel, fsdp.rows_per_rank)
+
+    def applies_to(self, kind: str) -> bool:
+        return kind in self.kinds
+
+
+LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
+    Layout(FSDP, "FSDP over every rank (the source's configurations)", ranks=2),
+    Layout("tp", "tensor parallel 2", ranks=2, tp=2),
+    Layout("cp", "context parallel 2 (FlexAttention, per-document mask)", ranks=2, cp=2,
+           attention="flex", slow=True),
+    Layout("ep", "expert parallel 2 over the FSDP ranks (MoE)", ranks=2, ep=2, kinds=("moe",)),
+    Layout("ga=2", "gradient accumulation: 2 microbatches of 1 row per rank", ranks=2, ga=2),
+    Layout("ac=none", "no activation checkpointing", ranks=2, ac="none"),
+    Layout("ac=full", "full activation checkpointing", ranks=2, ac="full", slow=True),
+    Layout("compile", "torch.compile of model and loss (inductor on CPU)", ranks=2, compile=True),
+    Layout("fsdp+tp", "FSDP 2 x tensor parallel 2", ranks=4, tp=2, slow=True),
+    Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True),
+    Layout("fsdp+ep", "FSDP 4 with expert parallel 2 (MoE)", ranks=4, ep=2, kinds=("moe",),
+           slow=True),
+)}
+
+
+def layout(name: str) -> Layout:
+    try:
+        return LAYOUTS[name]
+    except KeyError:
+        raise ValueError(f"unknown layout {name!r}; the registry (harness/registry/layouts.py) "
+                         f"has {sorted(LAYOUTS)}") from None
