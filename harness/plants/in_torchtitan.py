@@ -366,6 +366,76 @@ PATCH_PLANTS += (
           ("expert_bias restored",), patch=(MOE, _bias_not_persistent)),
 )
 
+# ---------------------------------------------------------------------- parallel layouts
+# Defects of the layouts as upstream has had them (tests/parity/test_layouts.py): each acts
+# only where its layout is in use, so the FSDP run it is compared with stays clean.
+
+def _expert_grads_doubled_under_ep(trainer_module: ModuleType):
+    """pytorch #160285: under EP 2 the routed experts' gradients come out exactly twice EP 1's
+    (the loss curves look the same)."""
+    from harness.upstream.titan_api import MOE_GROUPED_EXPERTS_PATH
+
+    experts = f".{MOE_GROUPED_EXPERTS_PATH}."
+
+    def make(original):
+        def forward_backward_step(self, *args, **kwargs):
+            loss = original(self, *args, **kwargs)
+            if self.parallel_dims.ep_enabled:
+                with torch.no_grad():
+                    for part in self.model_parts:
+                        for name, param in part.named_parameters():
+                            if experts in name and param.grad is not None:
+                                param.grad.mul_(2)
+            return loss
+        return forward_backward_step
+    return _replace(trainer_module.Trainer, "forward_backward_step", make)
+
+
+def _tp_partial_sums_unreduced(placement_types: ModuleType):
+    """A partial sum over the tensor-parallel ranks is taken as the full sum: DTensor's
+    ``Partial`` reduction on the ``tp`` mesh dimension is skipped. In torchtitan 0.3.0 the
+    forward's row-parallel sums go through spmd_types, so what this leaves unreduced is the
+    gradient norm's: each rank clips by its own shard's norm (the per-group grad norm of
+    Megatron-LM #5916)."""
+    def make(original):
+        def _reduce_value(self, tensor, mesh, mesh_dim):
+            if (mesh.mesh_dim_names or ())[mesh_dim:mesh_dim + 1] == ("tp",):
+                return tensor
+            return original(self, tensor, mesh, mesh_dim)
+        return _reduce_value
+    return _replace(placement_types.Partial, "_reduce_value", make)
+
+
+def _loss_mean_per_microbatch(trainer_module: ModuleType):
+    """torchtitan #1759: under gradient accumulation each microbatch's loss is averaged over its
+    own valid labels (then scaled by 1 / microbatches), not over the step's: microbatches with
+    fewer valid labels weigh more per token."""
+    def make(original):
+        def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            count = float((labels != IGNORE_INDEX).sum()) * world * self.gradient_accumulation_steps
+            own = (torch.full_like(global_valid_tokens, count)
+                   if isinstance(global_valid_tokens, torch.Tensor) else count)
+            return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=own)
+        return forward_backward_step
+    return _replace(trainer_module.Trainer, "forward_backward_step", make)
+
+
+_LAYOUT_EQUIVALENCE = ("layout_vs_fsdp",)
+PATCH_PLANTS += (
+    Plant("ep_expert_grads_doubled", "trainer",
+          "under expert parallelism the routed experts' gradients are doubled",
+          _LAYOUT_EQUIVALENCE, patch=(TRAINER, _expert_grads_doubled_under_ep)),
+    Plant("tp_partial_sums_unreduced", "model",
+          "a partial sum over the tensor-parallel ranks is used unreduced (DTensor's Partial "
+          "reduction on the tp mesh dimension skipped)",
+          ("first_step_loss",), patch=("torch.distributed.tensor.placement_types",
+                                       _tp_partial_sums_unreduced)),
+    Plant("ga_microbatch_mean", "loss",
+          "under gradient accumulation the loss is averaged per microbatch, not per valid token",
+          ("loss normalised over valid tokens",), patch=(TRAINER, _loss_mean_per_microbatch)),
+)
+
 # ---------------------------------------------------------------------- one module, for the diagnosis
 # Each acts in exactly one place of the built model (torchtitan's Decoder), so the diagnosis
 # (harness/diagnosis) must name that module and no earlier one.

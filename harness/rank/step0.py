@@ -170,11 +170,18 @@ def dump_batch(trainer, input_dict, labels, processed) -> None:
     path = dump_layout.batch_file(trainer.config.dump_folder, rank_of_process(), int(trainer.step))
     path.parent.mkdir(parents=True, exist_ok=True)
     positions, model_positions = input_dict.get("positions"), extra.get("positions")
-    torch.save({
+    batch = {
         "input": plain(input_dict["input"]),
         "positions": None if positions is None else plain(positions),
         "labels": plain(labels),
         "model_input": plain(inputs),
         "model_labels": plain(model_labels),
         "model_positions": None if model_positions is None else plain(model_positions),
-    }, path)
+    }
+    # Under gradient accumulation a step is several microbatches: the step's dump holds all
+    # their rows, in the order the trainer fed them.
+    if getattr(trainer, "_harness_dumped_step", None) == int(trainer.step):
+        earlier = torch.load(path)
+        batch = {k: None if v is None else torch.cat([earlier[k], v]) for k, v in batch.items()}
+    trainer._harness_dumped_step = int(trainer.step)
+    torch.save(batch, path)

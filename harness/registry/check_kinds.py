@@ -86,6 +86,17 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_hf_backend_parity.py::test_backend_logits_match_reference",
                PARITY + "test_training_parity.py::test_three_steps_losses_grad_norms_and_lrs_match",
                PARITY + "test_torchrun_parity.py::test_native_run_follows_the_reference_trajectory")),
+    CheckKind("layouts", "every parallel layout (TP, CP, EP, GA, AC, compile, HSDP) trains the same "
+              "model: the run's checks, the reference trajectory on its own batches, its saved "
+              "updates, and the FSDP run on the same batches",
+              (PARITY + "test_layouts.py::test_layout_run",
+               PARITY + "test_layouts.py::test_layout_follows_the_reference_trajectory",
+               PARITY + "test_layouts.py::test_layout_saved_weights_are_the_reference_trajectorys",
+               PARITY + "test_layouts.py::test_layout_equals_the_fsdp_run",
+               PARITY + "test_layouts.py::test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run",
+               PARITY + "test_layouts.py::test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference",
+               E2E + "test_ignored_labels.py::test_gradient_accumulation_normalises_over_the_steps_valid_tokens",
+               E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught")),
     CheckKind("config_conformance", "native configs against the HF config.json they load",
               (PARITY + "test_config_conformance.py::test_native_config_conforms_to_config_json",
                E2E + "test_backend_configs.py::test_native_model_has_the_hf_models_parameter_count",

@@ -12,7 +12,8 @@ The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump
       harness_batches/rank<R>_step<S>.pt    every rank's batch of step S: as the dataloader gave
                                             it (``input``, ``positions`` or None, ``labels``) and
                                             as the model and the loss got it (``model_input``,
-                                            ``model_labels``, ``model_positions``)
+                                            ``model_labels``, ``model_positions``); under
+                                            gradient accumulation every microbatch's rows, in order
       harness_initial/native_rank0_<unit>.pt  a random-init run's step-0 weights under
                                             torchtitan's names, one file per unit (embedding,
                                             each layer, final norm, head)

@@ -82,8 +82,9 @@ def sft_backend():
         yield name
 
 
-def sft_run(backend_runs, name, plants=()):
-    spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET))
+def sft_run(backend_runs, name, plants=(), layout="fsdp"):
+    spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET),
+                   layout=layout)
     result = backend_runs.get(spec)
     assert result.ok, f"{result.name} failed: see {result.run_dir}"
     assert len(result.steps) == 1
@@ -98,6 +99,16 @@ def check(result):
         assert 0.1 < ignored < 0.9, f"ignored-label fraction {ignored:.2f}: not an SFT batch"
     parts = hf_loss_parts(paths.TINY_DENSE, batches)
     return result.steps[0].loss, parts
+
+
+def microbatches(result) -> list[dict]:
+    """Every rank's step-1 microbatches, rank by rank (a ``ga=k`` run's dump holds the rows of
+    all k, in feeding order)."""
+    from harness.registry.layouts import layout
+
+    rows = layout(result.layout).local_batch_size
+    return [{k: None if v is None else v[i:i + rows] for k, v in b.items()}
+            for b in load_batches(result.run_dir) for i in range(0, len(b["model_labels"]), rows)]
 
 
 def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
@@ -130,6 +141,31 @@ def test_step1_loss_normalised_over_valid_tokens(backend_runs, sft_backend):
     # the band separates the right normalisation from the wrong ones
     for wrong in (parts.all_token_avg, parts.mean_of_rank_means):
         assert abs(loss - wrong) > 100 * TOLERANCE
+
+
+def test_gradient_accumulation_normalises_over_the_steps_valid_tokens(backend_runs, sft_backend):
+    """``ga=2``: two microbatches of one row per rank whose valid labels differ; the step's loss
+    is still the sum of CE over every valid label of the step over their count. A mean per
+    microbatch (torchtitan #1759: each microbatch over its own valid labels, then averaged)
+    weighs the sparser microbatch's tokens more, and the band tells the two apart."""
+    result = sft_run(backend_runs, sft_backend, layout="ga=2")
+    loss, parts = check(result)
+    per_microbatch = hf_loss_parts(paths.TINY_DENSE, microbatches(result))
+    counts = [v for _, v, _ in per_microbatch.per_rank]
+    assert len(counts) == 4 and len(set(counts)) > 1, (
+        f"valid labels per microbatch {counts}: not spread unevenly, the check would see nothing")
+    assert abs(loss - parts.global_avg) <= TOLERANCE, (
+        f"ga=2 step-1 loss {loss:.7f} vs independent {parts.global_avg:.7f} ({parts.valid} valid "
+        f"labels, per microbatch {counts}): diff {loss - parts.global_avg:+.2e} > {TOLERANCE}")
+    assert abs(per_microbatch.mean_of_rank_means - parts.global_avg) > 100 * TOLERANCE
+
+
+def test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught(backend_runs, sft_backend):
+    result = sft_run(backend_runs, sft_backend, plants=("ga_microbatch_mean",), layout="ga=2")
+    loss, parts = check(result)
+    assert abs(loss - parts.global_avg) > TOLERANCE, "a per-microbatch mean went unnoticed"
+    # and it is exactly the planted one
+    assert abs(loss - hf_loss_parts(paths.TINY_DENSE, microbatches(result)).mean_of_rank_means) <= TOLERANCE
 
 
 @pytest.mark.slow

@@ -121,3 +121,34 @@ def test_layout_equals_the_fsdp_run(fsdp_layout_case, layout_run, device_runs, s
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     _judge("layout_vs_fsdp", curves.curves_problem(reports, result.describe(), fsdp.describe()), result,
            result.losses[0] - fsdp.losses[0])
+
+
+# --------------------------------------------------------------------------- planted defects
+# Each plant acts only where its layout is in use (harness/plants/in_torchtitan.py), and the
+# check named beside it must fail on the planted run.
+
+def _case(backend, layout_name):
+    from harness.launch.run_matrix import LayoutCase
+
+    return LayoutCase("cpu", backend, layout_name)
+
+
+def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_run, device_runs, steps,
+                                                                       workarounds):
+    """pytorch #160285: the loss curve barely moves (inside the bf16 reference band), the grad
+    norm does."""
+    case = _case("nki_moe", "ep")
+    planted = layout_run(case, plants=("ep_expert_grads_doubled",))
+    fsdp = device_runs("cpu").get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
+    reports = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
+                                   loss="layout_loss", grad_norm="layout_grad_norm")
+    failing = [r.what for r in reports if not r.ok]
+    assert "grad norm (pre-clip)" in failing, curves.curves_problem(reports) or "the planted run passed"
+
+
+def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, steps):
+    case = _case("titan_native", "tp")
+    planted = layout_run(case, plants=("tp_partial_sums_unreduced",))
+    reports = curves.curve_reports(case.id, planted, "reference", reference_of(case, steps),
+                                   _regime(case.backend))
+    assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"

@@ -234,10 +234,11 @@ def test_the_observers_record_at_the_layouts_paths_and_change_nothing(tmp_path, 
     fingerprints = dump_layout.read_fingerprints(run_dir)
     assert list(fingerprints) == [0] and fingerprints[0]["step"] == 1
     assert sorted(fingerprints[0]["params"]) == sorted(n for n, _ in model.named_parameters())
-    for step in (1, 2):
+    for step in (1, 2):  # a step's dump holds every microbatch's rows, in feeding order
         (batch,) = dump_layout.load_batches(run_dir, step)
-        last = observed.fed[step * MICROBATCHES - 1]
-        assert torch.equal(batch["model_input"], titan_api.post_dataloading_parts(last)[0])
+        microbatches = observed.fed[(step - 1) * MICROBATCHES:step * MICROBATCHES]
+        assert torch.equal(batch["model_input"],
+                           torch.cat([titan_api.post_dataloading_parts(m)[0] for m in microbatches]))
         assert torch.equal(batch["input"] * 2, batch["model_input"])
     assert dump_layout.first_batch(run_dir) is not None
     records = dump_layout.rank_state_records(run_dir)
