@@ -36,6 +36,7 @@ from harness.parity import curves
 from harness.parity import models as M
 from harness.registry import known_issues
 from harness.registry.tolerances import parity_regime_for
+from harness.upstream import titan_api
 
 # The template's checks a layout's run gets as they are; its first step is held to the
 # reference on its own batch (the recorded first-step loss is the FSDP run's batch's).
@@ -136,8 +137,14 @@ def _case(backend, layout_name):
 def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_run, device_runs, steps,
                                                                        workarounds):
     """pytorch #160285: the loss curve barely moves (inside the bf16 reference band), the grad
-    norm does."""
+    norm does. It takes trained experts: where the generation's HF load leaves them at random
+    init (a known issue), their gradients are too small a part of the norm to show."""
     case = _case("nki_moe", "ep")
+    unloaded = known_issues.applicable("first_step_loss", backend="nki_moe", init="pretrained", size="tiny",
+                                       generation=titan_api.generation())
+    if unloaded:
+        pytest.skip(f"the experts are not loaded here ({unloaded[0].name}): the plant shows on "
+                    f"trained experts only")
     planted = layout_run(case, plants=("ep_expert_grads_doubled",))
     fsdp = device_runs("cpu").get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
     reports = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
