@@ -164,6 +164,47 @@ def shards_distinct(run: RunResult, steps: int) -> Outcome:
                    observed, how)
 
 
+def moe_routing_counts(run: RunResult, steps: int) -> Outcome:
+    """Each MoE layer's routing counts of step 1, as torchtitan accumulated them for the
+    load-balancing update (``tokens_per_expert`` just before the optimizer step, each rank's
+    own: harness/rank/hooks.py), count every token the rank fed that step once per expert it
+    chose: top-k x the tokens of its step-1 batch (every microbatch; under context parallel its
+    share of the sequence). Top-k is read from the router's own choices. A recomputed router
+    forward (activation checkpointing) that adds its counts again shows as a ratio of 2.
+    Dense models have no router and pass."""
+    records = dump_layout.balance_records(run.run_dir)
+    if not records:
+        return Outcome(None, {}, "no MoE layer recorded load balancing: nothing to count")
+    from harness.registry.layouts import layout
+
+    cp = layout(run.layout).cp
+    ratios: dict[str, float] = {}
+    for rank, steps_records in sorted(records.items()):
+        first = next((r for r in steps_records if r.get("step") == 1), None)
+        if first is None:
+            return Outcome(f"rank {rank} recorded no load balancing at step 1")
+        try:
+            fed = dump_layout.load_batches(run.run_dir, 1)[rank]["model_input"].numel() / cp
+        except (FileNotFoundError, IndexError):
+            return Outcome(f"rank {rank}'s step-1 batch was not dumped "
+                           f"({dump_layout.dump_folder(run.run_dir) / dump_layout.BATCHES})")
+        for name, layer in first["layers"].items():
+            if layer.get("counts_before") is None or not layer.get("tokens"):
+                continue
+            top_k = float(layer["hist"].sum()) / layer["tokens"]
+            ratios[f"rank{rank}.{name}"] = float(layer["counts_before"].float().sum()) / (top_k * fed)
+    values = sorted(set(round(v, 6) for v in ratios.values()))
+    observed = {"counts_ratio": values[0] if len(values) == 1 else tuple(values), "layers": len(ratios)}
+    how = ("sum of tokens_per_expert before the step-1 update / (top-k x tokens fed), per rank and "
+           f"MoE layer ({len(ratios)})")
+    wrong = {k: v for k, v in ratios.items() if abs(v - 1.0) > 1e-9}
+    if not wrong:
+        return Outcome(None, observed, how)
+    return Outcome(f"routing counts are not one per token and chosen expert: counts / (top-k x "
+                   f"tokens fed) = {values} ({len(wrong)} of {len(ratios)} rank-layers, e.g. "
+                   f"{dict(list(wrong.items())[:3])})", observed, how)
+
+
 def published_loss(run: RunResult, steps: int) -> Outcome:
     """The step-1 loss against the source's published number (fixtures/expectations.toml
     ``[[published]]``), on the runs that read the source's data; its own first_step_loss
@@ -194,6 +235,7 @@ RUN_CHECKS: dict[str, Callable[[RunResult, int], Outcome]] = {
     "first_step_loss": first_step_loss,
     "hf_checkpoint_complete": hf_checkpoint_complete,
     "shards_distinct": shards_distinct,
+    "moe_routing_counts": moe_routing_counts,
 }
 
 

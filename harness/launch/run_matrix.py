@@ -279,3 +279,37 @@ def layout_cases(devices=LAYOUT_DEVICES) -> list[LayoutCase]:
                     slow = lay.slow or (name, lay.name) not in DEFAULT_TIER_LAYOUTS
                     out.append(LayoutCase(device, name, lay.name, slow))
     return out
+
+
+def layout_table_markdown() -> str:
+    """The README's layout table: layout x backend, each cell the tier that runs it (cpu and
+    cuda; ``slow``: the slow tier) and the known issues recorded for that backend and layout
+    (harness/registry/known_issues/), with the generations they apply to; tests/selftest/
+    test_doc_links.py holds the README to it."""
+    from harness.registry.layouts import FSDP, LAYOUTS
+
+    backends = list(BACKENDS)
+    rows = ["| layout | ranks | " + " | ".join(f"`{b}`" for b in backends) + " |",
+            "|---|---|" + "---|" * len(backends)]
+    run = {(c.backend, c.layout): c for c in layout_cases(("cpu",))}
+    for lay in LAYOUTS.values():
+        cells = []
+        for name in backends:
+            case = run.get((name, lay.name))
+            if lay.name == FSDP:
+                cell = "the run template"
+            elif case is None:
+                kind = RunSpec(name).model_kind
+                cells.append("n/a (MoE only)" if not lay.applies_to(kind) else "not run")
+                continue
+            else:
+                cell = "slow" if case.slow else "default"
+            issues = [f"{i.name}{_generations(w)}" for i in known_issues.ISSUES for w in i.where
+                      if lay.name in w.layout and (not w.backend or name in w.backend)]
+            cells.append(cell + "".join(f"; known: `{text}`" for text in dict.fromkeys(issues)))
+        rows.append(f"| `{lay.name}` | {lay.ranks} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _generations(where) -> str:
+    return f" ({', '.join(where.generation)})" if where.generation else ""

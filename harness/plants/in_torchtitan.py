@@ -326,6 +326,27 @@ def _counts_not_accumulated(moe_module: ModuleType):
     return _replace(moe_module.MoE, "__init__", make)
 
 
+def _counts_twice(moe_module: ModuleType):
+    """Each MoE layer's forward adds its routing counts to tokens_per_expert twice, as a
+    recomputed forward under activation checkpointing does (hooks on the built layer)."""
+    def make(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            kept = {}
+
+            def before(module, _args):
+                kept["counts"] = module.tokens_per_expert_E.detach().clone()
+
+            def after(module, _args, _out):
+                with torch.no_grad():
+                    module.tokens_per_expert_E.add_(module.tokens_per_expert_E - kept.pop("counts"))
+
+            self.register_forward_pre_hook(before)
+            self.register_forward_hook(after)
+        return __init__
+    return _replace(moe_module.MoE, "__init__", make)
+
+
 def _router_ignores_bias(moe_module: ModuleType):
     def make(original):
         def forward(self, x, expert_bias_E=None, *args, **kwargs):
@@ -358,6 +379,9 @@ PATCH_PLANTS += (
     Plant("moe_counts_not_accumulated", "training state",
           "the MoE forward never adds its routing counts to tokens_per_expert",
           _BALANCE, patch=(MOE, _counts_not_accumulated)),
+    Plant("moe_counts_twice", "training state",
+          "each MoE forward adds its routing counts to tokens_per_expert twice",
+          ("moe_routing_counts",), patch=(MOE, _counts_twice)),
     Plant("moe_router_ignores_bias", "training state",
           "the router picks its top-k from the raw scores, without expert_bias",
           _BALANCE, patch=(MOE, _router_ignores_bias)),

@@ -159,3 +159,12 @@ def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, 
     reports = curves.curve_reports(case.id, planted, "reference", reference_of(case, steps),
                                    _regime(case.backend))
     assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"
+
+
+def test_routing_counts_added_twice_are_caught_where_nothing_recomputes(layout_run, steps):
+    """The routing-count check on ``ac=none``, the layout that counts once: a forward that adds
+    its counts twice (what recompute does under AC, a known issue elsewhere) fails it."""
+    planted = layout_run(_case("nki_moe", "ac=none"), plants=("moe_counts_twice",))
+    outcome = checks.RUN_CHECKS["moe_routing_counts"](planted, steps)
+    assert outcome.problem is not None, "routing counts added twice went unnoticed"
+    assert outcome.observed["counts_ratio"] == 2.0

@@ -79,3 +79,16 @@ def test_a_broken_link_is_reported(tmp_path):
     assert len(found) == 2, found
     assert found[0].startswith("README.md:4: docs/b.md: no such file"), found
     assert found[1] == "README.md:5: docs/a.md#elsewhere: no heading #elsewhere in a.md", found
+
+
+LAYOUT_TABLE = re.compile(r"<!-- layout-table[^>]*-->\n(.*?)\n<!-- /layout-table -->", re.S)
+
+
+def test_the_readmes_layout_table_is_the_registrys():
+    from harness.launch.run_matrix import layout_table_markdown
+
+    found = LAYOUT_TABLE.search((paths.REPO_ROOT / "README.md").read_text())
+    assert found, "README.md has no <!-- layout-table --> block"
+    assert found.group(1) == layout_table_markdown(), (
+        "README.md's layout table is not the registry's: regenerate it with "
+        "python3 -c 'from harness.launch.run_matrix import layout_table_markdown as t; print(t())'")

@@ -221,17 +221,39 @@ NO_SHIMS: tuple[str, ...] = ()
 KW_ONLY = ("hf_config_kw_only",)
 GENERATION_SHIMS = {"v0_3": ("titan_sdpa_attention",),
                     "spring2026": ("hf_config_kw_only", "hf_tied_fsdp", "hf_shape_from_config")}
+# Expert parallelism's token dispatch on gloo: two ranks (threads on one HashStore) exchange
+# chunks of different sizes, as EP sends each rank the tokens routed to its experts.
+UNEVEN_ALL_TO_ALL = Probe("uneven_all_to_all", """
+import threading
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+store, seen = dist.HashStore(), {}
+def rank(r):
+    pg = dist.ProcessGroupGloo(store, r, 2, timedelta(seconds=60))
+    chunks = [torch.full((1 + r + j, 2), float(r)) for j in range(2)]
+    try:
+        pg.alltoall([torch.empty(1 + j + r, 2) for j in range(2)], chunks).wait()
+        seen[r] = "ok"
+    except RuntimeError as error:
+        seen[r] = "refused" if "invalid tensor size" in str(error) else f"error: {error}"
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(seen[0])
+""")
+
 CPU_RANK = (*CPU_SHIMS, *GENERATION_SHIMS.get(titan_api.generation(), ()))
 OBSERVED: dict[tuple[str, ...], tuple[Probe, ...]] = {
     "v0_3": {
         NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, BLOCK_MASK, GRADIENT_FACTORS, WHOLE_INIT,
-                   SDPA_CONFIG, SDPA_POSITIONS),
+                   SDPA_CONFIG, SDPA_POSITIONS, UNEVEN_ALL_TO_ALL),
         CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, FLEX_EAGER, BLOCK_MASK, GRADIENT_FACTORS,
                    SDPA_CONFIG, FLEX_UNDER_DETERMINISM),
     },
     "spring2026": {
         NO_SHIMS: (DEVICE_TYPE, FLEX_BACKWARD, BLOCK_MASK, GRADIENT_FACTORS, WHOLE_INIT,
-                   HF_BACKEND_IMPORT),
+                   HF_BACKEND_IMPORT, UNEVEN_ALL_TO_ALL),
         KW_ONLY: (TIED_FSDP, HF_SHAPE),
         CPU_RANK: (DEVICE_TYPE, FLEX_BACKWARD, FLEX_EAGER, BLOCK_MASK, GRADIENT_FACTORS,
                    HF_BACKEND_IMPORT, TIED_FSDP, HF_SHAPE, FLEX_UNDER_DETERMINISM),
@@ -325,6 +347,45 @@ def test_gloo_reduce_op_still_needed(upstream):
 
 def test_gloo_reduce_op_shim_uses_sum(upstream):
     assert upstream(GRADIENT_FACTORS, CPU_RANK) == "SUM"
+
+
+def test_gloo_all_to_all_still_needed(upstream):
+    assert upstream(UNEVEN_ALL_TO_ALL, NO_SHIMS) == "refused", (
+        "gloo's alltoall takes chunks of different sizes: delete harness/upstream/gloo_all_to_all.py")
+
+
+def test_gloo_all_to_all_sends_uneven_chunks_as_rows():
+    """Each rank receives exactly the chunk every other rank addressed to it, whatever its
+    size (two ranks as threads on raw gloo groups, standing in for ``dist``)."""
+    import threading
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from harness.upstream.gloo_all_to_all import _rows_all_to_all
+
+    def all_to_all_single(out, inp, out_splits, in_splits, group):
+        group.alltoall_base(out, inp, out_splits, in_splits, dist.AllToAllOptions()).wait()
+
+    fake = SimpleNamespace(all_to_all_single=all_to_all_single)
+    store, received = dist.HashStore(), {}
+
+    def rank(r):
+        pg = dist.ProcessGroupGloo(store, r, 2, timedelta(seconds=60))
+        sent = [torch.arange((1 + r + j) * 3, dtype=torch.float32).view(-1, 3) + 100 * r + 10 * j
+                for j in range(2)]
+        outs = [torch.empty(1 + j + r, 3) for j in range(2)]
+        _rows_all_to_all(fake, outs, sent, pg)
+        received[r] = outs
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for r in range(2):
+        for j in range(2):  # rank j's chunk for rank r
+            want = torch.arange((1 + j + r) * 3, dtype=torch.float32).view(-1, 3) + 100 * j + 10 * r
+            assert torch.equal(received[r][j], want), (r, j)
 
 
 def test_post_import_patches_of_one_module_all_run_in_order(tmp_path, monkeypatch):

@@ -30,6 +30,48 @@ TITAN_4B_ROPE_THETA = KnownIssue(
     workaround=TITAN_4B_THETA,
 )
 
+TITAN_MOE_HF_LOAD_UNDER_HSDP = KnownIssue(
+    name="titan-qwen3-moe-hf-load-under-hsdp",
+    upstream="torchtitan 0.3.0 models/utils.py MoEStateDictAdapter._caculate_indices_from_placements "
+             "(placement.dim on every mesh dimension), from Qwen3StateDictAdapter.to_hf at the HF load",
+    summary="loading HF weights into the native Qwen3 MoE under HSDP fails before step 1: the "
+            "adapter asks every placement of an expert weight for its sharded dim, and HSDP's "
+            "replicate dimension holds a Replicate, which has none. FSDP, EP and FSDP x EP "
+            "load; so does the dense model under HSDP. Workaround: start the MoE from a DCP "
+            "checkpoint (converted once under FSDP), or train it under FSDP x EP.",
+    evidence="tiny_moe, 2 ranks (2 replicas x 1) and 4 ranks (2 x 2), --checkpoint.initial_load_in_hf: "
+             "AttributeError: 'Replicate' object has no attribute 'dim' in "
+             "_caculate_indices_from_placements, every rank, no step logged.",
+    where=(Where(check="completed", backend=("nki_moe",), init=("pretrained",), layout=("hsdp",),
+                 generation=("v0_3",)),),
+    signature=Signature(quantity="error",
+                        contains=("'Replicate' object has no attribute 'dim'",)),
+)
+
+# Every layout whose MoE forward runs again in the backward pass (activation checkpointing,
+# selective by default, uncompiled): all but ac=none and compile.
+RECOMPUTING_LAYOUTS = ("fsdp", "tp", "cp", "ep", "ga=2", "ac=full", "fsdp+tp", "hsdp", "fsdp+ep")
+
+TITAN_MOE_COUNTS_DOUBLED_UNDER_AC = KnownIssue(
+    name="titan-moe-routing-counts-doubled-under-activation-checkpointing",
+    upstream="torchtitan 0.3.0 models/common/moe.py MoE.forward (line 446) and spring 2026 main "
+             "(line 424): tokens_per_expert_E.add_ in the forward, which activation "
+             "checkpointing runs again in the backward; upstream's own TODO says so",
+    summary="under activation checkpointing (selective, torchtitan's default, or full) every "
+            "MoE layer counts each token's chosen experts twice: the expert-usage counts are "
+            "doubled. The expert-bias update is unaffected (it takes the sign of count minus "
+            "mean, and both double). Uncompiled ac=none counts once, and so does compile. "
+            "Workaround for usage statistics: halve them under AC, or read them from an "
+            "ac=none or compiled run.",
+    evidence="tiny_moe, 2 ranks, step 1: sum of tokens_per_expert_E before the update / (top-k "
+             "4 x 512 tokens fed) = 2.0 in every layer and rank under fsdp, ac=full, ep, ga=2 "
+             "and tp (4096 and 8192 for 2048 and 4096 choices); 1.0 under ac=none and compile.",
+    where=(Where(check="moe_routing_counts", backend=("nki_moe",), layout=RECOMPUTING_LAYOUTS),),
+    signature=Signature(quantity="counts_ratio", equals=2.0),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
+    TITAN_MOE_COUNTS_DOUBLED_UNDER_AC,
     TITAN_4B_ROPE_THETA,
+    TITAN_MOE_HF_LOAD_UNDER_HSDP,
 )
