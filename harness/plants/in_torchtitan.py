@@ -107,7 +107,9 @@ def _all_token_norm(trainer_module: ModuleType):
     def make(original):
         def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
             world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            count = labels.numel() * world  # spring passes the count as a float, 0.3.0 a tensor
+            # every label of the step: each rank's microbatches are alike in size
+            count = labels.numel() * world * getattr(self, "gradient_accumulation_steps", 1)
+            # spring passes the count as a float, 0.3.0 a tensor
             all_tokens = (torch.full_like(global_valid_tokens, count)
                           if isinstance(global_valid_tokens, torch.Tensor) else float(count))
             return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=all_tokens)
@@ -437,7 +439,7 @@ def _loss_mean_per_microbatch(trainer_module: ModuleType):
     def make(original):
         def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
             world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            count = float((labels != IGNORE_INDEX).sum()) * world * self.gradient_accumulation_steps
+            count = float((labels != IGNORE_INDEX).sum()) * world * getattr(self, "gradient_accumulation_steps", 1)
             own = (torch.full_like(global_valid_tokens, count)
                    if isinstance(global_valid_tokens, torch.Tensor) else count)
             return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=own)

@@ -95,7 +95,7 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_layouts.py::test_layout_equals_the_fsdp_run",
                PARITY + "test_layouts.py::test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run",
                PARITY + "test_layouts.py::test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference",
-               PARITY + "test_layouts.py::test_routing_counts_added_twice_are_caught_where_nothing_recomputes",
+               PARITY + "test_layouts.py::test_routing_counts_added_twice_are_caught",
                E2E + "test_ignored_labels.py::test_gradient_accumulation_normalises_over_the_steps_valid_tokens",
                E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught")),
     CheckKind("config_conformance", "native configs against the HF config.json they load",

@@ -38,7 +38,9 @@ class Layout:
     replicate: int = 1  # HSDP: data-parallel replicas (each shards over ranks / replicate)
     ga: int = 1  # gradient accumulation: microbatches per optimizer step
     ac: str = DEFAULT_AC  # activation checkpointing: none | selective | full
-    compile: bool = False  # torch.compile of model and loss
+    # torch.compile of these trainer components (torchtitan's --compile.components): () none,
+    # ("loss",) the cheap form, ("model", "loss") what users compile
+    compile: tuple[str, ...] = ()
     kinds: tuple[str, ...] = MODEL_KINDS  # the model kinds it applies to (EP: MoE only)
     attention: str | None = None  # an attention it needs (CP: flex); None: the backend's default
     slow: bool = False  # the slow tier's (4 ranks); the default tier runs the cheap forms
@@ -82,7 +84,11 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("ga=2", "gradient accumulation: 2 microbatches of 1 row per rank", ranks=2, ga=2),
     Layout("ac=none", "no activation checkpointing", ranks=2, ac="none"),
     Layout("ac=full", "full activation checkpointing", ranks=2, ac="full", slow=True),
-    Layout("compile", "torch.compile of model and loss (inductor on CPU)", ranks=2, compile=True),
+    Layout("compile", "torch.compile of model and loss (inductor on CPU)", ranks=2,
+           compile=("model", "loss"), slow=True),
+    # The default tier's cheap form of compile: inductor compiles the model in ~40 s on 2 CPU
+    # cores, the loss alone in seconds; the slow tier compiles both.
+    Layout("compile=loss", "torch.compile of the loss only", ranks=2, compile=("loss",)),
     Layout("fsdp+tp", "FSDP 2 x tensor parallel 2", ranks=4, tp=2, slow=True),
     Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True),
     Layout("fsdp+ep", "FSDP 4 with expert parallel 2 (MoE)", ranks=4, ep=2, kinds=("moe",),

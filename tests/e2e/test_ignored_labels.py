@@ -4,8 +4,8 @@ Pretraining rows never hold an ignored label, so the loss normalisation over val
 never exercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
 and spring 2026; spring's trainer passes the global valid-token count as a float) (``ChatDataLoader``: prompt
 labels and EOS padding are -100; harness/backends/sft_config.py) on the tiny native backend from
-the pretrained fixture, 2 ranks. Its batches (in process and as the real trainer's ranks
-received them) are compared token for token, ignored labels and positions included, with an
+the pretrained fixture, 2 ranks, each accumulating 2 microbatches of one row (layout
+``ga=2``). Its batches (in process and as the real trainer's ranks received them) are compared token for token, ignored labels and positions included, with an
 independent reference (harness/references/sft_data.py: hand-rendered chat template, the
 ``tokenizers`` library, numpy's seeded shuffle), and its step-1 ``global_avg_loss`` is
 compared with an independent loss over the very batches each rank was fed (dumped
@@ -82,7 +82,12 @@ def sft_backend():
         yield name
 
 
-def sft_run(backend_runs, name, plants=(), layout="fsdp"):
+# Every SFT run accumulates 2 microbatches of 1 row per rank (the same 2 rows per rank as local
+# batch 2): one launch serves the batch checks, the normalisation across ranks and microbatches.
+SFT_LAYOUT = "ga=2"
+
+
+def sft_run(backend_runs, name, plants=(), layout=SFT_LAYOUT):
     spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET),
                    layout=layout)
     result = backend_runs.get(spec)
@@ -148,7 +153,7 @@ def test_gradient_accumulation_normalises_over_the_steps_valid_tokens(backend_ru
     is still the sum of CE over every valid label of the step over their count. A mean per
     microbatch (torchtitan #1759: each microbatch over its own valid labels, then averaged)
     weighs the sparser microbatch's tokens more, and the band tells the two apart."""
-    result = sft_run(backend_runs, sft_backend, layout="ga=2")
+    result = sft_run(backend_runs, sft_backend)
     loss, parts = check(result)
     per_microbatch = hf_loss_parts(paths.TINY_DENSE, microbatches(result))
     counts = [v for _, v, _ in per_microbatch.per_rank]
@@ -161,7 +166,7 @@ def test_gradient_accumulation_normalises_over_the_steps_valid_tokens(backend_ru
 
 
 def test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught(backend_runs, sft_backend):
-    result = sft_run(backend_runs, sft_backend, plants=("ga_microbatch_mean",), layout="ga=2")
+    result = sft_run(backend_runs, sft_backend, plants=("ga_microbatch_mean",))
     loss, parts = check(result)
     assert abs(loss - parts.global_avg) > TOLERANCE, "a per-microbatch mean went unnoticed"
     # and it is exactly the planted one

@@ -134,6 +134,11 @@ def _case(backend, layout_name):
     return LayoutCase("cpu", backend, layout_name)
 
 
+# One planted EP run carries both MoE plants: doubled expert gradients leave the routing counts
+# alone, and counts added twice leave training alone (the bias update takes only their sign).
+EP_PLANTS = ("ep_expert_grads_doubled", "moe_counts_twice")
+
+
 def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_run, device_runs, steps,
                                                                        workarounds):
     """pytorch #160285: the loss curve barely moves (inside the bf16 reference band), the grad
@@ -145,7 +150,7 @@ def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_ru
     if unloaded:
         pytest.skip(f"the experts are not loaded here ({unloaded[0].name}): the plant shows on "
                     f"trained experts only")
-    planted = layout_run(case, plants=("ep_expert_grads_doubled",))
+    planted = layout_run(case, plants=EP_PLANTS)
     fsdp = device_runs("cpu").get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
     reports = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
                                    loss="layout_loss", grad_norm="layout_grad_norm")
@@ -161,10 +166,12 @@ def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, 
     assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"
 
 
-def test_routing_counts_added_twice_are_caught_where_nothing_recomputes(layout_run, steps):
-    """The routing-count check on ``ac=none``, the layout that counts once: a forward that adds
-    its counts twice (what recompute does under AC, a known issue elsewhere) fails it."""
-    planted = layout_run(_case("nki_moe", "ac=none"), plants=("moe_counts_twice",))
-    outcome = checks.RUN_CHECKS["moe_routing_counts"](planted, steps)
-    assert outcome.problem is not None, "routing counts added twice went unnoticed"
-    assert outcome.observed["counts_ratio"] == 2.0
+def test_routing_counts_added_twice_are_caught(layout_run, steps):
+    """A forward that adds its routing counts twice (what recompute does under AC) doubles the
+    counts of the EP run; the routing-count check fails on it, and not as the known issue of
+    recompute (whose signature is a ratio of exactly 2), whatever the layout's recompute."""
+    case = _case("nki_moe", "ep")
+    clean, planted = layout_run(case), layout_run(case, plants=EP_PLANTS)
+    verdict, outcome = checks.verdict("moe_routing_counts", planted, steps)
+    assert verdict.status == "fail", f"routing counts added twice went unnoticed: {verdict}"
+    assert outcome.observed["counts_ratio"] == 2 * checks.verdict("moe_routing_counts", clean, steps)[1].observed["counts_ratio"]
