@@ -259,6 +259,10 @@ class LayoutCase:
     def attention(self) -> str:
         return self.layout_spec.attention or BACKENDS[self.backend].default_attention
 
+    @property
+    def model_kind(self) -> str:
+        return RunSpec(self.backend).model_kind
+
     def fsdp_case(self) -> RunCase:
         """The same run under FSDP (the template's tiny pretrained run)."""
         return RunCase(self.device, self.backend, "tiny", "pretrained", self.attention)

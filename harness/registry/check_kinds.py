@@ -93,6 +93,7 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_layouts.py::test_layout_follows_the_reference_trajectory",
                PARITY + "test_layouts.py::test_layout_saved_weights_are_the_reference_trajectorys",
                PARITY + "test_layouts.py::test_layout_equals_the_fsdp_run",
+               PARITY + "test_layouts.py::test_moe_load_balancing_equals_the_fsdp_runs",
                PARITY + "test_layouts.py::test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run",
                PARITY + "test_layouts.py::test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference",
                PARITY + "test_layouts.py::test_routing_counts_added_twice_are_caught",

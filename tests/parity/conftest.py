@@ -97,11 +97,15 @@ def _layout_param(case):
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The layouts' runs (harness/launch/run_matrix.py ``layout_cases``), marked with their
-    tier; ``fsdp_layout_case``: those that read the FSDP run's own batches."""
+    tier; ``fsdp_layout_case``: those that read the FSDP run's own batches;
+    ``moe_fsdp_layout_case``: those of them that train an MoE."""
     from harness.launch.run_matrix import layout_cases
 
     if "layout_case" in metafunc.fixturenames:
         metafunc.parametrize("layout_case", [_layout_param(c) for c in layout_cases()], scope="module")
+    same_rows = [c for c in layout_cases() if c.layout_spec.same_batches_as_fsdp]
     if "fsdp_layout_case" in metafunc.fixturenames:
-        metafunc.parametrize("fsdp_layout_case", [_layout_param(c) for c in layout_cases()
-                                                  if c.layout_spec.same_batches_as_fsdp], scope="module")
+        metafunc.parametrize("fsdp_layout_case", [_layout_param(c) for c in same_rows], scope="module")
+    if "moe_fsdp_layout_case" in metafunc.fixturenames:
+        metafunc.parametrize("moe_fsdp_layout_case", [_layout_param(c) for c in same_rows
+                                                      if c.model_kind == "moe"], scope="module")

@@ -16,7 +16,9 @@ checkpointing, compile; FSDP x TP, HSDP, FSDP x EP at 4 ranks), on the cpu and c
   accumulation, activation checkpointing, compile), it equals the FSDP run step by step within
   ``layout_loss`` / ``layout_grad_norm``: what only the reduction order may move. This is the
   check that sees an expert gradient doubled under EP, which Adam all but hides from the
-  weights and the bf16 reference band hides from the loss.
+  weights and the bf16 reference band hides from the loss;
+- where it trains an MoE on the FSDP run's batches, its step-1 routing counts (summed over the
+  ranks) and expert_bias update equal the FSDP run's exactly.
 
 Known issues are judged by their signatures, with the layout in their ``where``: a trajectory
 as the FSDP run's is (check ``first_step_loss``, observed ``deviation``: the step-1 loss minus
@@ -29,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.backends import BACKENDS
 from harness.checks import run_checks as checks
@@ -122,6 +125,36 @@ def test_layout_equals_the_fsdp_run(fsdp_layout_case, layout_run, device_runs, s
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     _judge("layout_vs_fsdp", curves.curves_problem(reports, result.describe(), fsdp.describe()), result,
            result.losses[0] - fsdp.losses[0])
+
+
+def _step1_balance(run, steps) -> dict[str, tuple]:
+    """Per MoE layer, step 1: the routing counts summed over the ranks, in units of one count
+    per token and chosen expert (the run's own ``moe_routing_counts`` ratio divided out: a
+    layout that recomputes the forward counts twice, a known issue), and rank 0's expert_bias
+    after the update."""
+    from harness.registry import dump_layout
+
+    ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
+    first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
+    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / ratio,
+                   first[0][name]["bias_after"]) for name in first[0]}
+
+
+def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_run, device_runs, steps,
+                                                workarounds):
+    """Same weights and rows at step 1, so the same routing: every MoE layer's counts, summed
+    over the ranks (EP's ranks count the tokens their routers chose for), and the expert_bias
+    update they drive equal the FSDP run's exactly. Later steps may part by a routing flip
+    under bf16 experts, which the curves' band holds."""
+    case = moe_fsdp_layout_case
+    result = layout_run(case)
+    fsdp = device_runs(case.device).get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
+    mine, theirs = _step1_balance(result, steps), _step1_balance(fsdp, steps)
+    assert sorted(mine) == sorted(theirs)
+    differ = [f"{name}: {what}" for name in mine for what, a, b in
+              (("routing counts", mine[name][0], theirs[name][0]), ("expert_bias", mine[name][1], theirs[name][1]))
+              if not torch.equal(a, b)]
+    assert not differ, f"{case.id} vs the FSDP run at step 1: " + "; ".join(differ)
 
 
 # --------------------------------------------------------------------------- planted defects
