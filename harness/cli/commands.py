@@ -2,8 +2,10 @@
 
 - ``run``: the registered backends (default: all three, tiny, pretrained) or the subjects named
   by ``--module M --config C`` / ``--subject M:C``, on the detected device; every run is
-  checked (harness/checks/run_checks.py) and a report folder is written. ``--compare M:C1 M:C2`` runs two
-  subjects on the same data and seed and prints their loss curves side by side.
+  checked (harness/checks/run_checks.py), every pair of runs that should agree is compared
+  (harness/report/equivalence.py: a "DIFFER" fails like a failing check) and a report folder
+  is written. ``--compare M:C1 M:C2`` runs two subjects on the same data and seed and prints
+  their loss curves side by side.
 - ``lint``: the config checks that need no rank (seconds, CPU, meta device).
 """
 
@@ -21,6 +23,7 @@ from harness.device.devices import KINDS, detect
 from harness.launch.run import RunSpec, launch
 from harness.upstream.versions import code_commit, package_versions
 from harness.report import baseline as baseline_module
+from harness.report import equivalence
 from harness.report.run_report import RunVerdict, format_table, results_document, table_rows, write_report
 from harness.launch.subjects import Subject, SubjectError, infer, lint
 from harness.registry.tolerances import parity_tolerance
@@ -125,6 +128,14 @@ def compare_table(a, b) -> tuple[str, int | None]:
     return format_table(rows) + "\n" + verdict, first
 
 
+def exit_status(verdicts: list[RunVerdict], pairs, compared=None) -> int:
+    """1 when a check fails, a pair of runs that should agree differs (harness/report/
+    equivalence.py "DIFFER" or "FAIL") or the baseline flags something; else 0."""
+    ok = (all(v.ok for v in verdicts) and all(p.ok for p in pairs)
+          and (compared is None or compared.ok))
+    return 0 if ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     folders = _import_path(args)
     subjects = _subjects(args)
@@ -168,10 +179,11 @@ def run(args: argparse.Namespace) -> int:
     write_report(verdicts, out, header, compared, baseline)
     print()
     print(format_table(table_rows(verdicts, compared)))
-    status = 0 if all(v.ok for v in verdicts) else 1
+    pairs = equivalence.pairs([v.run for v in verdicts])
+    print("\nequivalence:\n" + "\n".join(equivalence.lines(pairs)))
     if compared is not None:
         print("\nvs baseline:\n" + "\n".join(compared.lines()))
-        status = status or (0 if compared.ok else 1)
+    status = exit_status(verdicts, pairs, compared)
     if args.compare:
         text, _ = compare_table(verdicts[-2].run, verdicts[-1].run)
         print("\n" + text)

@@ -1,7 +1,8 @@
 """The main job's report: a table on the console and a folder a person can read at a glance.
 
 ``write_report`` makes ``summary.md``, ``results.json``, ``loss_curves.png`` (every backend on
-one plot) and ``junit.xml`` (one test case per check) from the runs and their verdicts.
+one plot) and ``junit.xml`` (one test case per check, one per compared pair) from the runs and
+their verdicts, and the pairs of runs that should agree (harness/report/equivalence.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.checks.run_checks import Outcome
+from harness.report import equivalence
 from harness.registry.known_issues import Verdict
 from harness.results.run_result import RunResult
 
@@ -121,10 +123,21 @@ def plot_losses(verdicts: list[RunVerdict], path: Path, baseline: dict | None = 
     plt.close(fig)
 
 
-def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None) -> None:
+def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None, pairs=()) -> None:
     suite = ET.Element("testsuite", name="harness-run")
     failures = 0
     tests = 0
+    for pair in pairs:  # the equivalence section's compared pairs
+        if pair.status in ("not comparable", "not compared"):
+            continue
+        tests += 1
+        case = ET.SubElement(suite, "testcase", classname=f"{pair.run} vs {pair.reference}",
+                             name="equivalence", time="0")
+        if not pair.ok:
+            failures += 1
+            ET.SubElement(case, "failure", message=pair.line()).text = pair.message
+        elif pair.status == "known difference":
+            ET.SubElement(case, "skipped", type="pytest.xfail", message=pair.message)
     if baseline is not None:
         for v in verdicts:
             c = baseline.runs.get(v.run.name)
@@ -161,21 +174,24 @@ def write_report(verdicts: list[RunVerdict], out: Path, header: dict[str, str],
     if compared is not None:
         document["baseline"] = compared.to_json()
     rows = table_rows(verdicts, compared)
+    pairs = equivalence.pairs([v.run for v in verdicts])
     plot_losses(verdicts, out / "loss_curves.png", baseline)
-    write_junit(verdicts, out / "junit.xml", compared)
+    write_junit(verdicts, out / "junit.xml", compared, pairs)
     (out / "results.json").write_text(json.dumps(document, indent=2, default=str))
-    _write_summary(verdicts, out, header, rows, compared)
+    _write_summary(verdicts, out, header, rows, compared, pairs)
     return out
 
 
 def results_document(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
-    """What results.json holds (plain JSON values)."""
+    """What results.json holds (plain JSON values): the header, every run with its checks, and
+    ``equivalence``: every pair of runs that should agree (harness/report/equivalence.py)."""
     return json.loads(json.dumps(_results(verdicts, header), default=str))
 
 
 def _results(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
     return {
         "header": header,
+        "equivalence": [p.to_json() for p in equivalence.pairs([v.run for v in verdicts])],
         "runs": [{**v.run.to_json(), "expected_first_loss": v.expected_first_loss, "ok": v.ok,
                   "checks": {name: {"status": verdict.status, "message": verdict.message,
                                     "known_issues": [i.name for i in verdict.issues],
@@ -186,10 +202,11 @@ def _results(verdicts: list[RunVerdict], header: dict[str, str]) -> dict:
     }
 
 
-def _write_summary(verdicts, out: Path, header, rows, compared) -> None:
+def _write_summary(verdicts, out: Path, header, rows, compared, pairs) -> None:
     lines = ["# Harness run", ""]
     lines += [f"- **{k}**: {val}" for k, val in header.items()]
     lines += ["", _markdown_table(rows), "", "![loss curves](loss_curves.png)", ""]
+    lines += ["## Equivalence", "", *equivalence.lines(pairs), ""]
     if compared is not None:
         lines += ["## vs baseline", "", *compared.lines(), ""]
     lines += ["## Checks", ""]
