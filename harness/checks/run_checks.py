@@ -184,10 +184,14 @@ def moe_routing_counts(run: RunResult, steps: int) -> Outcome:
         if first is None:
             return Outcome(f"rank {rank} recorded no load balancing at step 1")
         try:
-            fed = dump_layout.load_batches(run.run_dir, 1)[rank]["model_input"].numel() / cp
+            batch = dump_layout.load_batches(run.run_dir, 1)[rank]
         except (FileNotFoundError, IndexError):
             return Outcome(f"rank {rank}'s step-1 batch was not dumped "
                            f"({dump_layout.dump_folder(run.run_dir) / dump_layout.BATCHES})")
+        fed = batch["model_input"].numel()
+        if batch["model_input"].shape[-1] == batch["input"].shape[-1]:
+            fed /= cp  # the dump holds the whole rows; context parallel feeds each rank its share
+
         for name, layer in first["layers"].items():
             if layer.get("counts_before") is None or not layer.get("tokens"):
                 continue

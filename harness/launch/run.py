@@ -258,7 +258,7 @@ def layout_flags(spec: RunSpec) -> tuple[str, ...]:
         "--parallelism.data_parallel_replicate_degree", str(lay.replicate),
         "--training.local_batch_size", str(lay.local_batch_size),
         "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga),
-        *(("--compile.enable", "--compile.components", *lay.compile) if lay.compile else ()),
+        *(("--compile.enable", "--compile.components", ",".join(lay.compile)) if lay.compile else ()),
     )
     return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])

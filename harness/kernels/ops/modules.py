@@ -10,9 +10,11 @@ layer's rope config and MoE inner-experts config are these variants; every other
 unchanged (caches, parameter shapes, parameter init, sharding configs and parameter names are
 the parent's, so checkpoints and state-dict adapters are unaffected).
 
-Not covered: DTensor inputs to the custom ops (tensor parallel on the attention heads would
-need a sharding rule for ``harness::rope``); expert weights that are DTensors are converted
-to local tensors exactly as ``GroupedExperts.forward`` does.
+DTensor inputs: a query or key sharded over its heads or its batch (tensor parallel on the
+attention heads, as spring 2026's TP shards them) is rotated shard by shard (``_rope``), since
+RoPE acts on each head and row alike; a sharded sequence is refused (its shard would need its
+share of cos/sin). Expert weights that are DTensors are converted to local tensors exactly as
+``GroupedExperts.forward`` does.
 """
 
 from __future__ import annotations
@@ -44,7 +46,23 @@ class CustomOpCosSinRoPE(CosSinRoPE):
         head_dim = query.shape[-1]
         cos = rope_cache[..., :head_dim]
         sin = rope_cache[..., head_dim:]
-        return torch.ops.harness.rope(query, cos, sin), torch.ops.harness.rope(key, cos, sin)
+        return _rope(query, cos, sin), _rope(key, cos, sin)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``harness::rope`` of ``x`` (B, S, H, D); a DTensor ``x`` sharded over its batch or heads
+    (or replicated) is rotated on its local shard with the whole cos/sin, and keeps its
+    placements."""
+    if not isinstance(x, DTensor):
+        return torch.ops.harness.rope(x, cos, sin)
+    sharded = [p for p in x.placements if p.is_shard() and p.dim % x.ndim not in (0, 2)]
+    if sharded or any(not (p.is_shard() or p.is_replicate()) for p in x.placements):
+        raise NotImplementedError(
+            f"harness::rope on a DTensor placed {x.placements}: only its batch (dim 0) or heads "
+            f"(dim 2) may be sharded; a sharded sequence needs its share of cos/sin")
+    cos, sin = (t.full_tensor() if isinstance(t, DTensor) else t for t in (cos, sin))
+    return DTensor.from_local(torch.ops.harness.rope(x.to_local(), cos, sin), x.device_mesh, x.placements,
+                              run_check=False)
 
 
 class CustomOpGroupedExperts(GroupedExperts):
