@@ -130,13 +130,16 @@ def test_layout_equals_the_fsdp_run(fsdp_layout_case, layout_run, device_runs, s
 def _step1_balance(run, steps) -> dict[str, tuple]:
     """Per MoE layer, step 1: the routing counts summed over the ranks, in units of one count
     per token and chosen expert (the run's own ``moe_routing_counts`` ratio divided out: a
-    layout that recomputes the forward counts twice, a known issue), and rank 0's expert_bias
-    after the update."""
+    layout that recomputes the forward counts twice, a known issue; and the tensor-parallel
+    ranks of one data-parallel group route the same tokens, so each token counts once per
+    group), and rank 0's expert_bias after the update."""
     from harness.registry import dump_layout
+    from harness.registry.layouts import layout
 
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
-    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / ratio,
+    same_tokens = len(first) // layout(run.layout).data_parallel
+    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / (ratio * same_tokens),
                    first[0][name]["bias_after"]) for name in first[0]}
 
 
