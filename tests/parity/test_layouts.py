@@ -138,8 +138,8 @@ def _step1_balance(run, steps) -> dict[str, tuple]:
 
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
-    same_tokens = len(first) // layout(run.layout).data_parallel
-    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / (ratio * same_tokens),
+    tp = layout(run.layout).tp
+    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / (ratio * tp),
                    first[0][name]["bias_after"]) for name in first[0]}
 
 
