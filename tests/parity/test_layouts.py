@@ -145,18 +145,28 @@ def _step1_balance(run, steps) -> dict[str, tuple]:
 
 def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_run, device_runs, steps,
                                                 workarounds):
-    """Same weights and rows at step 1, so the same routing: every MoE layer's counts, summed
-    over the ranks (EP's ranks count the tokens their routers chose for), and the expert_bias
-    update they drive equal the FSDP run's exactly. Later steps may part by a routing flip
-    under bf16 experts, which the curves' band holds."""
+    """Same weights and rows at step 1, so the same routing in the first MoE layer: its counts,
+    summed over the ranks (EP's ranks count the tokens their routers chose for), and the
+    expert_bias update they drive equal the FSDP run's exactly. A later layer's router reads
+    the bf16 experts' output of the layers before it, which the layout groups and reduces
+    otherwise: there a token may swap near-tied experts, and the share of routing choices that
+    moved is held to the policy's ``router_flips``."""
+    from harness.registry.tolerances import parity_tolerance
+
     case = moe_fsdp_layout_case
     result = layout_run(case)
     fsdp = device_runs(case.device).get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
     mine, theirs = _step1_balance(result, steps), _step1_balance(fsdp, steps)
-    assert sorted(mine) == sorted(theirs)
-    differ = [f"{name}: {what}" for name in mine for what, a, b in
-              (("routing counts", mine[name][0], theirs[name][0]), ("expert_bias", mine[name][1], theirs[name][1]))
+    assert list(mine) == list(theirs)
+    first = next(iter(mine))
+    differ = [f"{first}: {what}" for what, a, b in (("routing counts", mine[first][0], theirs[first][0]),
+                                                   ("expert_bias", mine[first][1], theirs[first][1]))
               if not torch.equal(a, b)]
+    band = parity_tolerance("router_flips", _regime(case.backend)).atol
+    moved = {name: float((mine[name][0] - theirs[name][0]).abs().sum() / 2 / theirs[name][0].sum())
+             for name in mine}
+    differ += [f"{name}: {share:.3%} of routing choices moved (> {band:.0%})"
+               for name, share in moved.items() if share > band]
     assert not differ, f"{case.id} vs the FSDP run at step 1: " + "; ".join(differ)
 
 
