@@ -4,6 +4,10 @@ The launcher owns the process tree: torchrun runs in its own session (process gr
 rank's stdout/stderr lands in its own file, and whatever happens (success, crash, timeout,
 Ctrl-C) the whole tree is gone when ``launch`` returns. Results come back from the JSONL sink
 (harness/upstream/metrics_sink.py), never from console text.
+
+A run over several nodes (``RunSpec.nodes``) is launched here as several torchrun agents on
+this machine, one per node, each in its own session with its own launcher log and log folder,
+meeting through torchrun's static rendezvous (``node_commands``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,6 +78,9 @@ class RunSpec:
     # How the run spreads a step over its ranks (harness/registry/layouts.py); its ranks and
     # global batch are the layout's.
     layout: str = FSDP
+    # Nodes the ranks are spread over, each its own torchrun agent on this machine (CPU): the
+    # run's ranks (``ranks``) split evenly, node i holding global ranks i*per_node.. .
+    nodes: int = 1
 
     @classmethod
     def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
@@ -89,6 +97,12 @@ class RunSpec:
             w for w in self.workarounds if known_issues.workaround(w).applies_to(self.backend)))
         if self.data not in DATA_SOURCES:
             raise ValueError(f"data must be one of {DATA_SOURCES}, not {self.data!r}")
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be a whole number of at least 1, not {self.nodes!r}")
+        if self.nodes > 1 and self.rendezvous:
+            raise ValueError(f"nodes={self.nodes} starts its nodes on this machine and picks their "
+                             f"rendezvous itself; rendezvous options {self.rendezvous} are for one "
+                             f"torchrun per host (leave nodes=1 there)")
         if self.layout != FSDP:
             if self.subject is not None or self.size != "tiny":
                 raise ValueError(f"layout {self.layout!r}: the layouts run the registered "
@@ -173,9 +187,27 @@ class RunSpec:
             wanted = self.layout_spec.ranks
         return self.nproc or min(wanted or profile.ranks_per_node, profile.ranks_per_node)
 
+    def ranks_per_node(self, profile: DeviceProfile) -> int:
+        """Ranks of each node: the run's ranks (``ranks``) over its nodes, which must divide
+        them; several nodes are started on this machine, so only where ranks are processes."""
+        total = self.ranks(profile)
+        if self.nodes == 1:
+            return total
+        if profile.kind != "cpu":
+            raise ValueError(f"{self.name}: nodes={self.nodes} starts every node on this machine, "
+                             f"which only the cpu tier's ranks allow; on {profile.kind}, run one "
+                             f"torchrun per host (pytest's --torchrun-arg, docs/tiers.md)")
+        if total % self.nodes:
+            raise ValueError(f"{self.name}: {total} ranks do not split over {self.nodes} nodes; "
+                             f"make nodes a divisor of {total}, or set nproc to a multiple of "
+                             f"{self.nodes}")
+        return total // self.nodes
+
     @property
     def name(self) -> str:
         suffix = "".join(f"+{w}" for w in self.all_workarounds) + "".join(f"+plant:{p}" for p in self.plants)
+        if self.nodes > 1:
+            suffix = f"@{self.nodes}nodes{suffix}"
         if self.layout != FSDP:
             suffix = f"@{self.layout}{suffix}"
         if self.subject:
@@ -205,13 +237,23 @@ def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
     return model_dir, assets, weights
 
 
-def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[str]:
+def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path,
+                  node: tuple[int, int] | None = None) -> list[str]:
+    """The torchrun command of ``spec``; ``node``: (node rank, rendezvous port) of one of
+    several nodes on this machine (``node_commands``)."""
     nproc = spec.ranks(profile)
+    rendezvous = spec.rendezvous or ("--standalone",)
+    per_node, log_dir = nproc, run_dir / TORCHRUN_LOGS
+    if node is not None:
+        rank, port = node
+        per_node, log_dir = spec.ranks_per_node(profile), node_log_dir(run_dir, rank)
+        rendezvous = (f"--nnodes={spec.nodes}", f"--node-rank={rank}",
+                      "--master-addr=127.0.0.1", f"--master-port={port}")
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        *(spec.rendezvous or ("--standalone",)),
-        f"--nproc-per-node={nproc}",
-        f"--log-dir={run_dir / 'torchrun'}",
+        *rendezvous,
+        f"--nproc-per-node={per_node}",
+        f"--log-dir={log_dir}",
         "--redirects=3",
         "-m", "torchtitan.train",
         "--module", spec.module,
@@ -240,6 +282,27 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[
         command += list(known_issues.workaround(name).rank_overrides)
     # The layout's flags come last: 0.3.0's activation checkpointing is a subcommand.
     return command + list(spec.overrides) + list(layout_flags(spec))
+
+
+def node_commands(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[list[str]]:
+    """One torchrun command per node: the run's single command for one node; for several, each
+    node an agent of torchrun's static rendezvous on this machine (``--nnodes``, its own
+    ``--node-rank``, node 0 hosting the store on a free port). Static, not c10d: c10d ranks the
+    agents in the order of its own participant list and ignores ``--node-rank``, so which
+    global ranks a node's log folder holds would be unknown; static gives node i the global
+    ranks i*per_node + local rank."""
+    if spec.nodes == 1:
+        return [build_command(spec, profile, run_dir)]
+    spec.ranks_per_node(profile)  # refuses nodes that do not divide the ranks
+    port = free_port()
+    return [build_command(spec, profile, run_dir, node=(rank, port)) for rank in range(spec.nodes)]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous store of several nodes binds it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def layout_flags(spec: RunSpec) -> tuple[str, ...]:
@@ -312,15 +375,24 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
 
 def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
     """SIGTERM the launcher's process group and every descendant, then SIGKILL survivors."""
-    try:
-        root = psutil.Process(root_pid)
-        victims = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        victims = []
-    try:
-        os.killpg(root_pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_trees((root_pid,), grace_s)
+
+
+def kill_trees(root_pids, grace_s: float = 10.0) -> None:
+    """``kill_tree`` of several launchers at once (the nodes of one run): every tree is sent
+    SIGTERM before any is waited for, so no node's ranks outlive another's and wait on them."""
+    victims = []
+    for root_pid in root_pids:
+        try:
+            root = psutil.Process(root_pid)
+            victims += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for root_pid in root_pids:
+        try:
+            os.killpg(root_pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
     for proc in victims:
         try:
             proc.terminate()
@@ -335,23 +407,52 @@ def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
-def find_rank_logs(run_dir: Path) -> dict[int, list[Path]]:
+TORCHRUN_LOGS = "torchrun"  # the run dir's folder of torchrun's --log-dir
+NODE_LOGS = "node{node}"  # a node's own --log-dir under it, for a run of several nodes
+LAUNCHER_LOG = "launcher.log"  # the launcher's stdout and stderr; a node's: launcher.node<i>.log
+
+
+def node_log_dir(run_dir: Path, node: int) -> Path:
+    return Path(run_dir) / TORCHRUN_LOGS / NODE_LOGS.format(node=node)
+
+
+def launcher_log(run_dir: Path, node: int, nodes: int) -> Path:
+    return Path(run_dir) / (LAUNCHER_LOG if nodes == 1 else f"launcher.node{node}.log")
+
+
+def find_rank_logs(run_dir: Path, ranks_per_node: int | None = None) -> dict[int, list[Path]]:
     """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log.
 
-    Keeps the last attempt's files of each rank (torchtitan logs to stderr, prints to stdout).
+    Keeps the last attempt's files of each rank (torchtitan logs to stderr, prints to stdout),
+    under its global rank: node i's local rank r (``node_log_dir``) is global rank
+    i * ``ranks_per_node`` + r (by default the most local ranks any node has).
     """
+    root = Path(run_dir) / TORCHRUN_LOGS
+    nodes = {int(d.name[len("node"):]): _local_rank_logs(d) for d in root.glob("node*/")
+             if d.name[len("node"):].isdigit()}
+    if not nodes:
+        return _local_rank_logs(root)
+    per_node = ranks_per_node or max((max(local) + 1 for local in nodes.values() if local), default=0)
+    return {node * per_node + local: files for node, ranks in sorted(nodes.items())
+            for local, files in ranks.items()}
+
+
+def _local_rank_logs(log_dir: Path) -> dict[int, list[Path]]:
     logs: dict[int, list[Path]] = {}
-    for rank_dir in sorted((run_dir / "torchrun").glob("*/attempt_*/*/")):
+    for rank_dir in sorted(log_dir.glob("*/attempt_*/*/")):
         if rank_dir.name.isdigit():
             logs[int(rank_dir.name)] = [rank_dir / "stderr.log", rank_dir / "stdout.log"]
     return logs
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, sink: Path, on_step) -> bool:
-    """Wait for ``proc``; report each new step record to ``on_step``. True if it timed out."""
+def _wait(procs: list[subprocess.Popen], timeout_s: float, sink: Path, on_step) -> bool:
+    """Wait for every launcher of ``procs`` to exit, or one to fail (the other nodes' ranks would
+    wait on its ranks until their collectives time out); report each new step record to
+    ``on_step``. True if it timed out."""
     deadline = time.monotonic() + timeout_s
     reported = 0
-    while proc.poll() is None:
+    while (any(p.poll() is None for p in procs)
+           and not any(p.poll() not in (None, 0) for p in procs)):
         if time.monotonic() > deadline:
             return True
         time.sleep(0.5)
@@ -385,32 +486,43 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
 
     ``on_step(StepRecord)`` is called as steps are logged (progress display).
     """
+    per_node = spec.ranks_per_node(profile)  # nodes that do not divide the ranks: refused here
     check_run_inputs(*run_inputs(spec))
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded
     run_dir.mkdir(parents=True)
-    command = build_command(spec, profile, run_dir)
-    (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+    commands = node_commands(spec, profile, run_dir)
+    command = commands[0]
+    (run_dir / "command.txt").write_text("".join(" ".join(c) + "\n" for c in commands))
     cache_before = cache_entries(profile.compile_cache_dir)
     start = time.monotonic()
     timed_out = False
-    with open(run_dir / "launcher.log", "wb") as launcher_log:
-        proc = subprocess.Popen(
-            command,
-            cwd=run_dir,
-            env=rank_environment(spec, profile),
-            stdout=launcher_log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    env = rank_environment(spec, profile)
+    procs: list[subprocess.Popen] = []
+    logs = [open(launcher_log(run_dir, node, spec.nodes), "wb") for node in range(spec.nodes)]
+    try:
+        for node_command, log in zip(commands, logs):
+            procs.append(subprocess.Popen(
+                node_command,
+                cwd=run_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            ))
         sink = dump_layout.metrics_file(dump_layout.dump_folder(run_dir), rank=0)
-        try:
-            timed_out = _wait(proc, spec.timeout_s, sink, on_step)
-        finally:
-            kill_tree(proc.pid)
-            proc.wait()
+        timed_out = _wait(procs, spec.timeout_s, sink, on_step)
+        # A node that failed is the run's outcome (the others were still running).
+        codes = [p.poll() for p in procs]
+    finally:
+        kill_trees([p.pid for p in procs])
+        for p in procs:
+            p.wait()
+        for log in logs:
+            log.close()
+    returncode = None if timed_out else next((c for c in codes if c not in (None, 0)), 0)
     return RunResult(
         name=spec.name,
         backend=spec.backend,
@@ -418,6 +530,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         init=spec.init,
         device=profile.kind,
         nproc=spec.ranks(profile),
+        nodes=spec.nodes,
         attention=spec.attention_name,
         model=spec.model,
         mask=spec.mask,
@@ -425,13 +538,13 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         layout=spec.layout,
         assets_dir=spec.hf_assets_path,
         command=command,
-        returncode=None if timed_out else proc.returncode,
+        returncode=returncode,
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         run_dir=run_dir,
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
         steps=read_step_records(dump_layout.lowest_rank_metrics(run_dir) or sink),
-        rank_logs=find_rank_logs(run_dir),
+        rank_logs=find_rank_logs(run_dir, per_node),
         versions={**package_versions(), **profile.recorded},
         compile_cache=compile_cache_state(profile.compile_cache_dir, cache_before),
     )

@@ -73,7 +73,8 @@ class RunCache:
         self._results: dict[RunSpec, RunResult] = {}
 
     def get(self, spec: RunSpec) -> RunResult:
-        if self.rendezvous and not spec.rendezvous:
+        # A run of several nodes starts them all on this machine, with its own rendezvous.
+        if self.rendezvous and not spec.rendezvous and spec.nodes == 1:
             spec = replace(spec, rendezvous=self.rendezvous)
         if spec not in self._results:
             self._results[spec] = self._shared(spec)

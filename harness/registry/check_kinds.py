@@ -94,7 +94,8 @@ KINDS: tuple[CheckKind, ...] = (
                SELF + "test_equivalence.py::test_the_registry_regime_of_each_tiny_model_is_its_architectures")),
     CheckKind("layouts", "every parallel layout (TP, CP, EP, GA, AC, compile, HSDP) trains the same "
               "model: the run's checks, the reference trajectory on its own batches, its saved "
-              "updates, and the FSDP run on the same batches",
+              "updates, and the FSDP run on the same batches; a run over several nodes is the "
+              "run on one",
               (PARITY + "test_layouts.py::test_layout_run",
                PARITY + "test_layouts.py::test_layout_follows_the_reference_trajectory",
                PARITY + "test_layouts.py::test_layout_saved_weights_are_the_reference_trajectorys",
@@ -104,7 +105,9 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_layouts.py::test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference",
                PARITY + "test_layouts.py::test_routing_counts_added_twice_are_caught",
                E2E + "test_ignored_labels.py::test_gradient_accumulation_normalises_over_the_steps_valid_tokens",
-               E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught")),
+               E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught",
+               E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit"),
+              (E2E + "test_multinode.py::test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run",)),
     CheckKind("config_conformance", "native configs against the HF config.json they load",
               (PARITY + "test_config_conformance.py::test_native_config_conforms_to_config_json",
                E2E + "test_backend_configs.py::test_native_model_has_the_hf_models_parameter_count",
@@ -160,6 +163,7 @@ KINDS: tuple[CheckKind, ...] = (
     CheckKind("inputs", "broken inputs refused before any rank starts; fixtures regenerate bit "
               "for bit",
               (SELF + "test_preflight.py::test_launch_refuses_before_starting_ranks",
+               E2E + "test_multinode.py::test_nodes_that_do_not_divide_the_ranks_are_refused_before_launch",
                E2E + "test_fixtures.py::test_corpus_and_tokenizer_regenerate_bit_identically"),
               (E2E + "test_fixtures.py::test_pretrained_checkpoints_regenerate_bit_identically",)),
     CheckKind("harness_setup", "the registry, shims, workflows and tiers the harness runs on",

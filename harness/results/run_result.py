@@ -55,7 +55,7 @@ class RunResult:
     size: str
     init: str
     device: str
-    nproc: int
+    nproc: int  # every node's ranks
     command: list[str]
     returncode: int | None
     timed_out: bool
@@ -72,6 +72,7 @@ class RunResult:
     assets_dir: str | None = None  # the HF assets dir of a full-size run
     # The device's compile cache around the run (``CompileCache``), where it has one.
     compile_cache: dict | None = None
+    nodes: int = 1  # the torchrun agents the ranks were spread over (RunSpec.nodes)
 
     @property
     def ok(self) -> bool:
@@ -138,18 +139,19 @@ class RunResult:
                 if text:
                     out.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {path} ---")
                     out.extend(text[-lines:])
-        if not self.rank_logs:
-            launcher = self.run_dir / "launcher.log"
-            text = launcher.read_text(errors="replace").splitlines() if launcher.exists() else []
-            out.append(f"--- no rank logs; last lines of {launcher} ---")
-            out.extend(text[-lines:])
+        if not self.rank_logs:  # launcher.log, or each node's launcher.node<i>.log
+            for launcher in sorted(self.run_dir.glob("launcher*.log")) or [self.run_dir / "launcher.log"]:
+                text = launcher.read_text(errors="replace").splitlines() if launcher.exists() else []
+                out.append(f"--- no rank logs; last lines of {launcher} ---")
+                out.extend(text[-lines:])
         return "\n".join(out)
 
     def describe(self) -> str:
         state = "timed out" if self.timed_out else f"exit code {self.returncode}"
         return (
             f"{self.name}: {self.backend}/{self.size}/{self.init} ({self.attention} attention, "
-            f"workarounds: {', '.join(self.workarounds) or 'none'}) on {self.device} x{self.nproc}, "
+            f"workarounds: {', '.join(self.workarounds) or 'none'}) on {self.device} x{self.nproc}"
+            f"{f' ({self.nodes} nodes)' if self.nodes > 1 else ''}, "
             f"{state}, {len(self.steps)} step(s) in {self.duration_s:.1f}s\n"
             f"command: {' '.join(self.command)}\nrun dir: {self.run_dir}"
         )
