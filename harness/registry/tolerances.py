@@ -272,6 +272,14 @@ _PARITY: dict[tuple[str, str, str], ParityTolerance] = {
     ("layout_grad_norm", "float32", "cpu"): ParityTolerance(
         atol=0.0, rtol=1e-4,
         why="worst measured rel 8.2e-6 (HSDP); 12x margin."),
+    # The fixtures' recorded step-1 losses recomputed on another machine (tests/e2e/
+    # test_fixtures.py): float32 BLAS kernels differ by CPU. Measured 2026-12-02 on an
+    # AuthenticAMD AVX512 machine: document and causal bit-identical, row_causal 1.2e-7 off
+    # (one float32 ulp at 1.27).
+    ("fixture_losses_across_machines", "float32", "cpu"): ParityTolerance(
+        atol=1e-6, rtol=0.0,
+        why="8 ulps of a loss near 1.3; the smallest real defect the loss bands are sized for "
+            "moves it by 1e-4 (recorded_fp32)."),
     # ---------------------------------------------------------------- bf16 experts, CPU
     ("update_ratio", "bf16_experts", "cpu"): ParityTolerance(
         atol=0.1, rtol=0.0,
