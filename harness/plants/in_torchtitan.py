@@ -307,46 +307,34 @@ def _counts_kept(hook, container):
     return kept
 
 
-def _counts_not_accumulated(moe_module: ModuleType):
-    """Each MoE layer's forward leaves tokens_per_expert as it found it (hooks on the built
-    layer: its forward itself is left alone)."""
-    def make(original):
-        def __init__(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            kept = {}
+def _around_each_moe_forward(change):
+    """A plant that hooks every built MoE layer around its forward (the forward itself is left
+    alone): ``change(counts, counts_before)`` rewrites tokens_per_expert after it."""
+    def apply(moe_module: ModuleType):
+        def make(original):
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                kept = {}
 
-            def before(module, _args):
-                kept["counts"] = module.tokens_per_expert_E.detach().clone()
+                def before(module, _args):
+                    kept["counts"] = module.tokens_per_expert_E.detach().clone()
 
-            def after(module, _args, _out):
-                with torch.no_grad():
-                    module.tokens_per_expert_E.copy_(kept.pop("counts"))
+                def after(module, _args, _out):
+                    with torch.no_grad():
+                        change(module.tokens_per_expert_E, kept.pop("counts"))
 
-            self.register_forward_pre_hook(before)
-            self.register_forward_hook(after)
-        return __init__
-    return _replace(moe_module.MoE, "__init__", make)
+                self.register_forward_pre_hook(before)
+                self.register_forward_hook(after)
+            return __init__
+        return _replace(moe_module.MoE, "__init__", make)
+    return apply
 
 
-def _counts_twice(moe_module: ModuleType):
-    """Each MoE layer's forward adds its routing counts to tokens_per_expert twice, as a
-    recomputed forward under activation checkpointing does (hooks on the built layer)."""
-    def make(original):
-        def __init__(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            kept = {}
-
-            def before(module, _args):
-                kept["counts"] = module.tokens_per_expert_E.detach().clone()
-
-            def after(module, _args, _out):
-                with torch.no_grad():
-                    module.tokens_per_expert_E.add_(module.tokens_per_expert_E - kept.pop("counts"))
-
-            self.register_forward_pre_hook(before)
-            self.register_forward_hook(after)
-        return __init__
-    return _replace(moe_module.MoE, "__init__", make)
+# Each MoE layer's forward leaves tokens_per_expert as it found it.
+_counts_not_accumulated = _around_each_moe_forward(lambda counts, before: counts.copy_(before))
+# Each MoE layer's forward adds its routing counts twice, as a forward recomputed under
+# activation checkpointing does.
+_counts_twice = _around_each_moe_forward(lambda counts, before: counts.add_(counts - before))
 
 
 def _router_ignores_bias(moe_module: ModuleType):
@@ -439,7 +427,8 @@ def _loss_mean_per_microbatch(trainer_module: ModuleType):
     def make(original):
         def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
             world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            count = float((labels != IGNORE_INDEX).sum()) * world * getattr(self, "gradient_accumulation_steps", 1)
+            microbatches = getattr(self, "gradient_accumulation_steps", 1)
+            count = float((labels != IGNORE_INDEX).sum()) * world * microbatches
             own = (torch.full_like(global_valid_tokens, count)
                    if isinstance(global_valid_tokens, torch.Tensor) else count)
             return original(self, input_dict=input_dict, labels=labels, global_valid_tokens=own)

@@ -60,6 +60,9 @@ HELD_TO_EITHER_NATIVE_MASK = "causal"
 # Options of a run's command that name the configuration or where it writes and how long it
 # runs, not what it trains on: left out of its ``setting``.
 NAMING_OPTIONS = ("--module", "--config", "--dump_folder", "--training.steps", "--checkpoint.interval")
+# Flags of what a run saves after its last step, not of what it trains (a backend that cannot
+# save HF weights here, a known issue, runs without them).
+SAVING_FLAGS = ("--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only")
 # Where a layout's own flags begin on the command line (harness/launch/run.py ``layout_flags``,
 # always last): a layout run's setting is what comes before them.
 LAYOUT_FLAGS_START = "--parallelism.tensor_parallel_degree"
@@ -110,7 +113,8 @@ class Pair:
 def setting(run: RunResult) -> tuple[str, ...]:
     """What the run trains on beyond its configuration: its torchtitan command line (after
     ``torchtitan.train``) less the options that name the config, its folders and its length,
-    its backend's asset flags, its workarounds' own overrides and its layout's flags."""
+    what it saves at the end, its backend's asset flags, its workarounds' own overrides and its
+    layout's flags."""
     command = list(run.command)
     tail = command[command.index("torchtitan.train") + 1:] if "torchtitan.train" in command else command
     if LAYOUT_FLAGS_START in tail:
@@ -129,7 +133,7 @@ def setting(run: RunResult) -> tuple[str, ...]:
             skip = False
         elif token in named:
             skip = True
-        else:
+        elif token not in SAVING_FLAGS:
             kept.append(token)
     return tuple(kept)
 

@@ -77,12 +77,14 @@ def layout_run(device_runs, steps, workarounds):
 
 def reference_of(case, steps):
     lay = case.layout_spec
-    return curves.reference_trajectory(_model_dir(case.backend), steps, BACKENDS[case.backend].mask(case.attention),
+    mask = BACKENDS[case.backend].mask(case.attention)
+    return curves.reference_trajectory(_model_dir(case.backend), steps, mask,
                                        dp=lay.data_parallel, rows_per_rank=lay.rows_per_rank)
 
 
 def _judge(check, problem, result, deviation):
-    verdict = known_issues.judge(check, problem, {"deviation": deviation}, result.workarounds, **result.where())
+    verdict = known_issues.judge(check, problem, {"deviation": deviation}, result.workarounds,
+                                 **result.where())
     known_issues.settle(verdict, problem)
 
 
@@ -220,4 +222,5 @@ def test_routing_counts_added_twice_are_caught(layout_run, steps):
     clean, planted = layout_run(case), layout_run(case, plants=EP_PLANTS)
     verdict, outcome = checks.verdict("moe_routing_counts", planted, steps)
     assert verdict.status == "fail", f"routing counts added twice went unnoticed: {verdict}"
-    assert outcome.observed["counts_ratio"] == 2 * checks.verdict("moe_routing_counts", clean, steps)[1].observed["counts_ratio"]
+    clean_ratio = checks.verdict("moe_routing_counts", clean, steps)[1].observed["counts_ratio"]
+    assert outcome.observed["counts_ratio"] == 2 * clean_ratio
