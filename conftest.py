@@ -124,6 +124,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.config.getoption("--trn2-runner") and session.testscollected == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    from harness.launch import warm
+
+    warm.stop_all()  # the zygotes are this session's to end; anything else left is a defect
     leftovers = _kill_leftover_ranks(session)
     if leftovers:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

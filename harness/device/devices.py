@@ -108,6 +108,10 @@ class DeviceProfile:
     recorded: dict[str, str] = field(default_factory=dict)
     # Per-run timeouts by size, in seconds (a cold compile on neuron; harness/launch/run_matrix.py).
     timeouts_s: dict[str, float] = field(default_factory=lambda: dict(CPU_TIMEOUTS_S))
+    # Whether ranks are forked from a zygote that has imported torch (harness/rank/warm_start.py):
+    # CPU only. A CPU rank's start-up is mostly imports, the floor of every CPU-tier launch; an
+    # accelerator rank's is its device's initialisation, which a fork must not copy.
+    warm_start: bool = False
 
     @property
     def compile_cache_dir(self) -> str | None:
@@ -236,6 +240,7 @@ def profile_for(kind: str) -> DeviceProfile:
         device_count=1,
         rank_env={"OMP_NUM_THREADS": "1"},
         shims=CPU_SHIMS,
+        warm_start=True,
     )
 
 

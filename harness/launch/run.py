@@ -35,6 +35,7 @@ from harness.registry.assets_twin import FULL_ASSETS_ENV
 from harness.launch.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
 from harness.backends import c4
 from harness.device.devices import DeviceProfile
+from harness.launch import warm
 from harness.launch.preflight import check_run_inputs
 from harness.results.run_result import RunResult, read_step_records
 from harness.launch.subjects import Facts
@@ -45,6 +46,7 @@ SHIMS_ENV = shim_install.ENV_VAR
 PLANTS_ENV = plants.ENV_VAR
 OBSERVERS_ENV = rank_observers.OBSERVERS_ENV
 DATA_SOURCES = ("fixture", "c4")
+STARTS = ("warm", "cold")  # RunSpec.start
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class RunSpec:
     # Nodes the ranks are spread over, each its own torchrun agent on this machine (CPU): the
     # run's ranks (``ranks``) split evenly, node i holding global ranks i*per_node.. .
     nodes: int = 1
+    # "warm": on a device that has them (CPU), each rank is forked from a zygote that has already
+    # imported torch (harness/rank/warm_start.py); "cold": plain torchrun workers throughout.
+    start: str = "warm"
 
     @classmethod
     def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
@@ -97,6 +102,8 @@ class RunSpec:
             w for w in self.workarounds if known_issues.workaround(w).applies_to(self.backend)))
         if self.data not in DATA_SOURCES:
             raise ValueError(f"data must be one of {DATA_SOURCES}, not {self.data!r}")
+        if self.start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, not {self.start!r}")
         if not isinstance(self.nodes, int) or self.nodes < 1:
             raise ValueError(f"nodes must be a whole number of at least 1, not {self.nodes!r}")
         if self.nodes > 1 and self.rendezvous:
@@ -499,6 +506,10 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     start = time.monotonic()
     timed_out = False
     env = rank_environment(spec, profile)
+    if profile.warm_start and spec.start == "warm":
+        warm_socket = warm.socket_for(env, profile.shims)
+        if warm_socket:
+            env[warm.SOCKET_ENV] = warm_socket
     procs: list[subprocess.Popen] = []
     logs = [open(launcher_log(run_dir, node, spec.nodes), "wb") for node in range(spec.nodes)]
     try:
@@ -523,6 +534,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         for log in logs:
             log.close()
     returncode = None if timed_out else next((c for c in codes if c not in (None, 0)), 0)
+    rank_logs = find_rank_logs(run_dir, per_node)
     return RunResult(
         name=spec.name,
         backend=spec.backend,
@@ -544,7 +556,8 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         run_dir=run_dir,
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
         steps=read_step_records(dump_layout.lowest_rank_metrics(run_dir) or sink),
-        rank_logs=find_rank_logs(run_dir, per_node),
+        rank_logs=rank_logs,
+        started=warm.started_warm(rank_logs),
         versions={**package_versions(), **profile.recorded},
         compile_cache=compile_cache_state(profile.compile_cache_dir, cache_before),
     )

@@ -89,14 +89,17 @@ class RunCache:
             before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
             # The launch's whole process tree (torchrun and its ranks, all reaped by now), so
-            # the ledger tells what each run costs (scripts/benchmark.py launches).
+            # the ledger tells what each run costs (scripts/benchmark.py launches); ranks forked
+            # from a zygote are its children, and say what they used (harness/launch/warm.py).
             cpu_s, wall_s = _children_cpu_s() - before, time.monotonic() - start
+            cpu_s += result.started.get("warm_cpu_s", 0.0)
             stored.write_bytes(pickle.dumps(result))
             with open(self.root / LEDGER, "a", encoding="utf-8") as ledger:
                 ledger.write(json.dumps({"run": run_dir.name, "key": spec_key(spec),
                                          "name": spec.name, "pid": os.getpid(),
                                          "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
-                                         "cpu_s": round(cpu_s, 2), "wall_s": round(wall_s, 2)}) + "\n")
+                                         "cpu_s": round(cpu_s, 2), "wall_s": round(wall_s, 2),
+                                         "started": result.started}) + "\n")
             return result
 
     @staticmethod

@@ -73,6 +73,9 @@ class RunResult:
     # The device's compile cache around the run (``CompileCache``), where it has one.
     compile_cache: dict | None = None
     nodes: int = 1  # the torchrun agents the ranks were spread over (RunSpec.nodes)
+    # How its ranks started: {"warm": forked from a zygote, "cold": plain torchrun workers}
+    # (harness/rank/warm_start.py), counted from their stderr.
+    started: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -161,12 +161,19 @@ SHIMS: dict[str, Callable[[], None]] = {
 }
 
 
+_INSTALLED: set[str] = set()  # in this process: a warm rank's zygote installed the device's
+
+
 def install(names: list[str]) -> None:
+    """Install each shim of ``names`` once in this process (a forked rank skips those its zygote
+    installed before its imports, harness/rank/warm_start.py)."""
     unknown = [n for n in names if n not in SHIMS]
     if unknown:
         raise ValueError(f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)}")
     for name in names:
-        SHIMS[name]()
+        if name not in _INSTALLED:
+            SHIMS[name]()
+            _INSTALLED.add(name)
 
 
 def install_from_env() -> None:

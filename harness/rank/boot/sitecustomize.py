@@ -9,34 +9,55 @@ in ``HARNESS_OBSERVERS`` (harness/rank/observers.py; last, so theirs are the out
 wrappers), with a rank's start-up collection setting where shims or plants are named; then it
 runs the ``sitecustomize`` it shadows, if the path holds another (an image's own), as Python
 would have without this folder. With the three variables unset it installs nothing.
+
+Before all that, a CPU rank whose launch started a warm zygote (``HARNESS_WARM_SOCKET``) hands
+itself over to it (harness/rank/warm_start.py): the zygote forks the rank, which calls
+``install_harness`` there for what its run adds to the zygote's shims.
 """
 
 import os
 
-# A launched rank imports with automatic garbage collection off, until torchtitan's Trainer is
-# built and manages collection itself, the imports' objects frozen (harness/rank/startup_gc.py).
-# Before the shims: they import torch.
-if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
-    try:
-        from harness.rank.startup_gc import defer_until_trainer
-    except ImportError:  # another checkout's harness without it
-        defer_until_trainer = None
-    if defer_until_trainer is not None:
-        defer_until_trainer()
 
-for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"),
-                         ("HARNESS_PLANTS", "harness.plants"),
-                         ("HARNESS_OBSERVERS", "harness.rank.observers")):
-    if os.environ.get(variable):
+def install_harness() -> None:
+    """The shims, plants and observers the environment names (each once per process: a warm
+    rank's zygote installed the device's shims already)."""
+    # A launched rank imports with automatic garbage collection off, until torchtitan's Trainer
+    # is built and manages collection itself, the imports' objects frozen
+    # (harness/rank/startup_gc.py). Before the shims: they import torch.
+    if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
         try:
-            import importlib
+            from harness.rank.startup_gc import defer_until_trainer
+        except ImportError:  # another checkout's harness without it
+            defer_until_trainer = None
+        if defer_until_trainer is not None:
+            defer_until_trainer()
 
-            importlib.import_module(module).install_from_env()
-        except Exception as error:  # site.py would print this and carry on without them
-            import sys
+    for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"),
+                             ("HARNESS_PLANTS", "harness.plants"),
+                             ("HARNESS_OBSERVERS", "harness.rank.observers")):
+        if os.environ.get(variable):
+            try:
+                import importlib
 
-            print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
-            raise SystemExit(2) from error
+                importlib.import_module(module).install_from_env()
+            except Exception as error:  # site.py would print this and carry on without them
+                import sys
+
+                print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
+                raise SystemExit(2) from error
+
+
+def _hand_over_to_a_zygote() -> None:
+    """A CPU rank with a warm zygote (harness/rank/warm_start.py) is forked from it: this worker
+    waits for that rank and exits as it does. Returns where the rank starts cold here."""
+    socket_path = os.environ.get("HARNESS_WARM_SOCKET")
+    if not socket_path or os.environ.get("HARNESS_ZYGOTE"):
+        return
+    try:
+        from harness.rank.warm_start import hand_over
+    except ImportError:  # another checkout's harness without it
+        return
+    hand_over(socket_path)
 
 
 def _run_the_sitecustomize_this_one_shadows() -> None:
@@ -55,4 +76,6 @@ def _run_the_sitecustomize_this_one_shadows() -> None:
     spec.loader.exec_module(shadowed)
 
 
+_hand_over_to_a_zygote()
+install_harness()
 _run_the_sitecustomize_this_one_shadows()

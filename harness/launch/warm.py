@@ -1,0 +1,130 @@
+"""The launcher's zygotes: processes that have imported what a CPU rank imports, from which
+torchrun's workers have their ranks forked (harness/rank/warm_start.py).
+
+``socket_for(env, device_shims)`` gives the socket of the zygote for a run's rank environment,
+starting one on first use: its environment is the rank's without the run's own variables
+(``zygote_environment``), so one zygote serves every run whose ranks would import alike. A
+process keeps at most ``MAX_ZYGOTES``; past that, and wherever a zygote cannot start, the ranks
+start cold (the launch goes on unchanged). ``stop_all`` ends them (at exit, and at the end of a
+pytest session before the check that nothing it started is left running); a zygote also ends
+by itself, with every rank it forked, once the process that started it is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.launch.children import SESSION_ENV
+from harness.rank.warm_start import PER_RUN_PREFIXES, SOCKET_ENV, STARTED_WARM, USED_CPU, ZYGOTE_ENV
+
+MAX_ZYGOTES = 4
+START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores
+SHIMS_ENV = "HARNESS_SHIMS"
+
+
+@dataclass
+class Zygote:
+    process: subprocess.Popen
+    folder: Path
+    socket: str
+    log: Path
+
+
+_ZYGOTES: dict[frozenset, Zygote | None] = {}  # None: this environment's zygote failed to start
+
+
+def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> dict[str, str]:
+    """A zygote's environment for ranks of ``rank_env``: without the run's own variables
+    (``HARNESS_*``, the session marker kept), with the device's shims only (the run's others
+    are installed in the forked rank)."""
+    env = {k: v for k, v in rank_env.items()
+           if k == SESSION_ENV or not k.startswith(PER_RUN_PREFIXES)}
+    env.pop(SOCKET_ENV, None)
+    if device_shims:
+        env[SHIMS_ENV] = ",".join(device_shims)
+    env[ZYGOTE_ENV] = "1"
+    return env
+
+
+def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> str | None:
+    """The socket of a serving zygote for ``rank_env`` (started now if need be); None: the ranks
+    start cold."""
+    env = zygote_environment(rank_env, device_shims)
+    key = frozenset(env.items())
+    if key not in _ZYGOTES:
+        if sum(z is not None for z in _ZYGOTES.values()) >= MAX_ZYGOTES:
+            return None
+        _ZYGOTES[key] = _start(env)
+    zygote = _ZYGOTES[key]
+    if zygote is None or zygote.process.poll() is not None:
+        return None
+    return zygote.socket
+
+
+def _start(env: dict[str, str]) -> Zygote | None:
+    if not _ZYGOTES:
+        atexit.register(stop_all)
+    # An empty folder of its own: the zygote's -m puts it first on the path while it imports;
+    # short, for the socket's path (108 bytes at most).
+    folder = Path(tempfile.mkdtemp(prefix="hz-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    socket_path = str(folder / "s")
+    log = Path(tempfile.mkstemp(prefix="harness-zygote-", suffix=".log")[1])
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-u", "-m", "harness.rank.warm_start", socket_path],
+            cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    zygote = Zygote(process, folder, socket_path, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if os.path.exists(socket_path) and "serving" in log.read_text(errors="replace"):
+            return zygote
+        time.sleep(0.05)
+    said = log.read_text(errors="replace")[-400:]
+    _stop(zygote)
+    print(f"harness: no warm zygote ({said!r}); its ranks start cold", file=sys.stderr)
+    return None
+
+
+def _stop(zygote: Zygote) -> None:
+    if zygote.process.poll() is None:
+        zygote.process.terminate()
+        try:
+            zygote.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            zygote.process.kill()
+            zygote.process.wait()
+    shutil.rmtree(zygote.folder, ignore_errors=True)
+    zygote.log.unlink(missing_ok=True)
+
+
+def stop_all() -> None:
+    """End every zygote this process started (and the ranks they forked)."""
+    for key, zygote in list(_ZYGOTES.items()):
+        if zygote is not None:
+            _stop(zygote)
+        del _ZYGOTES[key]
+
+
+def started_warm(rank_logs: dict[int, list[Path]]) -> dict:
+    """How the ranks of a launch started, from their stderr: {"warm": n, "cold": m,
+    "warm_cpu_s": what the forked ranks used (the zygote's CPU, not the launcher's children's)}."""
+    counts = {"warm": 0, "cold": 0, "warm_cpu_s": 0.0}
+    for files in rank_logs.values():
+        text = "".join(p.read_text(errors="replace") for p in files if p.is_file())
+        counts["warm" if STARTED_WARM in text else "cold"] += 1
+        for line in text.splitlines():
+            if line.startswith(USED_CPU):
+                counts["warm_cpu_s"] += float(line[len(USED_CPU):])
+    counts["warm_cpu_s"] = round(counts["warm_cpu_s"], 2)
+    return counts
