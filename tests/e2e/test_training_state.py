@@ -229,10 +229,16 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
     """The default tier's determinism check: the template's training-state run launched again
     with the same seed gives the same losses and grad norms, the same full checkpoints
     (weights, optimizer, lr schedule, dataloader, expert_bias) and the same HF checkpoint, bit
-    for bit."""
+    for bit. The template's run started its ranks warm (forked from a zygote that had imported
+    torch, harness/rank/warm_start.py) and the rerun starts them cold (plain torchrun workers),
+    so this is also the proof that a warm start computes what a cold one does."""
     spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)
     first = _ok(device_runs("cpu").get(spec))
-    rerun = _ok(device_runs("cpu").get(replace(spec, extra_env=(*spec.extra_env, ("HARNESS_RERUN", "1")))))
+    rerun = _ok(device_runs("cpu").get(replace(spec, start="cold")))
+    assert (first.started.get("warm"), rerun.started.get("cold")) == (first.nproc, rerun.nproc), (
+        f"the template's run started {first.started} and the cold rerun {rerun.started}: the "
+        f"comparison needs every rank of the first warm and of the rerun cold "
+        f"(rank stderr: {first.log_tails()[-800:]})")
     found = [f"step {a.step}: loss {a.loss!r} vs {b.loss!r}, grad norm {a.grad_norm!r} vs {b.grad_norm!r}"
              for a, b in zip(first.steps, rerun.steps) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
     if len(rerun.steps) != len(first.steps) or len(first.steps) != QUICK_STEPS:

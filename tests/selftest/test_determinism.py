@@ -1,4 +1,6 @@
-"""Seeded reruns are bit-identical on CPU (``debug.seed`` + ``debug.deterministic``).
+"""Seeded reruns are bit-identical on CPU (``debug.seed`` + ``debug.deterministic``), and a
+run whose ranks start warm (forked from a zygote, harness/rank/warm_start.py) computes what its
+cold rerun (plain torchrun workers) computes, for every backend.
 
 This is what lets the harness compare a rerun bitwise; cross-backend and cross-device
 comparisons are banded instead (different kernels and reduction orders).
@@ -17,8 +19,10 @@ def test_seeded_rerun_gives_bit_identical_losses(backend, backend_runs, steps, d
         pytest.skip("bitwise reruns are promised on CPU only")
     first = backend_runs.get(RunSpec(backend, init="pretrained", steps=steps, save_hf=True))
     rerun = backend_runs.get(RunSpec(backend, init="pretrained", steps=steps, save_hf=True,
-                                     extra_env=(("HARNESS_RERUN", "1"),)))
+                                     start="cold"))
     assert first.ok and rerun.ok, first.log_tails() + rerun.log_tails()
+    assert (first.started.get("warm"), rerun.started.get("cold")) == (first.nproc, rerun.nproc), (
+        f"warm {first.started}, cold {rerun.started}")
     assert rerun.losses == first.losses, (
         "seeded rerun differs:\n" + "\n".join(
             f"step {a.step}: {a.loss!r} vs {b.loss!r}" for a, b in zip(first.steps, rerun.steps)))

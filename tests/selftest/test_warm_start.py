@@ -1,0 +1,137 @@
+"""The warm start for CPU ranks (harness/rank/warm_start.py, harness/launch/warm.py).
+
+A torchrun worker whose launch has a zygote hands itself over: the zygote forks the rank, which
+takes over the worker's environment, command, folder and standard streams; the worker passes on
+torchrun's signals and exits as the rank exits; a worker killed outright takes its rank with it.
+A rank whose environment differs from the zygote's in anything its imports could read starts
+cold. That a warm run computes bit for bit what a cold one computes is checked on the template's
+own runs (tests/e2e/test_training_state.py ``test_seeded_rerun_is_bitwise_identical``, and every
+backend in the slow tests/selftest/test_determinism.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from harness.device.devices import detect
+from harness.launch import warm
+from harness.launch.run import RunSpec, rank_environment
+from harness.rank.warm_start import STARTED_COLD, STARTED_WARM, TORCHRUN_SET, USED_CPU, refusal
+
+ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "HARNESS_SHIMS": "cpu_device,gloo_reduce_op",
+          "HARNESS_ZYGOTE": "1"}
+TORCHRUN = {name: "0" for name in TORCHRUN_SET} | {"TORCHELASTIC_RUN_ID": "x"}
+
+
+def rank(**changes) -> dict[str, str]:
+    env = {k: v for k, v in ZYGOTE.items() if k != "HARNESS_ZYGOTE"} | TORCHRUN
+    env |= {"HARNESS_SHIMS": "cpu_device,gloo_reduce_op,jsonl_metrics_sink", "HARNESS_PLANTS": "p"}
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def test_a_rank_with_the_zygotes_environment_plus_torchruns_and_the_runs_own_is_forked():
+    assert refusal(ZYGOTE, rank()) is None
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"OMP_NUM_THREADS": "2"}, "OMP_NUM_THREADS"),  # read by the OpenMP runtime as torch loads
+    ({"PATH": None}, "PATH"),
+    ({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, "TORCHINDUCTOR_FX_GRAPH_CACHE"),  # read as inductor imports
+    ({"HARNESS_SHIMS": "gloo_reduce_op"}, "shims"),  # the zygote installed cpu_device before importing
+])
+def test_a_rank_whose_imports_could_differ_starts_cold_and_says_why(changes, named):
+    reason = refusal(ZYGOTE, rank(**changes))
+    assert reason is not None and named in reason
+
+
+def test_what_the_zygotes_own_imports_set_is_not_a_difference():
+    env = rank(TORCHINDUCTOR_CACHE_DIR="/tmp/torchinductor_x")
+    assert refusal(ZYGOTE, env, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}) is None
+    assert "TORCHINDUCTOR_CACHE_DIR" in refusal(ZYGOTE, env, {"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
+
+
+# ---------------------------------------------------------------- a real zygote, with stand-in workers
+# The workers run standard-library modules (``python -u -m <module>``), as torchrun runs
+# ``-m torchtitan.train``: what is checked here is the hand-over, not training.
+
+
+@pytest.fixture(scope="module")
+def worker_env():
+    """A CPU rank's environment for this process's zygote (the one its launches use), as
+    torchrun's worker has it."""
+    profile = detect("cpu")
+    env = rank_environment(RunSpec("titan_native"), profile)
+    socket = warm.socket_for(env, profile.shims)
+    if socket is None:
+        pytest.fail("no zygote could start here: every CPU launch would start its ranks cold")
+    return env | TORCHRUN | {"LOCAL_RANK": "0", warm.SOCKET_ENV: socket}
+
+
+def worker(env, *module_args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-u", "-m", *module_args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def forked_rank(zygote_pid: int, timeout_s: float = 60.0) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = psutil.Process(zygote_pid).children()
+        if children:
+            return children[-1]
+        time.sleep(0.05)
+    raise AssertionError("the zygote forked no rank")
+
+
+def zygote_pid(env) -> int:
+    return next(z.process.pid for z in warm._ZYGOTES.values()
+                if z is not None and z.socket == env[warm.SOCKET_ENV])
+
+
+def test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does(worker_env, tmp_path):
+    done = subprocess.run([sys.executable, "-u", "-m", "calendar", "2026", "12"], env=worker_env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "December 2026" in done.stdout, done.stderr
+    assert STARTED_WARM in done.stderr and USED_CPU in done.stderr, done.stderr
+    failed = subprocess.run([sys.executable, "-u", "-m", "json.tool", str(tmp_path / "absent")],
+                            env=worker_env, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 2 and "No such file" in failed.stderr, failed.stderr  # argparse's exit
+    crashed = subprocess.run([sys.executable, "-u", "-m", "calendar", "2026", "13"], env=worker_env,
+                             capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == 1 and "IndexError" in crashed.stderr, crashed.stderr  # a traceback
+
+
+def test_torchruns_sigterm_reaches_the_rank_and_the_worker_dies_of_it(worker_env):
+    sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
+    child = forked_rank(zygote_pid(worker_env))
+    sleeper.send_signal(signal.SIGTERM)
+    assert sleeper.wait(timeout=30) == -signal.SIGTERM
+    assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_worker_killed_outright_takes_its_rank_with_it(worker_env):
+    sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
+    child = forked_rank(zygote_pid(worker_env))
+    sleeper.kill()
+    sleeper.wait(timeout=30)
+    gone, _ = psutil.wait_procs([child], timeout=30)
+    assert gone, f"rank {child.pid} outlived its SIGKILLed worker"
+
+
+def test_a_rank_the_zygote_refuses_starts_cold_in_the_worker(worker_env):
+    env = worker_env | {"OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-u", "-m", "calendar", "2026", "12"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "December 2026" in done.stdout
+    assert f"{STARTED_COLD} OMP_NUM_THREADS" in done.stderr and STARTED_WARM not in done.stderr
