@@ -506,10 +506,13 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     start = time.monotonic()
     timed_out = False
     env = rank_environment(spec, profile)
+    why_cold = "" if profile.warm_start else f"{profile.kind} ranks start cold"
     if profile.warm_start and spec.start == "warm":
-        warm_socket = warm.socket_for(env, profile.shims)
+        warm_socket, why_cold = warm.socket_for(env, profile.shims)
         if warm_socket:
             env[warm.SOCKET_ENV] = warm_socket
+    elif spec.start == "cold":
+        why_cold = "the run asks for a cold start"
     procs: list[subprocess.Popen] = []
     logs = [open(launcher_log(run_dir, node, spec.nodes), "wb") for node in range(spec.nodes)]
     try:
@@ -557,7 +560,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
         steps=read_step_records(dump_layout.lowest_rank_metrics(run_dir) or sink),
         rank_logs=rank_logs,
-        started=warm.started_warm(rank_logs),
+        started=warm.started_warm(rank_logs, why_cold),
         versions={**package_versions(), **profile.recorded},
         compile_cache=compile_cache_state(profile.compile_cache_dir, cache_before),
     )

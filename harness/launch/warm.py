@@ -13,6 +13,7 @@ by itself, with every rank it forked, once the process that started it is gone.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.launch.children import SESSION_ENV
-from harness.rank.warm_start import PER_RUN_PREFIXES, SOCKET_ENV, STARTED_WARM, USED_CPU, ZYGOTE_ENV
+from harness.rank.warm_start import (IMPORTED_ENV, PER_RUN_PREFIXES, SOCKET_ENV, STARTED_COLD,
+                                    STARTED_WARM,
+                                    USED_CPU, ZYGOTE_ENV, refusal)
 
 MAX_ZYGOTES = 4
 START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores
@@ -36,9 +39,16 @@ class Zygote:
     folder: Path
     socket: str
     log: Path
+    env: dict  # as it started
+    imported_env: dict  # what its imports set in its environment
+
+    def serves(self, rank_env: dict[str, str]) -> bool:
+        """Whether it forks ranks of ``rank_env`` (torchrun's own variables aside)."""
+        return self.process.poll() is None and refusal(self.env, rank_env, self.imported_env) is None
 
 
-_ZYGOTES: dict[frozenset, Zygote | None] = {}  # None: this environment's zygote failed to start
+_ZYGOTES: list[Zygote] = []
+_FAILED: set[frozenset] = set()  # environments whose zygote could not start: their ranks start cold
 
 
 def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> dict[str, str]:
@@ -54,23 +64,32 @@ def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) 
     return env
 
 
-def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> str | None:
-    """The socket of a serving zygote for ``rank_env`` (started now if need be); None: the ranks
-    start cold."""
+def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple[str | None, str]:
+    """(the socket of a serving zygote for ``rank_env``, started now if need be, ""); or
+    (None, why the ranks start cold)."""
+    # A serving zygote takes any rank it would not refuse: the launcher's own environment grows
+    # as its process imports (inductor sets its cache folder), and so did the zygote's.
+    for zygote in _ZYGOTES:
+        if zygote.serves(rank_env):
+            return zygote.socket, ""
     env = zygote_environment(rank_env, device_shims)
     key = frozenset(env.items())
-    if key not in _ZYGOTES:
-        if sum(z is not None for z in _ZYGOTES.values()) >= MAX_ZYGOTES:
-            return None
-        _ZYGOTES[key] = _start(env)
-    zygote = _ZYGOTES[key]
-    if zygote is None or zygote.process.poll() is not None:
-        return None
-    return zygote.socket
+    if key in _FAILED:
+        return None, "this environment's zygote failed to start"
+    serving = [z for z in _ZYGOTES if z.process.poll() is None]
+    if len(serving) >= MAX_ZYGOTES:
+        return None, (f"{MAX_ZYGOTES} zygotes serve other environments; this one differs from the "
+                      f"first: {refusal(serving[0].env, rank_env, serving[0].imported_env)}")
+    zygote = _start(env)
+    if zygote is None:
+        _FAILED.add(key)
+        return None, "its zygote failed to start"
+    _ZYGOTES.append(zygote)
+    return zygote.socket, ""
 
 
 def _start(env: dict[str, str]) -> Zygote | None:
-    if not _ZYGOTES:
+    if not _ZYGOTES and not _FAILED:
         atexit.register(stop_all)
     # An empty folder of its own: the zygote's -m puts it first on the path while it imports;
     # short, for the socket's path (108 bytes at most).
@@ -82,12 +101,16 @@ def _start(env: dict[str, str]) -> Zygote | None:
             [sys.executable, "-u", "-m", "harness.rank.warm_start", socket_path],
             cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
-    zygote = Zygote(process, folder, socket_path, log)
+    zygote = Zygote(process, folder, socket_path, log, env, {})
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
-        if os.path.exists(socket_path) and "serving" in log.read_text(errors="replace"):
+        said = log.read_text(errors="replace")
+        if os.path.exists(socket_path) and "serving" in said:
+            for line in said.splitlines():
+                if line.startswith(IMPORTED_ENV):
+                    zygote.imported_env = json.loads(line[len(IMPORTED_ENV):])
             return zygote
         time.sleep(0.05)
     said = log.read_text(errors="replace")[-400:]
@@ -110,21 +133,27 @@ def _stop(zygote: Zygote) -> None:
 
 def stop_all() -> None:
     """End every zygote this process started (and the ranks they forked)."""
-    for key, zygote in list(_ZYGOTES.items()):
-        if zygote is not None:
-            _stop(zygote)
-        del _ZYGOTES[key]
+    while _ZYGOTES:
+        _stop(_ZYGOTES.pop())
 
 
-def started_warm(rank_logs: dict[int, list[Path]]) -> dict:
+def zygote_pids() -> set[int]:
+    """The zygotes this process keeps (not leftovers while it keeps them; their ranks are)."""
+    return {z.process.pid for z in _ZYGOTES if z.process.poll() is None}
+
+
+def started_warm(rank_logs: dict[int, list[Path]], why_cold: str = "") -> dict:
     """How the ranks of a launch started, from their stderr: {"warm": n, "cold": m,
-    "warm_cpu_s": what the forked ranks used (the zygote's CPU, not the launcher's children's)}."""
-    counts = {"warm": 0, "cold": 0, "warm_cpu_s": 0.0}
+    "warm_cpu_s": what the forked ranks used (the zygote's CPU, not the launcher's children's),
+    "why_cold": the first cold rank's reason (``why_cold``: the launcher's, if it had no zygote)}."""
+    counts = {"warm": 0, "cold": 0, "warm_cpu_s": 0.0, "why_cold": why_cold}
     for files in rank_logs.values():
         text = "".join(p.read_text(errors="replace") for p in files if p.is_file())
         counts["warm" if STARTED_WARM in text else "cold"] += 1
         for line in text.splitlines():
             if line.startswith(USED_CPU):
                 counts["warm_cpu_s"] += float(line[len(USED_CPU):])
+            elif line.startswith(STARTED_COLD) and not counts["why_cold"]:
+                counts["why_cold"] = line[len(STARTED_COLD):].strip()
     counts["warm_cpu_s"] = round(counts["warm_cpu_s"], 2)
     return counts

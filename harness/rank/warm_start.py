@@ -45,6 +45,7 @@ SOCKET_ENV = "HARNESS_WARM_SOCKET"  # a rank's: the zygote to hand over to
 ZYGOTE_ENV = "HARNESS_ZYGOTE"  # the zygote's own: set, a process is a zygote (it never hands over)
 STARTED_WARM = "harness: rank started warm, forked from zygote"
 STARTED_COLD = "harness: rank started cold:"
+IMPORTED_ENV = "zygote: its imports set"  # in its log, for the launcher (harness/launch/warm.py)
 USED_CPU = "harness: the forked rank used CPU s:"  # its CPU is the zygote's, not the worker's
 
 # Imported by the zygote before it forks a rank: third-party packages every CPU rank imports
@@ -286,6 +287,7 @@ def serve(socket_path: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
+    print(f"{IMPORTED_ENV} {json.dumps(imported_env)}", flush=True)
     print(f"zygote {os.getpid()} serving at {socket_path}"
           + (f"; refusing every rank: {problem}" if problem else ""), flush=True)
 

@@ -14,6 +14,7 @@ Each fault is a real launch (about half a minute each on 2 cores): marked slow, 
 import pytest
 
 from harness.checks import run_checks as checks
+from harness.launch import warm
 from harness.launch.run import RunSpec, launch, leftover_processes
 from harness.plants import PLANT_STEP
 from harness.results.run_result import RunFailed
@@ -22,8 +23,10 @@ pytestmark = pytest.mark.slow
 
 
 def _leftovers(run_dir) -> list[str]:
-    """What this session launched that is still running (run_dir names the launch checked)."""
-    return [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in leftover_processes()]
+    """What this session launched that is still running (run_dir names the launch checked), but
+    the zygotes it keeps for its next launches (harness/launch/warm.py; their ranks count)."""
+    return [f"{p.pid}: {' '.join(p.cmdline())[:120]}" for p in leftover_processes()
+            if p.pid not in warm.zygote_pids()]
 
 
 @pytest.fixture(scope="module")

@@ -73,9 +73,9 @@ def worker_env():
     torchrun's worker has it."""
     profile = detect("cpu")
     env = rank_environment(RunSpec("titan_native"), profile)
-    socket = warm.socket_for(env, profile.shims)
+    socket, why = warm.socket_for(env, profile.shims)
     if socket is None:
-        pytest.fail("no zygote could start here: every CPU launch would start its ranks cold")
+        pytest.fail(f"no zygote here ({why}): every CPU launch would start its ranks cold")
     return env | TORCHRUN | {"LOCAL_RANK": "0", warm.SOCKET_ENV: socket}
 
 
@@ -95,8 +95,7 @@ def forked_rank(zygote_pid: int, timeout_s: float = 60.0) -> psutil.Process:
 
 
 def zygote_pid(env) -> int:
-    return next(z.process.pid for z in warm._ZYGOTES.values()
-                if z is not None and z.socket == env[warm.SOCKET_ENV])
+    return next(z.process.pid for z in warm._ZYGOTES if z.socket == env[warm.SOCKET_ENV])
 
 
 def test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does(worker_env, tmp_path):
