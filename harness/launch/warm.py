@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.launch.children import SESSION_ENV
-from harness.rank.warm_start import (IMPORTED_ENV, PER_RUN_PREFIXES, SOCKET_ENV, STARTED_COLD,
-                                    STARTED_WARM,
-                                    USED_CPU, ZYGOTE_ENV, refusal)
+from harness.rank.warm_start import (IMPORTED_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
+                                    USED_CPU, ZYGOTE_ENV, per_run, refusal)
 
 MAX_ZYGOTES = 4
 START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores
@@ -55,8 +54,7 @@ def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) 
     """A zygote's environment for ranks of ``rank_env``: without the run's own variables
     (``HARNESS_*``, the session marker kept), with the device's shims only (the run's others
     are installed in the forked rank)."""
-    env = {k: v for k, v in rank_env.items()
-           if k == SESSION_ENV or not k.startswith(PER_RUN_PREFIXES)}
+    env = {k: v for k, v in rank_env.items() if k == SESSION_ENV or not per_run(k)}
     env.pop(SOCKET_ENV, None)
     if device_shims:
         env[SHIMS_ENV] = ",".join(device_shims)

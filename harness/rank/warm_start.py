@@ -78,6 +78,13 @@ TORCHRUN_SET = frozenset({
 # Prefixes of per-run variables, read only while the rank runs: torchrun's elastic state and
 # the harness's own (shims, plants, observers, dumps; none is read by a preloaded package).
 PER_RUN_PREFIXES = ("TORCHELASTIC_", "HARNESS_")
+# Per-run variables of the launcher's own, inherited: pytest names the test that launched.
+PER_RUN_NAMES = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+def per_run(name: str) -> bool:
+    """Whether ``name`` is a variable only the run reads (it may differ from the zygote's)."""
+    return name in TORCHRUN_SET or name in PER_RUN_NAMES or name.startswith(PER_RUN_PREFIXES)
 
 _HEADER = struct.Struct("!I")
 
@@ -88,7 +95,7 @@ def refusal(zygote_env: dict[str, str], rank_env: dict[str, str],
     ``zygote_env`` whose imports then set ``imported_env``; None if it may."""
     imported_env = imported_env or {}
     for name, value in sorted(zygote_env.items()):
-        if name in (ZYGOTE_ENV, "HARNESS_SHIMS"):
+        if name in (ZYGOTE_ENV, "HARNESS_SHIMS") or name in PER_RUN_NAMES:
             continue
         if rank_env.get(name) != value:
             return (f"{name} is {rank_env.get(name)!r} in the rank, {value!r} in the zygote")
@@ -100,7 +107,7 @@ def refusal(zygote_env: dict[str, str], rank_env: dict[str, str],
     for name in sorted(set(rank_env) - set(zygote_env)):
         if imported_env.get(name) == rank_env[name]:
             continue  # what the zygote's imports set themselves (torchrun's imports did too)
-        if name not in TORCHRUN_SET and not name.startswith(PER_RUN_PREFIXES):
+        if not per_run(name):
             return f"{name} is set in the rank and not in the zygote"
     return None
 

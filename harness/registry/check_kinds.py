@@ -62,9 +62,12 @@ KINDS: tuple[CheckKind, ...] = (
               (PARITY + "test_checkpoint_conformance.py::test_trainer_save_path_writes_a_conformant_checkpoint",
                PARITY + "test_torchrun_parity.py::test_saved_checkpoint_is_complete_and_reloads",
                PARITY + "test_native_to_hf.py::test_transformers_on_the_converted_weights_computes_the_native_logits")),
-    CheckKind("determinism", "a seeded rerun is the same run, bit for bit; a check that reads "
+    CheckKind("determinism", "a seeded rerun is the same run, bit for bit (a warm start's ranks "
+              "compute what a cold start's do); a check that reads "
               "memory upstream leaves uninitialised reads poison, not leftovers",
               (TS + "test_seeded_rerun_is_bitwise_identical",
+               SELF + "test_warm_start.py::test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does",
+               SELF + "test_warm_start.py::test_a_rank_whose_imports_could_differ_starts_cold_and_says_why",
                SELF + "test_uninitialised_memory.py::test_uninitialised_memory_is_poisoned_whatever_was_freed_before",
                PARITY + "test_hf_backend_parity.py::test_backend_rope_frequencies_are_initialised"),
               (SELF + "test_determinism.py::test_seeded_rerun_gives_bit_identical_losses",)),

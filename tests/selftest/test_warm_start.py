@@ -43,6 +43,9 @@ def rank(**changes) -> dict[str, str]:
 
 def test_a_rank_with_the_zygotes_environment_plus_torchruns_and_the_runs_own_is_forked():
     assert refusal(ZYGOTE, rank()) is None
+    # pytest names the current test in the launcher's environment, which every rank inherits
+    assert refusal(ZYGOTE | {"PYTEST_CURRENT_TEST": "a (call)"},
+                   rank(PYTEST_CURRENT_TEST="b (call)")) is None
 
 
 @pytest.mark.parametrize("changes, named", [
@@ -134,3 +137,12 @@ def test_a_rank_the_zygote_refuses_starts_cold_in_the_worker(worker_env):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "December 2026" in done.stdout
     assert f"{STARTED_COLD} OMP_NUM_THREADS" in done.stderr and STARTED_WARM not in done.stderr
+
+
+def test_the_hand_over_imports_nothing_heavy():
+    """Every CPU worker imports the hand-over before anything else: the standard library only."""
+    done = subprocess.run([sys.executable, "-c", "import sys, harness.rank.warm_start as w; "
+                           "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                           "('torch', 'numpy', 'torchtitan', 'transformers')))"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
