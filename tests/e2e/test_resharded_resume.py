@@ -74,6 +74,8 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
     whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
     uninterrupted = _ok(runs.get(resharded_spec(spec, whole, case)))
     resumed = _ok(runs.get(resharded_spec(spec, saved, case, plants)))
+    copy_differs = ts.differences(ts.load_dcp(saved), ts.load_dcp(whole))
+    assert not copy_differs, f"the whole-tensor copy of {saved} differs: {copy_differs[:5]}"
     return first, uninterrupted, resumed
 
 
