@@ -76,7 +76,15 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
     resumed = _ok(runs.get(resharded_spec(spec, saved, case, plants)))
     copy_differs = ts.differences(ts.load_dcp(saved), ts.load_dcp(whole))
     assert not copy_differs, f"the whole-tensor copy of {saved} differs: {copy_differs[:5]}"
+    assert whole_and_sharded(saved, whole), f"{saved} holds no tensor in shards, or its copy does"
     return first, uninterrupted, resumed
+
+
+def whole_and_sharded(saved, whole) -> bool:
+    """The saving run's checkpoint holds tensors in shards (what the resumed run reshards) and
+    the copy holds every tensor whole."""
+    return (any(chunks > 1 for _, chunks in ts.chunks_per_tensor(saved).values())
+            and all(chunks == 1 for _, chunks in ts.chunks_per_tensor(whole).values()))
 
 
 def reshard_findings(first, uninterrupted, resumed) -> list[str]:
