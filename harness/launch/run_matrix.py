@@ -312,8 +312,48 @@ def layout_table_markdown() -> str:
                       if lay.name in w.layout and (not w.backend or name in w.backend)]
             cells.append(cell + "".join(f"; known: `{text}`" for text in dict.fromkeys(issues)))
         rows.append(f"| `{lay.name}` | {lay.ranks} | " + " | ".join(cells) + " |")
+    for case in RESHARD_CASES:  # the training-state run's checkpoint, resumed elsewhere
+        ranks = case.ranks or LAYOUTS[case.layout].ranks
+        where = f"{ranks} rank{'s' * (ranks > 1)} (FSDP)" if case.layout == FSDP else f"`{case.layout}`"
+        tier = "slow" if case.slow else "default"
+        if case.ranks == RESHARD_UNEVEN_RANKS and case.slow:
+            tier += " (its planted run: default)"
+        cells = [tier if name == TRAINING_STATE_BACKEND else "not run" for name in backends]
+        rows.append(f"| resumed from 2 ranks at {where} | {ranks} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def _generations(where) -> str:
     return f" ({', '.join(where.generation)})" if where.generation else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Resharded resume (docs/layouts.md): the template's training-state run (2 ranks, FSDP, a full
+# checkpoint after every step but the last) resumed from its step-``TRAINING_STATE_INTERVAL``
+# checkpoint at another world size or layout.
+@dataclass(frozen=True)
+class ReshardCase:
+    """Where the training-state run's checkpoint is resumed: ``ranks`` under FSDP, or a layout
+    (harness/registry/layouts.py) at its own ranks."""
+
+    name: str
+    ranks: int | None = None  # FSDP over this many ranks; None: the layout's
+    layout: str = "fsdp"
+    slow: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"2-to-{self.name}"
+
+
+RESHARD_CASES = (
+    # The default tier's cheap form: one rank (every tensor the saving run sharded is whole).
+    ReshardCase("1", ranks=1),
+    # The uneven world size: 2048 (vocab), 128 (hidden) and 32 (experts) over 3 ranks leave
+    # FSDP a shorter last shard (harness/results/training_state.py ``uneven_tensors``).
+    ReshardCase("3", ranks=3, slow=True),
+    ReshardCase("4", ranks=4, slow=True),
+    ReshardCase("tp", layout="tp", slow=True),  # FSDP to tensor parallel 2
+)
+# The rank count of the default tier's planted run: the uneven one, where a row can be lost.
+RESHARD_UNEVEN_RANKS = 3

@@ -132,6 +132,52 @@ def _reset_expert_bias_on_load(checkpoint_module: ModuleType):
     return _replace(checkpoint_module.CheckpointManager, "load", make)
 
 
+def _drop_uneven_last_row(tensor) -> str | None:
+    """Zero the last row of ``tensor`` where it is a DTensor sharded on dim 0 over a 1-D mesh
+    whose size does not divide that dimension (FSDP's shorter last shard), on the rank that
+    holds the row; the tensor's global shape when it did."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(tensor, DTensor) or tensor.device_mesh.ndim != 1 or tensor.ndim == 0:
+        return None
+    if tensor.placements != (Shard(0),):
+        return None
+    rows, ranks = tensor.shape[0], tensor.device_mesh.size()
+    if rows % ranks == 0:
+        return None
+    chunk = -(-rows // ranks)  # torch.chunk's split, as FSDP2 shards
+    if tensor.device_mesh.get_local_rank() == (rows - 1) // chunk:
+        tensor.to_local()[-1].zero_()
+    return str(tuple(tensor.shape))
+
+
+def _reshard_drops_uneven_row(checkpoint_module: ModuleType):
+    """After a checkpoint load that restores the training state (a resume, not the model-only
+    HF load), the last row of every parameter and optimizer state whose sharded dimension does
+    not split evenly over the ranks is zero: a reshard that loses the shorter last shard's
+    last row."""
+    def make(original):
+        def load(self, *args, **kwargs):
+            loaded = original(self, *args, **kwargs)
+            if loaded and "optimizer" in self.states:
+                dropped = []
+                with torch.no_grad():
+                    for part in self.states["model"].model:
+                        for name, param in part.named_parameters():
+                            if _drop_uneven_last_row(param):
+                                dropped.append(name)
+                    for optimizer in getattr(self.states["optimizer"], "optimizers", ()):
+                        for state in optimizer.state.values():
+                            for value in state.values():
+                                _drop_uneven_last_row(value)
+                if dropped and _rank() == 0:
+                    print(f"plant reshard_drops_uneven_row: last row zeroed in {len(dropped)} "
+                          f"parameters and their optimizer state ({dropped[0]}, ...)", flush=True)
+            return loaded
+        return load
+    return _replace(checkpoint_module.CheckpointManager, "load", make)
+
+
 def _replicate_one_shard(trainer_module: ModuleType):
     """Right after the checkpoint load at the start of ``train`` (whether it loaded anything or
     not: step 1 starts right after it), every rank's shard of layer 0's query projection is
@@ -232,6 +278,9 @@ PATCH_PLANTS = (
           ("loss normalised over valid tokens",), patch=(TRAINER, _all_token_norm)),
     Plant("reset_expert_bias_on_load", "training state", "MoE expert_bias is zeroed after a checkpoint load",
           ("expert_bias restored",), patch=("torchtitan.components.checkpoint", _reset_expert_bias_on_load)),
+    Plant("reshard_drops_uneven_row", "checkpoint", "a checkpoint loaded at another world size "
+          "loses the last row of every tensor whose sharded dimension does not split evenly",
+          ("resharded resume",), patch=("torchtitan.components.checkpoint", _reshard_drops_uneven_row)),
     Plant("replicate_one_shard", "model", "every rank starts step 1 from rank 0's shard of layer 0's "
           "query projection (a loader handing every rank the same slice)",
           ("shards_distinct",), patch=(TRAINER, _replicate_one_shard)),

@@ -98,7 +98,8 @@ KINDS: tuple[CheckKind, ...] = (
     CheckKind("layouts", "every parallel layout (TP, CP, EP, GA, AC, compile, HSDP) trains the same "
               "model: the run's checks, the reference trajectory on its own batches, its saved "
               "updates, and the FSDP run on the same batches; a run over several nodes is the "
-              "run on one",
+              "run on one; a run resumed at another world size or layout is that layout's "
+              "uninterrupted run",
               (PARITY + "test_layouts.py::test_layout_run",
                PARITY + "test_layouts.py::test_layout_follows_the_reference_trajectory",
                PARITY + "test_layouts.py::test_layout_saved_weights_are_the_reference_trajectorys",
@@ -109,7 +110,10 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_layouts.py::test_routing_counts_added_twice_are_caught",
                E2E + "test_ignored_labels.py::test_gradient_accumulation_normalises_over_the_steps_valid_tokens",
                E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught",
-               E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit"),
+               E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit",
+               E2E + "test_resharded_resume.py::test_resharded_resume_is_the_uninterrupted_run",
+               E2E + "test_resharded_resume.py::test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
+               E2E + "test_resharded_resume.py::test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught"),
               (E2E + "test_multinode.py::test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run",)),
     CheckKind("config_conformance", "native configs against the HF config.json they load",
               (PARITY + "test_config_conformance.py::test_native_config_conforms_to_config_json",

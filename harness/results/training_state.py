@@ -212,3 +212,55 @@ def balance_findings(records: dict[int, list[dict]]) -> list[str]:
         found.append(f"[{NOT_EXERCISED}] no step's choices were unbalanced: the update was never "
                      "exercised")
     return found
+
+
+# ---- resharded resume ------------------------------------------------------------------------
+
+def write_whole_copy(folder: str | Path, out: str | Path) -> Path:
+    """``folder``'s DCP checkpoint written again with every tensor as one whole chunk, as a run
+    of one rank holds it: the same keys, values and nesting (read with DCP's own reader, written
+    with DCP's own writer, no process group), so loading it reshards nothing a run saved over
+    several ranks. Written once (to a temporary sibling, then renamed); returns ``out``."""
+    import os
+    import shutil
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    out = Path(out)
+    if (out / ".metadata").is_file():
+        return out
+    state: dict = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(folder)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_save(state, storage_writer=FileSystemWriter(str(tmp)), no_dist=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(out)
+    except OSError:  # another worker wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def chunks_per_tensor(folder: str | Path) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Per tensor of a DCP checkpoint: (its global shape, the chunks it was saved in)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(folder)).read_metadata()
+    return {key: (tuple(m.size), len(m.chunks)) for key, m in meta.state_dict_metadata.items()
+            if isinstance(m, TensorStorageMetadata)}
+
+
+def uneven_tensors(folder: str | Path, ranks: int) -> dict[str, int]:
+    """The tensors a run saved sharded (more than one chunk) whose first dimension does not
+    split evenly over ``ranks``: the dimension FSDP shards, with a shorter last shard."""
+    return {key: shape[0] for key, (shape, chunks) in chunks_per_tensor(folder).items()
+            if chunks > 1 and shape and shape[0] % ranks}

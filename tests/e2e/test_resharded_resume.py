@@ -1,0 +1,140 @@
+"""Resharded resume (issue 28, item 6; docs/layouts.md "Resharded resume").
+
+A run saved at 2 ranks under FSDP is resumed at another world size or layout
+(harness/launch/run_matrix.py ``RESHARD_CASES``: 1 rank, 3 ranks, 4 ranks, tensor parallel 2).
+The saving run is the run template's training-state run (nki_moe random init, 2 ranks, a full
+checkpoint after steps 1 and 2, the HF checkpoint at step 3); every case resumes from its
+step-1 checkpoint: model, optimizer, lr schedule and train state
+(``--checkpoint.no-initial-load-model-only``).
+
+What torchtitan does at a new world size (0.3.0 and spring 2026 alike): DCP reshards the model
+and optimizer state; the dataloader's state is one entry per data-parallel rank and its load
+asserts the data-parallel degree it was saved at ("dataloader resharding is not supported
+yet"), so a resumed run at another data-parallel degree leaves it out
+(``--checkpoint.exclude_from_loading dataloader``) and reads its own ranks' data from the start.
+
+The uninterrupted run that is comparable is therefore the new layout's own run continuing from
+the same state on the same global batches: the same new layout, resumed from the same
+checkpoint written again with every tensor whole (``training_state.write_whole_copy``: as one
+rank holds it, nothing resharded from the saving run's shards), the dataloader left out alike.
+Specification, per case:
+- the resumed run logs steps 2 and 3, at the uninterrupted 2-rank run's learning rates (the lr
+  schedule and the step come back);
+- its losses and grad norms, its step-2 full checkpoint (weights, optimizer, lr schedule,
+  dataloader, expert_bias) and its step-3 model checkpoint equal the uninterrupted run's, bit
+  for bit: resharding moves no value, so no tolerance applies;
+- the 3-rank case reshards tensors whose sharded dimension does not split evenly (vocab 2048,
+  hidden 128, experts 32 over 3 ranks: FSDP's last shard is shorter), and a reshard that loses
+  the last row of such a tensor (plant ``reshard_drops_uneven_row``) is caught.
+The default tier runs the 1-rank case and the planted 3-rank run (with its clean
+uninterrupted run); the slow tier the clean 3-rank, 4-rank and tensor-parallel cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.launch.run import RunSpec
+from harness.launch.run_matrix import (RESHARD_CASES, RESHARD_UNEVEN_RANKS, TRAINING_STATE_BACKEND,
+                                       ReshardCase)
+from harness.registry import dump_layout
+from harness.results import training_state as ts
+from tests.e2e.test_training_state import (QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, resume_findings,
+                                           template_run_spec)
+
+RESHARD = "resharded resume"
+# torchtitan's dataloader state is per data-parallel rank and refuses another degree.
+WITHOUT_DATALOADER = ("--checkpoint.exclude_from_loading", "dataloader")
+
+
+def resharded_spec(first: RunSpec, checkpoint: Path, case: ReshardCase, plants=()) -> RunSpec:
+    """``first`` resumed from ``checkpoint`` (model, optimizer, lr schedule, train state) in
+    ``case``'s world size or layout, the dataloader left out. Its last step saves the model as
+    a DCP checkpoint, not in HF: torchtitan 0.3.0's MoE adapter cannot save HF when the
+    experts do not split evenly over the ranks (``_caculate_indices_from_placements``: "Dim 0
+    size (32) cannot be evenly divided by shard degree (3)"), and the DCP checkpoints are what
+    the comparison reads."""
+    resume = ("--checkpoint.initial_load_path", str(Path(checkpoint).resolve()),
+              "--checkpoint.no-initial-load-model-only", *WITHOUT_DATALOADER)
+    return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants),
+                   nproc=case.ranks, layout=case.layout, save_hf=False)
+
+
+def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
+    """(the saving 2-rank run, the new layout's uninterrupted run from the whole-tensor copy of
+    its step-1 checkpoint, the new layout resumed from the checkpoint itself); ``plants`` break
+    the resumed run."""
+    runs = device_runs("cpu")
+    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)
+    first = _ok(runs.get(spec))
+    saved = dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
+    whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
+    uninterrupted = _ok(runs.get(resharded_spec(spec, whole, case)))
+    resumed = _ok(runs.get(resharded_spec(spec, saved, case, plants)))
+    copy_differs = ts.differences(ts.load_dcp(saved), ts.load_dcp(whole))
+    assert not copy_differs, f"the whole-tensor copy of {saved} differs: {copy_differs[:5]}"
+    assert whole_and_sharded(saved, whole), f"{saved} holds no tensor in shards, or its copy does"
+    return first, uninterrupted, resumed
+
+
+def whole_and_sharded(saved, whole) -> bool:
+    """The saving run's checkpoint holds tensors in shards (what the resumed run reshards) and
+    the copy holds every tensor whole."""
+    return (any(chunks > 1 for _, chunks in ts.chunks_per_tensor(saved).values())
+            and all(chunks == 1 for _, chunks in ts.chunks_per_tensor(whole).values()))
+
+
+def reshard_findings(first, uninterrupted, resumed) -> list[str]:
+    """Everything in which the resumed run is not the new layout's uninterrupted run (each
+    ``[kind] ...``)."""
+    found = []
+    expected = list(range(QUICK_K + 1, QUICK_STEPS + 1))
+    if [s.step for s in uninterrupted.steps] != expected:
+        found.append(f"[{RESHARD}] the uninterrupted run logged steps "
+                     f"{[s.step for s in uninterrupted.steps]}, not {expected}")
+    lr = {s.step: s.lr for s in first.steps}
+    for s in resumed.steps:
+        if s.lr is None or s.lr != lr.get(s.step):
+            found.append(f"[{RESHARD}] step {s.step}: learning rate {s.lr!r} != the saving run's "
+                         f"{lr.get(s.step)!r} (lr schedule not restored)")
+    norms = {s.step: s.grad_norm for s in uninterrupted.steps}
+    found += [f"[{RESHARD}] step {s.step}: grad norm {s.grad_norm!r} != uninterrupted {norms.get(s.step)!r}"
+              for s in resumed.steps if s.grad_norm != norms.get(s.step)]
+    found += [f"[{RESHARD}] step-{QUICK_FULL} checkpoint: {d}" for d in ts.differences(
+        ts.load_dcp(dump_layout.checkpoint_dir(uninterrupted.run_dir, QUICK_FULL)),
+        ts.load_dcp(dump_layout.checkpoint_dir(resumed.run_dir, QUICK_FULL)))[:20]]
+    return found + resume_findings(uninterrupted, resumed, QUICK_K, QUICK_STEPS, QUICK_STEPS)
+
+
+def _param(case: ReshardCase):
+    return pytest.param(case, id=case.id, marks=[pytest.mark.slow] if case.slow else [])
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in RESHARD_CASES])
+def test_resharded_resume_is_the_uninterrupted_run(device_runs, steps, workarounds, case):
+    first, uninterrupted, resumed = reshard_runs(device_runs, steps, workarounds, case)
+    found = reshard_findings(first, uninterrupted, resumed)
+    assert not found, f"saved at 2 ranks, resumed {case.id}:\n" + "\n".join(found) + \
+        f"\n{resumed.describe()}\n{uninterrupted.describe()}"
+
+
+def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(device_runs, steps,
+                                                                               workarounds):
+    """The saving run's step-1 checkpoint holds sharded tensors whose first dimension (the one
+    FSDP shards) does not divide by the uneven case's ranks: the token embedding and the output
+    projection (vocab 2048), the hidden size's (128) and the routed experts' (32)."""
+    first = _ok(device_runs("cpu").get(template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)))
+    uneven = ts.uneven_tensors(dump_layout.checkpoint_dir(first.run_dir, QUICK_K), RESHARD_UNEVEN_RANKS)
+    rows = set(uneven.values())
+    assert {2048, 128, 32} <= rows, (f"over {RESHARD_UNEVEN_RANKS} ranks the uneven first dimensions "
+                                     f"are {sorted(rows)} ({len(uneven)} tensors)")
+
+
+def test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught(device_runs, steps, workarounds):
+    case = next(c for c in RESHARD_CASES if c.ranks == RESHARD_UNEVEN_RANKS)
+    first, uninterrupted, planted = reshard_runs(device_runs, steps, workarounds, case,
+                                                 plants=("reshard_drops_uneven_row",))
+    assert reshard_findings(first, uninterrupted, planted), "a row lost in the reshard went unnoticed"
