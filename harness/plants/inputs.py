@@ -246,6 +246,18 @@ ORPHAN_SHARD = "model-00003-of-00003.safetensors"
 SECOND_SHARD = "model-00002-of-00002.safetensors"
 
 
+def drifted_curve(losses, from_step: int = 51, ulps: int = 1) -> list[float]:
+    """A loss curve that drifts slowly: every loss from ``from_step`` on moved up by ``ulps``
+    float32 ulps (what a nightly's curve shows when its numbers creep, invisibly to any band)."""
+    out = []
+    for step, loss in enumerate(losses, start=1):
+        value = torch.tensor(float(loss), dtype=torch.float32)
+        for _ in range(ulps if step >= from_step else 0):
+            value = torch.nextafter(value, torch.tensor(float("inf")))
+        out.append(float(value))
+    return out
+
+
 def first_key_in_shard(directory: Path, shard_prefix: str) -> str:
     index = json.loads((Path(directory) / "model.safetensors.index.json").read_text())
     return sorted(k for k, f in index["weight_map"].items() if f.startswith(shard_prefix))[0]
@@ -291,7 +303,7 @@ def _complex_rope(model_config):
 _SWAP_Q_K = {"model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.qkv_linear.wk.weight",
              "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.qkv_linear.wq.weight"}
 
-CHECKPOINT, ADAPTER, CONFIG, MODEL = "checkpoint", "adapter", "config", "model"
+CHECKPOINT, ADAPTER, CONFIG, MODEL, GOLDEN = "checkpoint", "adapter", "config", "model", "golden"
 
 COPY_PLANTS = (
     # checkpoint files: make(src_dir, dst_dir) -> the broken copy's directory
@@ -357,6 +369,9 @@ COPY_PLANTS = (
     Plant("lr_schedule_changed", CONFIG, "3 warmup steps and cosine decay",
           ("optimizer hyperparameters",),
           make=lambda t: with_lr_scheduler(t, warmup_steps=3, decay_type="cosine")),
+    # loss curves: make(losses) -> a drifted copy
+    Plant("golden_curve_drifts", GOLDEN, "a 100-step loss curve one float32 ulp high from step 51 on",
+          ("golden curve: bit for bit",), make=drifted_curve),
     # built models, edited in place: make(model) -> model
     Plant("untied_lm_head", MODEL, "lm_head holds its own tensor although the config says tied",
           ("tied embeddings", "config conformance: tie_word_embeddings"), make=untie_lm_head),

@@ -71,6 +71,18 @@ KINDS: tuple[CheckKind, ...] = (
                SELF + "test_uninitialised_memory.py::test_uninitialised_memory_is_poisoned_whatever_was_freed_before",
                PARITY + "test_hf_backend_parity.py::test_backend_rope_frequencies_are_initialised"),
               (SELF + "test_determinism.py::test_seeded_rerun_gives_bit_identical_losses",)),
+    CheckKind("goldens", "the tiny dense and MoE runs' 100-step loss curves against the committed "
+              "goldens of their generation and device: bit for bit where torch, torchtitan and the "
+              "arithmetic are the golden's, else reported with what differs",
+              (E2E + "test_goldens.py::test_every_committed_golden_is_a_torchtitan_loss_file_with_its_sidecar",
+               E2E + "test_goldens.py::test_both_ci_generations_have_the_goldens_of_their_cpu_runs",
+               E2E + "test_goldens.py::test_the_loss_file_parser_refuses_what_is_not_a_loss_curve",
+               E2E + "test_goldens.py::test_a_golden_of_another_machine_or_stack_is_reported_not_failed",
+               E2E + "test_goldens.py::test_the_curve_comparison_fails_on_a_drifted_curve",
+               E2E + "test_goldens.py::test_the_template_run_begins_on_its_golden",
+               E2E + "test_goldens.py::test_the_template_check_fails_on_a_golden_drifted_from_step_2"),
+              (E2E + "test_goldens.py::test_the_100_step_curve_is_its_golden",
+               E2E + "test_goldens.py::test_the_100_step_check_fails_on_a_golden_drifted_from_step_51")),
     CheckKind("data_path", "the trainer's batches against an independent tokenise-and-pack "
               "reference; the full-size runs read C4 from the path they name",
               (E2E + "test_data_path.py::test_config_dataloader_matches_reference",

@@ -9,3 +9,5 @@ TOKENIZER = FIXTURES / "tokenizer"
 TINY_DENSE = FIXTURES / "tiny_dense"
 TINY_MOE = FIXTURES / "tiny_moe"
 BOOT_DIR = REPO_ROOT / "harness" / "rank" / "boot"  # first on every launched rank's PYTHONPATH
+# Multi-step goldens: <generation>/<device>/<run>.txt (+ .json), scripts/record_goldens.py
+GOLDENS = REPO_ROOT / "tests" / "assets" / "losses"

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from harness.device.arithmetic import machine
 from harness.registry import paths
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "make_fixtures.py"
@@ -54,16 +55,6 @@ def loss_contract() -> tuple[dict, dict]:
             {mask: recorded[mask]["dp2_lbs2_seq256"] for mask in MASKINGS})
 
 
-def _machine() -> str:
-    import platform
-
-    import torch
-
-    vendor = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("vendor_id")), platform.processor() or "unknown CPU")
-    return f"{vendor}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}"
-
-
 def same_arithmetic_or_skip() -> None:
     """Bit-for-bit regeneration holds where float32 rounds as on the machine that recorded the
     fixtures: the recorded losses recomputed here must be those bits. Elsewhere (another CPU's
@@ -73,7 +64,7 @@ def same_arithmetic_or_skip() -> None:
     recomputed, recorded = loss_contract()
     if recomputed != recorded:
         differ = {m: f"{recomputed[m]!r} vs {recorded[m]!r}" for m in recorded if recomputed[m] != recorded[m]}
-        pytest.skip(f"this machine ({_machine()}) does not round float32 as the machine that recorded "
+        pytest.skip(f"this machine ({machine()}) does not round float32 as the machine that recorded "
                     f"the fixtures: {differ}; bit-for-bit regeneration cannot be checked here")
 
 
@@ -86,7 +77,7 @@ def test_the_loss_contract_in_float32_recomputes_the_recorded_losses():
     bound = parity_tolerance("fixture_losses_across_machines").atol
     recomputed, recorded = loss_contract()
     far = {m: recomputed[m] - recorded[m] for m in recorded if not abs(recomputed[m] - recorded[m]) <= bound}
-    assert not far, f"recomputed minus recorded step-1 loss, beyond {bound:g}: {far} ({_machine()})"
+    assert not far, f"recomputed minus recorded step-1 loss, beyond {bound:g}: {far} ({machine()})"
 
 
 def test_the_loss_contract_in_float32_recomputes_the_recorded_losses_bit_for_bit():
