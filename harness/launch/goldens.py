@@ -4,14 +4,14 @@ device, launched through the harness's own launch path.
 
 Each is the run template's tiny pretrained run (harness/launch/run_matrix.py ``RunCase.run_spec``)
 at ``GOLDEN_STEPS`` steps, without the HF save (a golden is its losses), under a name of its own
-(``GoldenSpec.name``: ``<run>@<steps>steps``): a session report holding both it and the
+(``RunSpec.label``: ``<run>@<steps>steps``): a session report holding both it and the
 template's 10-step run of the same backend, and the nightly's baseline, which pairs runs by name
 (harness/report/baseline.py), must never take one for the other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.backends import BACKENDS
@@ -29,18 +29,10 @@ CPU_GOLDEN_GENERATIONS = ("v0_3", "spring2026")
 RECORD_COMMAND = "python3 scripts/record_goldens.py --device {device}"
 
 
-class GoldenSpec(RunSpec):
-    """A golden's run: a RunSpec whose name says how many steps it runs."""
-
-    @property
-    def name(self) -> str:
-        return f"{super().name}@{self.steps}steps"
-
-
-def golden_spec(backend: str, device: str = "cpu", steps: int = GOLDEN_STEPS) -> GoldenSpec:
+def golden_spec(backend: str, device: str = "cpu", steps: int = GOLDEN_STEPS) -> RunSpec:
+    """A golden's run, named for how many steps it runs (``<run>@<steps>steps``)."""
     case = RunCase(device, backend, "tiny", "pretrained", BACKENDS[backend].default_attention)
-    spec = replace(case.run_spec(steps), save_hf=False)
-    return GoldenSpec(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+    return replace(case.run_spec(steps), save_hf=False, label=f"{steps}steps")
 
 
 @dataclass(frozen=True)
@@ -55,7 +47,7 @@ class GoldenCase:
         return f"{self.device}-{self.backend}"
 
     @property
-    def spec(self) -> GoldenSpec:
+    def spec(self) -> RunSpec:
         return golden_spec(self.backend, self.device)
 
     @property

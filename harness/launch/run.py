@@ -86,6 +86,9 @@ class RunSpec:
     # "warm": on a device that has them (CPU), each rank is forked from a zygote that has already
     # imported torch (harness/rank/warm_start.py); "cold": plain torchrun workers throughout.
     start: str = "warm"
+    # A name of its own for a run that must never be taken for the template's run of the same
+    # backend (a report, the nightly's baseline pair runs by name): "<name>@<label>".
+    label: str = ""
 
     @classmethod
     def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
@@ -215,8 +218,12 @@ class RunSpec:
         suffix = "".join(f"+{w}" for w in self.all_workarounds) + "".join(f"+plant:{p}" for p in self.plants)
         if self.nodes > 1:
             suffix = f"@{self.nodes}nodes{suffix}"
+        if self.nproc is not None and self.size == "tiny":  # not the size's or the layout's ranks
+            suffix = f"@{self.nproc}ranks{suffix}"
         if self.layout != FSDP:
             suffix = f"@{self.layout}{suffix}"
+        if self.label:
+            suffix = f"{suffix}@{self.label}"
         if self.subject:
             return f"{self.subject.module}:{self.subject.config}{suffix}"
         attention = "" if self.attention == self.spec.default_attention else f"-{self.attention}"
