@@ -142,7 +142,8 @@ def _template_comparison(backend, device_runs, steps, workarounds, drift_from=No
     template = RunCase("cpu", backend, "tiny", "pretrained", BACKENDS[backend].default_attention)
     spec = template.suite_spec(steps, workarounds=workarounds)
     if spec.all_workarounds != case.spec.all_workarounds:
-        pytest.skip(f"--workaround changes {spec.name}; the golden ran without it")
+        pytest.skip(f"this session's {spec.name} is not its golden's run ({case.spec.name}): "
+                    "not comparable")
     run = device_runs("cpu").get(spec)
     shared = goldens.shared_steps([s.lr for s in run.steps], golden.sidecar["lr"])
     assert shared >= 2, (f"{spec.name} shares {shared} learning rates with its golden: "
