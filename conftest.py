@@ -107,6 +107,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     startup_gc.resume_frozen()
+    _prestart_the_zygote(session)
     if session.config.getoption("--trn2-runner") and not session.items:
         raise pytest.UsageError("--trn2-runner: the selection collected no test")
 
@@ -119,6 +120,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"--trn2-runner forbids skips; this test skipped: {reason}"
+
+
+def _prestart_the_zygote(session: pytest.Session) -> None:
+    """Where this process will launch CPU runs, its zygote (harness/launch/warm.py) starts
+    importing now, beside the session's first tests, not when its first run launches."""
+    if session.config.getoption("collectonly") or not any(
+            {"device_runs", "backend_runs"} & set(getattr(item, "fixturenames", ()))
+            for item in session.items):
+        return
+    try:
+        profile = detect(session.config.getoption("--device"))
+    except RuntimeError:  # a device not here: its tests say so themselves
+        return
+    if profile.warm_start:
+        from harness.launch import warm
+        from harness.launch.run import RunSpec, rank_environment
+
+        warm.prestart(rank_environment(RunSpec("titan_native"), profile), profile.shims)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

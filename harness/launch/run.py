@@ -469,7 +469,7 @@ def _wait(procs: list[subprocess.Popen], timeout_s: float, sink: Path, on_step) 
            and not any(p.poll() not in (None, 0) for p in procs)):
         if time.monotonic() > deadline:
             return True
-        time.sleep(0.5)
+        time.sleep(0.1)
         if on_step is not None:
             records = read_step_records(sink)
             for record in records[reported:]:

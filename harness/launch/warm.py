@@ -47,7 +47,15 @@ class Zygote:
 
 
 _ZYGOTES: list[Zygote] = []
+_PENDING: list[Zygote] = []  # started (``prestart``), not yet known to serve
 _FAILED: set[frozenset] = set()  # environments whose zygote could not start: their ranks start cold
+
+
+def prestart(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> None:
+    """Start the zygote for ``rank_env`` now and return at once (it imports while the caller
+    goes on, e.g. while pytest collects); the first ``socket_for`` waits for it."""
+    if not _ZYGOTES and not _PENDING and not _FAILED:
+        _PENDING.append(_spawn(zygote_environment(rank_env, device_shims)))
 
 
 def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> dict[str, str]:
@@ -65,6 +73,12 @@ def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) 
 def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple[str | None, str]:
     """(the socket of a serving zygote for ``rank_env``, started now if need be, ""); or
     (None, why the ranks start cold)."""
+    while _PENDING:
+        zygote = _PENDING.pop()
+        if _ready(zygote):
+            _ZYGOTES.append(zygote)
+        else:
+            _FAILED.add(frozenset(zygote.env.items()))
     # A serving zygote takes any rank it would not refuse: the launcher's own environment grows
     # as its process imports (inductor sets its cache folder), and so did the zygote's.
     for zygote in _ZYGOTES:
@@ -78,16 +92,16 @@ def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple
     if len(serving) >= MAX_ZYGOTES:
         return None, (f"{MAX_ZYGOTES} zygotes serve other environments; this one differs from the "
                       f"first: {refusal(serving[0].env, rank_env, serving[0].imported_env)}")
-    zygote = _start(env)
-    if zygote is None:
+    zygote = _spawn(env)
+    if not _ready(zygote):
         _FAILED.add(key)
         return None, "its zygote failed to start"
     _ZYGOTES.append(zygote)
     return zygote.socket, ""
 
 
-def _start(env: dict[str, str]) -> Zygote | None:
-    if not _ZYGOTES and not _FAILED:
+def _spawn(env: dict[str, str]) -> Zygote:
+    if not _ZYGOTES and not _PENDING and not _FAILED:
         atexit.register(stop_all)
     # An empty folder of its own: the zygote's -m puts it first on the path while it imports;
     # short, for the socket's path (108 bytes at most).
@@ -99,7 +113,12 @@ def _start(env: dict[str, str]) -> Zygote | None:
             [sys.executable, "-u", "-m", "harness.rank.warm_start", socket_path],
             cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
-    zygote = Zygote(process, folder, socket_path, log, env, {})
+    return Zygote(process, folder, socket_path, log, env, {})
+
+
+def _ready(zygote: Zygote) -> bool:
+    """Wait until ``zygote`` serves (True), or has failed to start (False, said on stderr)."""
+    process, socket_path, log = zygote.process, zygote.socket, zygote.log
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -109,12 +128,12 @@ def _start(env: dict[str, str]) -> Zygote | None:
             for line in said.splitlines():
                 if line.startswith(IMPORTED_ENV):
                     zygote.imported_env = json.loads(line[len(IMPORTED_ENV):])
-            return zygote
+            return True
         time.sleep(0.05)
     said = log.read_text(errors="replace")[-400:]
     _stop(zygote)
     print(f"harness: no warm zygote ({said!r}); its ranks start cold", file=sys.stderr)
-    return None
+    return False
 
 
 def _stop(zygote: Zygote) -> None:
@@ -131,8 +150,8 @@ def _stop(zygote: Zygote) -> None:
 
 def stop_all() -> None:
     """End every zygote this process started (and the ranks they forked)."""
-    while _ZYGOTES:
-        _stop(_ZYGOTES.pop())
+    while _ZYGOTES or _PENDING:
+        _stop((_ZYGOTES or _PENDING).pop())
 
 
 def zygote_pids() -> set[int]:
