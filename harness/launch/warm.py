@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.launch.children import SESSION_ENV
-from harness.rank.warm_start import (IMPORTED_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
+from harness.rank.warm_start import (IMPORTED_ENV, SHIMS_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
                                     USED_CPU, ZYGOTE_ENV, per_run, refusal)
 
 MAX_ZYGOTES = 4
 START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores
-SHIMS_ENV = "HARNESS_SHIMS"
 
 
 @dataclass

@@ -29,7 +29,8 @@ Each rank writes one line to its stderr saying how it started (``STARTED_WARM`` 
 ``STARTED_COLD``); harness/launch/run.py counts them. Bit-for-bit equality of a warm and a
 cold launch is a test (tests/e2e/test_training_state.py, tests/selftest/test_determinism.py).
 
-This module runs in a worker before torch is imported: it imports the standard library only.
+This module runs in a worker before torch is imported: it imports the standard library only
+(and the shim installer's variable name, whose module does too).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import signal
 import socket
 import struct
 import sys
+
+from harness.upstream.install import ENV_VAR as SHIMS_ENV  # standard library only
 
 SOCKET_ENV = "HARNESS_WARM_SOCKET"  # a rank's: the zygote to hand over to
 ZYGOTE_ENV = "HARNESS_ZYGOTE"  # the zygote's own: set, a process is a zygote (it never hands over)
@@ -95,12 +98,12 @@ def refusal(zygote_env: dict[str, str], rank_env: dict[str, str],
     ``zygote_env`` whose imports then set ``imported_env``; None if it may."""
     imported_env = imported_env or {}
     for name, value in sorted(zygote_env.items()):
-        if name in (ZYGOTE_ENV, "HARNESS_SHIMS") or name in PER_RUN_NAMES:
+        if name in (ZYGOTE_ENV, SHIMS_ENV) or name in PER_RUN_NAMES:
             continue
         if rank_env.get(name) != value:
             return (f"{name} is {rank_env.get(name)!r} in the rank, {value!r} in the zygote")
-    zygote_shims = [n for n in zygote_env.get("HARNESS_SHIMS", "").split(",") if n]
-    rank_shims = [n for n in rank_env.get("HARNESS_SHIMS", "").split(",") if n]
+    zygote_shims = [n for n in zygote_env.get(SHIMS_ENV, "").split(",") if n]
+    rank_shims = [n for n in rank_env.get(SHIMS_ENV, "").split(",") if n]
     if rank_shims[:len(zygote_shims)] != zygote_shims:
         return (f"the rank's shims {rank_shims} do not begin with the zygote's {zygote_shims}, "
                 "which it installed before its imports")
