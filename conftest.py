@@ -21,7 +21,7 @@ from harness.registry import known_issues  # noqa: E402
 from harness.device.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
                              standin_for, tier_status, worker_threads, xdist_workers)
 from harness.launch.children import leftover_processes  # noqa: E402
-from harness.launch.run_cache import RunCache, repeated_launches, session_root  # noqa: E402
+from harness.launch.run_cache import RunCache, repeated_launches, session_root, unread_prefetches  # noqa: E402
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's
 # in-process device tests in child processes, or deselected on a stand-in: harness/launch/own_process.py.
@@ -49,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "--subject-path (default: the current folder)")
     group.addoption("--subject-path", action="append", default=[],
                     help="folder holding the --subject modules, repeatable")
+    group.addoption("--no-prefetch", action="store_true",
+                    help="launch each run only when a test reads it (default on CPU: the runs the "
+                    "collected tests read also launch ahead of need, harness/launch/prefetch.py)")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
     group.addoption("--c4-path", default=os.environ.get("HARNESS_C4_PATH"), metavar="DIR",
@@ -108,6 +111,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     startup_gc.resume_frozen()
     _prestart_the_zygote(session)
+    _start_the_prefetcher(session)
     if session.config.getoption("--trn2-runner") and not session.items:
         raise pytest.UsageError("--trn2-runner: the selection collected no test")
 
@@ -140,11 +144,40 @@ def _prestart_the_zygote(session: pytest.Session) -> None:
         warm.prestart(rank_environment(RunSpec("titan_native"), profile), profile.shims)
 
 
+def _start_the_prefetcher(session: pytest.Session) -> None:
+    """Where the device allows it, the runs this session's tests will read start launching
+    ahead of need, in one process of the session (harness/launch/prefetch.py)."""
+    global _PREFETCHER
+    config = session.config
+    # Nodes of a multi-node session launch the same runs in the same order (their rendezvous):
+    # a run launched ahead of its turn on one node would wait for the others.
+    if (config.getoption("collectonly") or config.getoption("--no-prefetch")
+            or config.getoption("--torchrun-arg")):
+        return
+    try:
+        profile = detect(session.config.getoption("--device"))
+    except RuntimeError:
+        return
+    if not profile.prefetch:
+        return
+    from harness.launch import prefetch
+
+    specs = prefetch.needed_specs(session.items, profile.kind, config.getoption("--steps"),
+                                  tuple(config.getoption("--workaround")))
+    root = session_root(config._tmp_path_factory) / f"{profile.kind}_runs"
+    _PREFETCHER = prefetch.start(root, profile.kind, specs)
+
+
+_PREFETCHER = None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.config.getoption("--trn2-runner") and session.testscollected == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     from harness.launch import warm
 
+    if _PREFETCHER is not None:  # before the sweep: its run in flight is this session's
+        _PREFETCHER.stop(at_once=exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED))
     warm.stop_all()  # the zygotes are this session's to end; anything else left is a defect
     leftovers = _kill_leftover_ranks(session)
     if leftovers:
@@ -152,6 +185,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print("\nharness: processes launched by this session were still running (now killed):\n  "
               + "\n  ".join(leftovers))
     if not hasattr(session.config, "workerinput"):  # once per session: xdist's controller, or -n 0
+        unread = unread_prefetches(session_root(session.config._tmp_path_factory))
+        if unread and exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            print("\nharness: runs launched ahead of need that no test read (the prefetcher's spec "
+                  "of a test differs from the test's own, harness/launch/prefetch.py NEEDS):\n  "
+                  + "\n  ".join(unread))
         repeated = repeated_launches(session_root(session.config._tmp_path_factory))
         if repeated:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -79,6 +79,8 @@ class BackendSpec:
     # Workarounds (harness/registry/known_issues/) applied to every run: without them a known upstream
     # defect would hide every other defect of this backend.
     workarounds: tuple[str, ...] = ()
+    # Flags its configs need under context parallelism (harness/launch/run.py ``layout_flags``).
+    cp_flags: tuple[str, ...] = ()
 
     @property
     def default_attention(self) -> str:
@@ -130,6 +132,10 @@ _REGISTERED = (
         attention={"causal": "causal"},
         asset_flags=("--hf_assets_path", "--hf_model"),
         workarounds=("hf_rope_init",),
+        # Its trainer shards the flex BlockMask under CP only with the round-robin load
+        # balancer, and refuses torchtitan's default "headtail" saying so (0.3.0
+        # transformers_modeling_backend/trainer.py): users pass this.
+        cp_flags=("--parallelism.context_parallel_load_balancer", "ptrr"),
     ),
     BackendSpec(
         name="titan_native",

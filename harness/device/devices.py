@@ -112,6 +112,11 @@ class DeviceProfile:
     # CPU only. A CPU rank's start-up is mostly imports, the floor of every CPU-tier launch; an
     # accelerator rank's is its device's initialisation, which a fork must not copy.
     warm_start: bool = False
+    # Whether a test session may launch the runs its tests will read ahead of need, beside the
+    # ones its workers launch (harness/launch/prefetch.py): CPU only. A CPU launch mostly waits
+    # (rendezvous, checkpoint writes), so another one overlaps it; accelerator launches would
+    # share the devices.
+    prefetch: bool = False
 
     @property
     def compile_cache_dir(self) -> str | None:
@@ -241,6 +246,7 @@ def profile_for(kind: str) -> DeviceProfile:
         rank_env={"OMP_NUM_THREADS": "1"},
         shims=CPU_SHIMS,
         warm_start=True,
+        prefetch=True,
     )
 
 

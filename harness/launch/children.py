@@ -18,6 +18,14 @@ SESSION_ENV = "HARNESS_LAUNCHER_SESSION"
 SESSION_ID = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
+def act_for_parent() -> None:
+    """Mark what this process starts with the session of the process that started it (whose
+    environment carries ``SESSION_ENV``): for a helper that launches on a session's behalf (the
+    launch prefetcher, harness/launch/prefetch.py), so that session's end finds its runs too."""
+    global SESSION_ID
+    SESSION_ID = os.environ[SESSION_ENV]
+
+
 def marked_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """``base`` (default: this process's environment) with the session's marker and ``extra``."""
     return {**(os.environ if base is None else base), **extra, SESSION_ENV: SESSION_ID}

@@ -32,6 +32,7 @@ from harness.backends import BackendSpec, backend
 from harness.registry import paths
 from harness import plants
 from harness.registry.assets_twin import FULL_ASSETS_ENV
+from harness.launch import children
 from harness.launch.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
 from harness.backends import c4
 from harness.device.devices import DeviceProfile
@@ -336,6 +337,7 @@ def layout_flags(spec: RunSpec) -> tuple[str, ...]:
         "--training.local_batch_size", str(lay.local_batch_size),
         "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga),
         *(("--compile.enable", "--compile.components", ",".join(lay.compile)) if lay.compile else ()),
+        *(spec.spec.cp_flags if lay.cp > 1 else ()),
     )
     return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])
@@ -366,7 +368,7 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     if spec.size == "full" and spec.hf_assets_path and not spec.subject:
         env[FULL_ASSETS_ENV] = str(spec.hf_assets_path)
     env["PYTHONUNBUFFERED"] = "1"
-    env[SESSION_ENV] = SESSION_ID
+    env[SESSION_ENV] = children.SESSION_ID  # read now: a prefetcher acts for its parent's session
     python_path = [*spec.pythonpath, str(paths.REPO_ROOT)]
     workaround_shims = [known_issues.workaround(name).rank_shim for name in spec.all_workarounds]
     # A subject's config has torchtitan's own metrics processor: the ranks swap in the

@@ -25,13 +25,15 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from harness.device.devices import DeviceProfile
 from harness.launch.run import RunSpec, launch
 from harness.results.run_result import RunResult
 
 LEDGER = "launches.jsonl"
+# Beside a run's stored result once a test has read it (``unread_prefetches``).
+READ_MARK = ".read"
 # A pytest-xdist worker's own basetemp under the session's root (``<root>/popen-gwN``).
 WORKER_FOLDER = re.compile(r"popen-gw\d+")
 
@@ -73,18 +75,33 @@ class RunCache:
         self._results: dict[RunSpec, RunResult] = {}
 
     def get(self, spec: RunSpec) -> RunResult:
-        # A run of several nodes starts them all on this machine, with its own rendezvous.
-        if self.rendezvous and not spec.rendezvous and spec.nodes == 1:
-            spec = replace(spec, rendezvous=self.rendezvous)
+        spec = self._with_rendezvous(spec)
         if spec not in self._results:
             self._results[spec] = self._shared(spec)
         return self._results[spec]
 
-    def _shared(self, spec: RunSpec) -> RunResult:
+    def prefetch(self, spec: RunSpec) -> bool:
+        """Launch ``spec`` ahead of need (harness/launch/prefetch.py) unless it is stored or
+        being launched: whether it launched it. Whoever asks for it next reads its result."""
+        try:
+            return self._shared(self._with_rendezvous(spec), blocking=False) is not None
+        except Timeout:  # another process is launching it
+            return False
+
+    def _with_rendezvous(self, spec: RunSpec) -> RunSpec:
+        # A run of several nodes starts them all on this machine, with its own rendezvous.
+        if self.rendezvous and not spec.rendezvous and spec.nodes == 1:
+            spec = replace(spec, rendezvous=self.rendezvous)
+        return spec
+
+    def _shared(self, spec: RunSpec, blocking: bool = True) -> RunResult | None:
         run_dir = self.root / self._dirname(spec)
         stored = run_dir.with_name(run_dir.name + ".result.pickle")
-        with FileLock(str(run_dir.with_name(run_dir.name + ".lock"))):
+        with FileLock(str(run_dir.with_name(run_dir.name + ".lock")), blocking=blocking):
             if stored.is_file():
+                if not blocking:
+                    return None
+                run_dir.with_name(run_dir.name + READ_MARK).touch()
                 return pickle.loads(stored.read_bytes())
             before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
@@ -99,7 +116,10 @@ class RunCache:
                                          "name": spec.name, "pid": os.getpid(),
                                          "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
                                          "cpu_s": round(cpu_s, 2), "wall_s": round(wall_s, 2),
-                                         "started": result.started}) + "\n")
+                                         "started": result.started,
+                                         "prefetched": not blocking}) + "\n")
+            if blocking:
+                run_dir.with_name(run_dir.name + READ_MARK).touch()
             return result
 
     @staticmethod
@@ -146,3 +166,12 @@ def repeated_launches(root: Path) -> dict[str, int]:
     for entry in ledger_entries(root):
         folders.setdefault(entry.get("key") or entry["run"], []).append(entry["run"])
     return {" = ".join(sorted(set(runs))): len(runs) for runs in folders.values() if len(runs) > 1}
+
+
+def unread_prefetches(root: Path) -> list[str]:
+    """The runs the session whose temporary root is ``root`` launched ahead of need
+    (harness/launch/prefetch.py) that no test then read: each is a launch the session paid for
+    and used nowhere, i.e. the prefetcher's spec of a test differs from the test's own."""
+    root = Path(root)
+    return [entry["run"] for entry in ledger_entries(root) if entry.get("prefetched")
+            and not any(root.glob(f"*_runs/{entry['run']}{READ_MARK}"))]

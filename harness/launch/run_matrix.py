@@ -228,7 +228,7 @@ def _distinguishable(spec, size: str, attention: str) -> bool:
 # that applies to its model, on the tiers whose tiny runs have ranks to spread (the neuron
 # tier's layouts are its full-size configurations).
 LAYOUT_DEVICES = ("cpu", "cuda")
-LAYOUT_BACKENDS = ("titan_native", "nki_moe")
+LAYOUT_BACKENDS = ("hf_v5", "titan_native", "nki_moe")
 # The default tier's cheap form of each kind of layout, one launch each: TP and compile (of the
 # loss) on the dense model, EP, gradient accumulation and no activation checkpointing (the
 # routing counts' reference) on the MoE. Every other (backend, layout) runs in the slow tier.
@@ -257,7 +257,12 @@ class LayoutCase:
 
     @property
     def attention(self) -> str:
-        return self.layout_spec.attention or BACKENDS[self.backend].default_attention
+        """The attention the layout needs where the backend has it as a variant of its own (CP:
+        native Qwen3's flex); else the backend's default (the transformers backend has one
+        attention, whose kernel its generation chooses: flex on 0.3.0)."""
+        spec = BACKENDS[self.backend]
+        needed = self.layout_spec.attention
+        return needed if needed in spec.attention else spec.default_attention
 
     @property
     def model_kind(self) -> str:

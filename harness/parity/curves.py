@@ -19,12 +19,15 @@ _trajectories: dict = {}
 def reference_trajectory(model_dir, steps: int, mask: str, dp: int = 2,
                          rows_per_rank: int = 2) -> T.TrainRecord:
     """The reference trajectory on the global batches of ``dp`` data-parallel ranks reading
-    ``rows_per_rank`` rows per step (a tiny FSDP run: 2 x 2)."""
+    ``rows_per_rank`` rows per step (a tiny FSDP run: 2 x 2), masked as ``mask``: "document",
+    "row_causal" (a batch's form, ``Batch.masked_as``) or "causal" (the model's, ``load_hf``)."""
     key = (str(model_dir), steps, mask, dp, rows_per_rank)
     if key not in _trajectories:
-        batches = [[b.masked_as(mask) for b in ranks]
+        model_mask = "causal" if mask == "causal" else "document"
+        batches = [[b if mask == "causal" else b.masked_as(mask) for b in ranks]
                    for ranks in M.load_batches(model_dir, steps, dp=dp, local_batch_size=rows_per_rank)]
-        _trajectories[key] = T.train_reference(M.load_hf(model_dir), batches, total_steps=steps)
+        _trajectories[key] = T.train_reference(M.load_hf(model_dir, mask=model_mask), batches,
+                                               total_steps=steps)
     return _trajectories[key]
 
 

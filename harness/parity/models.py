@@ -224,7 +224,15 @@ def _hf_activation_modules(base: nn.Module, lm_head: nn.Module, arch: Qwen3Arch)
 
 
 def load_hf(model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
-            attn_implementation: str | None = None) -> ParityModel:
+            attn_implementation: str | None = None, mask: str = "document") -> ParityModel:
+    """transformers' model of ``model_dir``. ``mask``: how it masks a packed row whose
+    positions restart at each document: "document" (causal within each document: transformers'
+    packed-sequence detection, no attention_mask) or "causal" (causal over the whole row at
+    those positions: an all-ones attention_mask turns the detection off; 0.3.0's transformers
+    backend, known issue hf_v5-causal-mask-across-documents)."""
+    if mask not in ("document", "causal"):
+        raise ValueError(f"load_hf: mask {mask!r} is not one of document, causal (row_causal is "
+                         f"a batch's form: Batch.masked_as)")
     prepare_in_process()
     import transformers
 
@@ -237,11 +245,15 @@ def load_hf(model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
 
     def logits_fn(batch: Batch) -> torch.Tensor:
         # No attention_mask and no cache: transformers then derives the same-document causal
-        # mask from position_ids restarting (its packed-sequence detection).
-        return model(input_ids=batch.inputs, position_ids=batch.positions, use_cache=False).logits
+        # mask from position_ids restarting (its packed-sequence detection); an all-ones one
+        # masks causally over the row.
+        rows = torch.ones_like(batch.inputs) if mask == "causal" else None
+        return model(input_ids=batch.inputs, position_ids=batch.positions, attention_mask=rows,
+                     use_cache=False).logits
 
     mods, routers = _hf_activation_modules(model.model, model.lm_head, arch)
-    model_settings = effective.hf_settings(model, attn_mask=effective.DOCUMENT_CAUSAL)
+    model_settings = effective.hf_settings(
+        model, attn_mask=effective.DOCUMENT_CAUSAL if mask == "document" else "causal")
     model_settings["dtype"] = str(dtype)
     return ParityModel(
         name=f"hf:{type(model).__name__}", kind="hf", module=model, arch=arch, logits_fn=logits_fn,

@@ -194,6 +194,8 @@ KINDS: tuple[CheckKind, ...] = (
                E2E + "test_workflows.py::test_workflows_pass_linter",
                SELF + "test_parallel_tier.py::test_a_run_launched_twice_is_found",
                SELF + "test_parallel_tier.py::test_workers_for_a_selection",
+               SELF + "test_prefetch.py::test_the_runs_prefetched_are_the_ones_the_collected_tests_read_in_their_order",
+               SELF + "test_prefetch.py::test_a_run_launched_ahead_that_no_test_reads_is_named",
                SELF + "test_import_graph.py::test_harness_has_no_import_cycle",
                E2E + "test_assets_twin.py::test_fork_is_its_own_generation",
                SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test",

@@ -75,10 +75,13 @@ def layout_run(device_runs, steps, workarounds):
     return get
 
 
-def reference_of(case, steps):
+def reference_of(case, steps, result):
+    """The reference trajectory on the run's own batches, masked as the run's model masks
+    packed rows (the transformers backend: as its generation masks them)."""
+    from harness.checks.reference_forward import model_masking
+
     lay = case.layout_spec
-    mask = BACKENDS[case.backend].mask(case.attention)
-    return curves.reference_trajectory(_model_dir(case.backend), steps, mask,
+    return curves.reference_trajectory(_model_dir(case.backend), steps, model_masking(result),
                                        dp=lay.data_parallel, rows_per_rank=lay.rows_per_rank)
 
 
@@ -97,7 +100,7 @@ def test_layout_run(layout_case, check, layout_run, steps):
 
 def test_layout_follows_the_reference_trajectory(layout_case, layout_run, steps):
     result = layout_run(layout_case)
-    ref = reference_of(layout_case, steps)
+    ref = reference_of(layout_case, steps, result)
     reports = curves.curve_reports(layout_case.id, result, "reference (its own batches)", ref,
                                    _regime(layout_case.backend))
     _judge("first_step_loss", curves.curves_problem(reports, result.describe()), result,
@@ -111,7 +114,7 @@ def test_layout_saved_weights_are_the_reference_trajectorys(layout_case, layout_
     verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
     known_issues.settle(verdict, outcome.problem, result.describe())
     model_dir = _model_dir(layout_case.backend)
-    ref = reference_of(layout_case, steps)
+    ref = reference_of(layout_case, steps, result)
     saved = load_hf_tensors(sorted(set(result.hf_checkpoint_dirs))[-1])
     problem = curves.saved_weights_problem(layout_case.id, saved, load_hf_tensors(model_dir), ref,
                                            _regime(layout_case.backend))
@@ -209,7 +212,7 @@ def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_ru
 def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, steps):
     case = _case("titan_native", "tp")
     planted = layout_run(case, plants=("tp_partial_sums_unreduced",))
-    reports = curves.curve_reports(case.id, planted, "reference", reference_of(case, steps),
+    reports = curves.curve_reports(case.id, planted, "reference", reference_of(case, steps, planted),
                                    _regime(case.backend))
     assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"
 
