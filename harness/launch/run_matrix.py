@@ -78,6 +78,7 @@ TRAINING_STATE_DEVICES = ("cpu",)
 TRAINING_STATE_BACKEND = "nki_moe"
 TRAINING_STATE_STEPS = 3
 TRAINING_STATE_INTERVAL = 1
+TRAINING_STATE_OVERRIDES = ("--checkpoint.enable", "--checkpoint.interval", str(TRAINING_STATE_INTERVAL))
 
 
 def can_save_hf(backend: str) -> bool:
@@ -139,8 +140,7 @@ class RunCase:
         the case carries them."""
         spec = self.run_spec(self.suite_steps(steps), assets_root, workarounds, workdir, data_path)
         if self.carries_training_state:
-            spec = replace(spec, overrides=(*spec.overrides, "--checkpoint.enable", "--checkpoint.interval",
-                                            str(TRAINING_STATE_INTERVAL)))
+            spec = replace(spec, overrides=(*spec.overrides, *TRAINING_STATE_OVERRIDES))
         return spec
 
     def run_spec(self, steps: int, assets_root: str | None = None, workarounds=(),
@@ -314,18 +314,37 @@ def layout_table_markdown() -> str:
             else:
                 cell = "slow" if case.slow else "default"
             issues = [f"{i.name}{_generations(w)}" for i in known_issues.ISSUES for w in i.where
-                      if lay.name in w.layout and (not w.backend or name in w.backend)]
+                      if (lay.name in w.layout and (not w.backend or name in w.backend))
+                      or _stops_every_layout(w, name)]
             cells.append(cell + "".join(f"; known: `{text}`" for text in dict.fromkeys(issues)))
         rows.append(f"| `{lay.name}` | {lay.ranks} | " + " | ".join(cells) + " |")
-    for case in RESHARD_CASES:  # the training-state run's checkpoint, resumed elsewhere
-        ranks = case.ranks or LAYOUTS[case.layout].ranks
-        where = f"{ranks} rank{'s' * (ranks > 1)} (FSDP)" if case.layout == FSDP else f"`{case.layout}`"
-        tier = "slow" if case.slow else "default"
-        if case.ranks == RESHARD_UNEVEN_RANKS and case.slow:
-            tier += " (its planted run: default)"
-        cells = [tier if name == TRAINING_STATE_BACKEND else "not run" for name in backends]
+    resumed: dict[tuple, dict[str, ReshardCase]] = {}
+    for case in RESHARD_CASES:  # a training-state run's checkpoint, resumed elsewhere
+        resumed.setdefault((case.name, case.ranks, case.layout), {})[case.backend] = case
+    for (_, ranks, layout_name), by_backend in resumed.items():
+        ranks = ranks or LAYOUTS[layout_name].ranks
+        where = f"{ranks} rank{'s' * (ranks > 1)} (FSDP)" if layout_name == FSDP else f"`{layout_name}`"
+        cells = []
+        for name in backends:
+            case = by_backend.get(name)
+            if case is None:
+                cells.append("not run")
+                continue
+            tier = "slow" if case.slow else "default"
+            if case.ranks == RESHARD_UNEVEN_RANKS and case.slow and name == TRAINING_STATE_BACKEND:
+                tier += " (its planted run: default)"
+            issues = [f"{i.name}{_generations(w)}" for i in known_issues.ISSUES for w in i.where
+                      if w.check == "resume" and (not w.backend or name in w.backend)]
+            cells.append(tier + "".join(f"; known: `{text}`" for text in dict.fromkeys(issues)))
         rows.append(f"| resumed from 2 ranks at {where} | {ranks} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _stops_every_layout(where, backend: str) -> bool:
+    """A known issue that stops ``backend``'s tiny pretrained CPU run whatever its layout."""
+    return (where.check == "completed" and not where.layout and backend in where.backend
+            and all(not values or wanted in values for values, wanted in (
+                (where.size, "tiny"), (where.init, "pretrained"), (where.device, "cpu"))))
 
 
 def _generations(where) -> str:
@@ -336,19 +355,32 @@ def _generations(where) -> str:
 # Resharded resume (docs/layouts.md): the template's training-state run (2 ranks, FSDP, a full
 # checkpoint after every step but the last) resumed from its step-``TRAINING_STATE_INTERVAL``
 # checkpoint at another world size or layout.
+def training_state_spec(backend: str, steps: int, workarounds=()) -> RunSpec:
+    """``backend``'s CPU random-init run of the template as the training-state run is: a full
+    checkpoint after every step but the last. For ``TRAINING_STATE_BACKEND`` it is the
+    template's own run (one launch serves both); another backend's is a run of its own."""
+    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
+    if case.carries_training_state:
+        return case.suite_spec(steps, workarounds=workarounds)
+    spec = case.run_spec(TRAINING_STATE_STEPS, workarounds=workarounds)
+    return replace(spec, overrides=(*spec.overrides, *TRAINING_STATE_OVERRIDES))
+
+
 @dataclass(frozen=True)
 class ReshardCase:
-    """Where the training-state run's checkpoint is resumed: ``ranks`` under FSDP, or a layout
-    (harness/registry/layouts.py) at its own ranks."""
+    """Where a backend's training-state run's checkpoint is resumed: ``ranks`` under FSDP, or
+    a layout (harness/registry/layouts.py) at its own ranks."""
 
     name: str
     ranks: int | None = None  # FSDP over this many ranks; None: the layout's
     layout: str = "fsdp"
     slow: bool = False
+    backend: str = TRAINING_STATE_BACKEND
 
     @property
     def id(self) -> str:
-        return f"2-to-{self.name}"
+        own = "" if self.backend == TRAINING_STATE_BACKEND else f"{self.backend}-"
+        return f"{own}2-to-{self.name}"
 
 
 RESHARD_CASES = (
@@ -359,6 +391,11 @@ RESHARD_CASES = (
     ReshardCase("3", ranks=3, slow=True),
     ReshardCase("4", ranks=4, slow=True),
     ReshardCase("tp", layout="tp", slow=True),  # FSDP to tensor parallel 2
+    # The dense backends, each from a training-state run of its own, every case in the slow
+    # tier (vocab 2048 and hidden 128 are uneven over 3 ranks there too).
+    *(ReshardCase(name, ranks=ranks, layout=lay, slow=True, backend=backend)
+      for backend in ("hf_v5", "titan_native")
+      for name, ranks, lay in (("1", 1, "fsdp"), ("3", 3, "fsdp"), ("4", 4, "fsdp"), ("tp", None, "tp"))),
 )
 # The rank count of the default tier's planted run: the uneven one, where a row can be lost.
 RESHARD_UNEVEN_RANKS = 3

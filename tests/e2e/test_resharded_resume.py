@@ -27,7 +27,10 @@ Specification, per case:
   hidden 128, experts 32 over 3 ranks: FSDP's last shard is shorter), and a reshard that loses
   the last row of such a tensor (plant ``reshard_drops_uneven_row``) is caught.
 The default tier runs the 1-rank case and the planted 3-rank run (with its clean
-uninterrupted run); the slow tier the clean 3-rank, 4-rank and tensor-parallel cases.
+uninterrupted run); the slow tier the clean 3-rank, 4-rank and tensor-parallel cases, and the
+dense backends' (hf_v5, titan_native) cases, all four, each from a
+training-state run of its own (``run_matrix.training_state_spec``: vocab 2048 and hidden 128
+are uneven over 3 ranks there too).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ import pytest
 
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import (RESHARD_CASES, RESHARD_UNEVEN_RANKS, TRAINING_STATE_BACKEND,
-                                       ReshardCase)
-from harness.registry import dump_layout
+                                       ReshardCase, training_state_spec)
+from harness.registry import dump_layout, known_issues
 from harness.results import training_state as ts
 from tests.e2e.test_training_state import (QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, resume_findings,
                                            template_run_spec)
@@ -68,16 +71,28 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
     its step-1 checkpoint, the new layout resumed from the checkpoint itself); ``plants`` break
     the resumed run."""
     runs = device_runs("cpu")
-    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)
+    spec = training_state_spec(case.backend, steps, workarounds)
     first = _ok(runs.get(spec))
     saved = dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
     whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
-    uninterrupted = _ok(runs.get(resharded_spec(spec, whole, case)))
-    resumed = _ok(runs.get(resharded_spec(spec, saved, case, plants)))
+    uninterrupted = resumed_ok(runs.get(resharded_spec(spec, whole, case)))
+    resumed = resumed_ok(runs.get(resharded_spec(spec, saved, case, plants)))
     copy_differs = ts.differences(ts.load_dcp(saved), ts.load_dcp(whole))
     assert not copy_differs, f"the whole-tensor copy of {saved} differs: {copy_differs[:5]}"
     assert whole_and_sharded(saved, whole), f"{saved} holds no tensor in shards, or its copy does"
     return first, uninterrupted, resumed
+
+
+def resumed_ok(result):
+    """A resumed run that completed; one that a known issue stops is an xfail naming it (check
+    ``resume``, observed: its first error), any other failure fails."""
+    if not result.ok:
+        error = result.first_error() or ""
+        problem = f"{result.name} did not resume: {error or 'no error logged'}"
+        verdict = known_issues.judge("resume", problem, {"error": error}, result.workarounds,
+                                     **result.where())
+        known_issues.settle(verdict, problem, result.describe())
+    return result
 
 
 def whole_and_sharded(saved, whole) -> bool:
@@ -134,7 +149,8 @@ def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(d
 
 
 def test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught(device_runs, steps, workarounds):
-    case = next(c for c in RESHARD_CASES if c.ranks == RESHARD_UNEVEN_RANKS)
+    case = next(c for c in RESHARD_CASES
+                if c.ranks == RESHARD_UNEVEN_RANKS and c.backend == TRAINING_STATE_BACKEND)
     first, uninterrupted, planted = reshard_runs(device_runs, steps, workarounds, case,
                                                  plants=("reshard_drops_uneven_row",))
     assert reshard_findings(first, uninterrupted, planted), "a row lost in the reshard went unnoticed"
