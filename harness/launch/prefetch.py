@@ -12,7 +12,7 @@ results are the run cache's, bit for bit what the worker would have launched (th
 
 Which runs: the tests' parameters that name a run of the run matrix (``NEEDS``: a parameter
 name and the spec its fixture launches for it), on this device, tiny, in tests not marked to
-skip. Each spec is the fixture's own function of the case, so the two cannot drift; a run
+skip (a user's ``--subject`` config is left to its test). Each spec is the fixture's own function of the case, so the two cannot drift; a run
 launched ahead and read by no test fails the session (``run_cache.unread_prefetches``).
 
 ``start`` runs in one process of the session (the first pytest-xdist worker to claim it);
@@ -52,13 +52,17 @@ def needed_specs(items, device: str, steps: int, workarounds: tuple[str, ...]) -
             if case is None or getattr(case, "device", None) != device or getattr(case, "size", "tiny") != "tiny":
                 continue
             spec = spec_of(case, steps, workarounds)
-            if spec not in specs:
+            if spec is not None and spec not in specs:
                 specs.append(spec)
     return specs
 
 
 def _template_spec(case, steps, workarounds):
-    return case.suite_spec(steps, workarounds=workarounds)  # tests/e2e/conftest.py launched_run
+    """tests/e2e/conftest.py launched_run; a user's config function (``--subject``, a
+    ``SubjectCase``) is launched by its own test: its spec imports the user's module."""
+    if not hasattr(case, "suite_spec"):
+        return None
+    return case.suite_spec(steps, workarounds=workarounds)
 
 
 def _layout_spec(case, steps, workarounds):

@@ -3,7 +3,8 @@
 Specification:
 - the runs a session prefetches are the ones its collected tests read, by the fixtures' own
   spec of each run parameter (``NEEDS``), in the tests' order, each once; runs of another
-  device, full-size runs and tests marked to skip are left to their tests;
+  device, full-size runs, a user's ``--subject`` config and tests marked to skip are left to
+  their tests;
 - ``RunCache.prefetch`` launches a run that is neither stored nor being launched, and only
   then; the test that reads it later gets the stored result without a launch of its own;
 - a run launched ahead and read by no test fails the session, named
@@ -28,7 +29,8 @@ from harness.device.devices import DeviceProfile, profile_for
 from harness.launch import prefetch, run_cache
 from harness.launch.run import RunSpec
 from harness.launch.run_cache import LEDGER, RunCache, unread_prefetches
-from harness.launch.run_matrix import LayoutCase, RunCase
+from harness.launch.run_matrix import LayoutCase, RunCase, SubjectCase
+from harness.launch.subjects import Subject
 from harness.results.run_result import RunResult
 
 STEPS, WORKAROUNDS = 10, ("hf_block_causal",)
@@ -59,6 +61,7 @@ def test_the_runs_prefetched_are_the_ones_the_collected_tests_read_in_their_orde
         _Item(run_case=RunCase("cpu", "titan_native", "full", "pretrained", "sdpa")),  # full size
         _Item(marks=("skip",), run_case=RunCase("cpu", "titan_native", "tiny", "random", "sdpa")),
         _Item(reader=3),  # no run parameter
+        _Item(run_case=SubjectCase("cpu", Subject.parse("user_configs:native_tiny"))),  # --subject
     ]
     specs = prefetch.needed_specs(items, "cpu", STEPS, WORKAROUNDS)
     # tests/e2e/conftest.py launched_run and tests/parity/test_layouts.py layout_run
