@@ -257,6 +257,14 @@ def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdic
                               **run.where()), outcome
 
 
+def completed_or_known(run: RunResult, steps: int) -> RunResult:
+    """``run``, if it completed ``steps`` steps; an xfail naming the known issue that stopped it;
+    otherwise a failure saying what went wrong (for tests that read a run's steps)."""
+    result, outcome = verdict("completed", run, steps)
+    known_issues.settle(result, outcome.problem, run.describe())
+    return run
+
+
 def verdicts(run: RunResult, steps: int, checks=None) -> dict[str, tuple[known_issues.Verdict, Outcome]]:
     return {name: verdict(name, run, steps) for name in (checks or RUN_CHECKS)}
 

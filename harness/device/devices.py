@@ -81,6 +81,13 @@ def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: in
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
+# pyarrow's bundled jemalloc starts a background purging thread (``jemalloc_bg_thd``) as
+# pyarrow is imported (torchtitan's trainer imports datasets, which imports it). A process
+# with a second thread cannot fork a rank (a fork copies only the calling thread), so the warm
+# start (harness/rank/warm_start.py) could not preload datasets. Every CPU rank, warm or cold,
+# runs with that thread off, so both import alike; it frees memory later, computes nothing.
+# Still needed while pyarrow's jemalloc defaults to it (tests/selftest/test_warm_start.py).
+ARROW_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
 
 def worker_threads(workers: int, cpu_count: int | None) -> int | None:
@@ -243,7 +250,7 @@ def profile_for(kind: str) -> DeviceProfile:
         process_group_backend="gloo",
         ranks_per_node=2,
         device_count=1,
-        rank_env={"OMP_NUM_THREADS": "1"},
+        rank_env={THREADS_ENV: "1", **ARROW_ENV},
         shims=CPU_SHIMS,
         warm_start=True,
         prefetch=True,

@@ -389,6 +389,14 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     return env
 
 
+def run_patches(env: dict[str, str], profile: DeviceProfile) -> frozenset[str]:
+    """The modules a run's ranks patch as they import them, beyond what the device's shims
+    patch: its own shims' (workarounds, the sink) and its plants'."""
+    own = [n for n in env.get(SHIMS_ENV, "").split(",") if n and n not in profile.shims]
+    planted = [n for n in env.get(PLANTS_ENV, "").split(",") if n]
+    return shim_install.targets(own) | plants.targets(planted)
+
+
 def kill_tree(root_pid: int, grace_s: float = 10.0) -> None:
     """SIGTERM the launcher's process group and every descendant, then SIGKILL survivors."""
     kill_trees((root_pid,), grace_s)
@@ -517,7 +525,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     env = rank_environment(spec, profile)
     why_cold = "" if profile.warm_start else f"{profile.kind} ranks start cold"
     if profile.warm_start and spec.start == "warm":
-        warm_socket, why_cold = warm.socket_for(env, profile.shims)
+        warm_socket, why_cold = warm.socket_for(env, profile.shims, run_patches(env, profile))
         if warm_socket:
             env[warm.SOCKET_ENV] = warm_socket
     elif spec.start == "cold":

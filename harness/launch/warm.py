@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.launch.children import SESSION_ENV
-from harness.rank.warm_start import (IMPORTED_ENV, SHIMS_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
+from harness.rank.warm_start import (IMPORTED_ENV, MODULES_FILE, SHIMS_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
                                     USED_CPU, ZYGOTE_ENV, per_run, refusal)
 
 MAX_ZYGOTES = 4
@@ -39,10 +39,18 @@ class Zygote:
     log: Path
     env: dict  # as it started
     imported_env: dict  # what its imports set in its environment
+    modules: frozenset = frozenset()  # what it imported before serving
 
     def serves(self, rank_env: dict[str, str]) -> bool:
         """Whether it forks ranks of ``rank_env`` (torchrun's own variables aside)."""
         return self.process.poll() is None and refusal(self.env, rank_env, self.imported_env) is None
+
+    def too_late_for(self, patched: frozenset) -> str:
+        """Why a run that patches the modules ``patched`` must start cold here ("" if not): its
+        patch of a module the zygote imported would act after the import, not as a cold rank's."""
+        late = sorted(patched & self.modules)
+        return (f"the run patches {', '.join(late)}, which the zygote imported before the run's "
+                "patches could act on it") if late else ""
 
 
 _ZYGOTES: list[Zygote] = []
@@ -69,9 +77,11 @@ def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) 
     return env
 
 
-def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple[str | None, str]:
+def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...],
+               patched: frozenset = frozenset()) -> tuple[str | None, str]:
     """(the socket of a serving zygote for ``rank_env``, started now if need be, ""); or
-    (None, why the ranks start cold)."""
+    (None, why the ranks start cold). ``patched``: the modules the run's own shims and plants
+    act on as they are imported (beyond the device's, which the zygote installed first)."""
     while _PENDING:
         zygote = _PENDING.pop()
         if _ready(zygote):
@@ -82,7 +92,8 @@ def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple
     # as its process imports (inductor sets its cache folder), and so did the zygote's.
     for zygote in _ZYGOTES:
         if zygote.serves(rank_env):
-            return zygote.socket, ""
+            late = zygote.too_late_for(patched)
+            return (None, late) if late else (zygote.socket, "")
     env = zygote_environment(rank_env, device_shims)
     key = frozenset(env.items())
     if key in _FAILED:
@@ -96,7 +107,8 @@ def socket_for(rank_env: dict[str, str], device_shims: tuple[str, ...]) -> tuple
         _FAILED.add(key)
         return None, "its zygote failed to start"
     _ZYGOTES.append(zygote)
-    return zygote.socket, ""
+    late = zygote.too_late_for(patched)
+    return (None, late) if late else (zygote.socket, "")
 
 
 def _spawn(env: dict[str, str]) -> Zygote:
@@ -127,6 +139,7 @@ def _ready(zygote: Zygote) -> bool:
             for line in said.splitlines():
                 if line.startswith(IMPORTED_ENV):
                     zygote.imported_env = json.loads(line[len(IMPORTED_ENV):])
+            zygote.modules = frozenset((zygote.folder / MODULES_FILE).read_text().split())
             return True
         time.sleep(0.05)
     said = log.read_text(errors="replace")[-400:]

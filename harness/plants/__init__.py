@@ -118,6 +118,12 @@ def install_in_ranks(names) -> None:
         after_import(module, apply)
 
 
+def targets(names) -> frozenset[str]:
+    """The modules the patch plants ``names`` act on (a warm rank's zygote must not have
+    imported one of them before the plant could act on it, harness/launch/warm.py)."""
+    return frozenset(plant(n).patch[0] for n in check_patch_names(names))
+
+
 def install_from_env() -> None:
     install_in_ranks([n for n in os.environ.get(ENV_VAR, "").split(",") if n])
 

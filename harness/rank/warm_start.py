@@ -15,11 +15,16 @@ child's status (or dies of the child's signal).
 What may differ between a warm and a cold rank is only what the zygote imported before the
 rank's own shims, plants and observers were installed. Hence:
 
-- ``PRELOAD`` holds third-party packages only: never torchtitan, transformers or the harness,
-  which the run-specific patches act on as they are imported (harness/upstream/install.py);
-  the zygote checks this, and that it runs no second thread (a fork copies only the calling
-  thread), and refuses to serve otherwise.
-- The device's shims are installed in the zygote before it imports anything, as in a cold rank.
+- ``PRELOAD`` holds third-party packages only: never torchtitan or the harness, which the
+  run-specific patches act on as they are imported (harness/upstream/install.py); the zygote
+  checks this, and that it runs no second thread (a fork copies only the calling thread), and
+  refuses to serve otherwise.
+- The device's shims are installed in the zygote before it imports anything, as in a cold rank,
+  so the device's patches of a preloaded package (transformers' flex attention on CPU) acted as
+  it was imported.
+- A run whose own shims or plants patch a module the zygote imported starts its ranks cold: the
+  zygote lists what it imported (``MODULES_FILE``), the launcher compares
+  (harness/launch/warm.py).
 - ``refusal`` compares the rank's environment with the zygote's: every variable the zygote
   started with must be the rank's, and the rank may add only what torchrun and the harness set
   per run (``PER_RUN``); anything else (another thread count, another path) starts the rank
@@ -66,11 +71,16 @@ PRELOAD = (
     "huggingface_hub",
     "fsspec",
     "sympy",
+    # torchtitan's trainer imports datasets (pyarrow's allocator thread is off in CPU ranks:
+    # harness/device/devices.py ARROW_ENV); the transformers backend's model imports these.
+    "datasets",
+    "transformers",
+    "transformers.models.qwen3.modeling_qwen3",
 )
-# Not preloaded: datasets and pandas import pyarrow, whose allocator starts a background thread.
 # Packages the zygote must not have imported: the run-specific patches act on them as they are
 # first imported (in the forked rank).
-NEVER_PRELOADED = ("torchtitan", "transformers", "harness.plants", "harness.rank.observers")
+NEVER_PRELOADED = ("torchtitan", "harness.plants", "harness.rank.observers")
+MODULES_FILE = "modules"  # beside its socket: the modules the zygote imported, one per line
 
 # What torchrun sets in each worker (torch.distributed.elastic's agent), beyond what it inherits.
 TORCHRUN_SET = frozenset({
@@ -288,6 +298,8 @@ def serve(socket_path: str) -> None:
     launcher = os.getppid()
     zygote_env = dict(os.environ)  # as started: what a rank's environment is compared with
     problem = _preload()
+    with open(os.path.join(os.path.dirname(socket_path), MODULES_FILE), "w") as listing:
+        listing.write("\n".join(sorted(sys.modules)))
     imported_env = {k: v for k, v in os.environ.items() if zygote_env.get(k) != v}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)

@@ -48,9 +48,14 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+_RECORDING: list[set[str]] = []  # ``targets`` is asking which modules the shims patch
+
+
 def after_import(module_name: str, patch: Callable[[ModuleType], None]) -> None:
     """Run ``patch(module)`` right after ``module_name`` is first imported."""
-    if module_name in sys.modules:
+    if _RECORDING:
+        _RECORDING[-1].add(module_name)
+    elif module_name in sys.modules:
         patch(sys.modules[module_name])
     else:
         sys.meta_path.insert(0, _PostImportHook(module_name, patch))
@@ -174,6 +179,22 @@ def install(names: list[str]) -> None:
         if name not in _INSTALLED:
             SHIMS[name]()
             _INSTALLED.add(name)
+
+
+def targets(names) -> frozenset[str]:
+    """The modules the shims ``names`` patch (as their installers name them; nothing is
+    installed). A warm rank's zygote must not have imported one of them before the rank's own
+    shims act on it (harness/launch/warm.py)."""
+    unknown = [n for n in names if n not in SHIMS]
+    if unknown:
+        raise ValueError(f"unknown upstream shim(s) {unknown}; known: {sorted(SHIMS)}")
+    _RECORDING.append(set())
+    try:
+        for name in names:
+            SHIMS[name]()
+    finally:
+        recorded = _RECORDING.pop()
+    return frozenset(recorded)
 
 
 def install_from_env() -> None:

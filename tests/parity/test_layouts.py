@@ -68,10 +68,7 @@ def layout_run(device_runs, steps, workarounds):
                         f"has {profile.ranks_per_node}")
         if plants:
             spec = replace(spec, plants=tuple(plants))
-        result = device_runs(case.device).get(spec)
-        verdict, outcome = checks.verdict("completed", result, steps)
-        known_issues.settle(verdict, outcome.problem, result.describe())
-        return result
+        return checks.completed_or_known(device_runs(case.device).get(spec), steps)
     return get
 
 

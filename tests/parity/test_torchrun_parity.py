@@ -66,9 +66,7 @@ def run(backend_runs, device_profile, steps, workarounds):
         names = tuple(only) if only is not None else tuple(dict.fromkeys((*workarounds, *extra)))
         spec = RunCase(device_profile.kind, backend, "tiny", "pretrained", attention).run_spec(
             steps, None, names)
-        result = backend_runs.get(spec)
-        verdict, outcome = checks.verdict("completed", result, steps)
-        known_issues.settle(verdict, outcome.problem, result.describe())
+        result = checks.completed_or_known(backend_runs.get(spec), steps)
         if not result.ok or len(result.steps) != steps:
             from harness.results.run_result import RunFailed
 

@@ -20,9 +20,10 @@ import time
 import psutil
 import pytest
 
-from harness.device.devices import detect
+from harness import plants
+from harness.device.devices import ARROW_ENV, detect
 from harness.launch import warm
-from harness.launch.run import RunSpec, rank_environment
+from harness.launch.run import RunSpec, rank_environment, run_patches
 from harness.rank.warm_start import STARTED_COLD, STARTED_WARM, TORCHRUN_SET, USED_CPU, refusal
 
 ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "HARNESS_SHIMS": "cpu_device,gloo_reduce_op",
@@ -146,3 +147,32 @@ def test_the_hand_over_imports_nothing_heavy():
                            "('torch', 'numpy', 'torchtitan', 'transformers')))"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_run_that_patches_what_the_zygote_imported_starts_cold_and_says_which(worker_env):
+    """The zygote imported transformers (the device's shims acting first); a run's own patch of
+    a module it imported would act after that import, not as a cold rank's does."""
+    profile = detect("cpu")
+    zygote = next(z for z in warm._ZYGOTES if z.socket == worker_env[warm.SOCKET_ENV])
+    assert "transformers.models.qwen3.modeling_qwen3" in zygote.modules
+    assert not any(m.split(".")[0] == "torchtitan" for m in zygote.modules)
+    in_transformers = next(p.name for p in plants.of("patch") if p.patch[0].startswith("transformers."))
+    planted = rank_environment(RunSpec("hf_v5", plants=(in_transformers,)), profile)
+    assert run_patches(planted, profile) >= {"transformers.models.qwen3.modeling_qwen3"}
+    socket, why = warm.socket_for(planted, profile.shims, run_patches(planted, profile))
+    assert socket is None and "transformers.models.qwen3.modeling_qwen3" in why, why
+    # the device's own shims are not the run's: the backend's run itself starts warm
+    plain = rank_environment(RunSpec("hf_v5"), profile)
+    assert not any(m.startswith("transformers") for m in run_patches(plain, profile))
+    assert warm.socket_for(plain, profile.shims, run_patches(plain, profile))[0] == zygote.socket
+
+
+def test_pyarrow_starts_its_allocator_thread_unless_a_cpu_rank_turns_it_off():
+    """Still needed (harness/device/devices.py ARROW_ENV): without it, a process that imported
+    datasets has a second thread and cannot be a zygote."""
+    count = ("import os, pyarrow; print(len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if k not in ARROW_ENV} | {"OMP_NUM_THREADS": "1"}
+    threads = [int(subprocess.run([sys.executable, "-c", count], env=e, capture_output=True,
+                                  text=True, timeout=120, check=True).stdout)
+               for e in (env, env | ARROW_ENV)]
+    assert threads == [2, 1], threads
