@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from harness.upstream import hf_masking
 from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
 from harness.registry.dump_layout import initial_weights_dir, load_batches
 from harness.registry.expectations import MissingExpectation, RunForwards
@@ -58,8 +59,8 @@ def rank_ce_sums(model, batches, mask: str) -> list[torch.Tensor]:
         for inputs, positions, labels in batches:
             if mask == "row_causal" or positions is None:
                 positions = torch.arange(inputs.shape[1]).expand_as(inputs)
-            attention = None if mask == "document" else torch.ones_like(inputs)
-            logits = model(input_ids=inputs, position_ids=positions, attention_mask=attention,
+            logits = model(input_ids=inputs, position_ids=positions,
+                           attention_mask=hf_masking.attention_mask(inputs, mask),
                            use_cache=False).logits
             sums.append(rank_ce_sum(logits, labels))
     return sums

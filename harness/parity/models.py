@@ -36,7 +36,7 @@ from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
 from harness.registry.hf_config import Qwen3Arch, normalized_hf_dict
 from harness.registry import paths
-from harness.upstream import titan_api
+from harness.upstream import hf_masking, titan_api
 
 
 @dataclass
@@ -244,12 +244,8 @@ def load_hf(model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
     arch = Qwen3Arch.from_dir(model_dir)
 
     def logits_fn(batch: Batch) -> torch.Tensor:
-        # No attention_mask and no cache: transformers then derives the same-document causal
-        # mask from position_ids restarting (its packed-sequence detection); an all-ones one
-        # masks causally over the row.
-        rows = torch.ones_like(batch.inputs) if mask == "causal" else None
-        return model(input_ids=batch.inputs, position_ids=batch.positions, attention_mask=rows,
-                     use_cache=False).logits
+        return model(input_ids=batch.inputs, position_ids=batch.positions,
+                     attention_mask=hf_masking.attention_mask(batch.inputs, mask), use_cache=False).logits
 
     mods, routers = _hf_activation_modules(model.model, model.lm_head, arch)
     model_settings = effective.hf_settings(

@@ -165,3 +165,26 @@ def test_native_sdpa_matches_on_row_positions(dense_sdpa, dense_batch, a, b):
     table, _ = settings_table(a, dense_sdpa[a].settings, b, dense_sdpa[b].settings)
     report = compare.compare_activations(a, acts_a, b, acts_b, _tol_for("float32"), 0.0, table)
     assert report.ok, compare.parity_message(report.format())
+
+
+def test_transformers_masks_a_packed_row_as_asked(dense_dir, dense_models, dense_sdpa, dense_batch):
+    """harness/upstream/hf_masking.py: no attention_mask, transformers masks each packed
+    document on its own (the reference's document mask); an all-ones one, causally over the
+    whole row at the same per-document positions (the reference's causal mask). On a packed
+    row the two differ, so a reference masked the wrong way is told apart."""
+    import torch
+
+    from harness.parity import models as M
+
+    logits = {"document": dense_models["hf"].logits(dense_batch),
+              "causal": M.load_hf(dense_dir, mask="causal").logits(dense_batch)}
+    references = {"document": dense_models["reference"].logits(dense_batch),
+                  "causal": dense_sdpa["reference_causal"].logits(dense_batch)}
+    band = tolerance("logits", "float32")
+
+    def apart(a, b) -> float:  # how far beyond the band (negative: within it)
+        return float((a - b).abs().max()) - band.bound(float(b.abs().max()))
+
+    for mask in logits:
+        assert apart(logits[mask], references[mask]) <= 0, mask
+    assert apart(logits["document"], logits["causal"]) > 0
