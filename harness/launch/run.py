@@ -81,6 +81,10 @@ class RunSpec:
     # How the run spreads a step over its ranks (harness/registry/layouts.py); its ranks and
     # global batch are the layout's.
     layout: str = FSDP
+    # A full-size layout's tensor-parallel degree where the run's model cannot take the layout's
+    # (the assets twin's 2 KV heads: harness/launch/run_matrix.py TWIN_TENSOR_PARALLEL); None:
+    # the layout's.
+    tensor_parallel: int | None = None
     # Nodes the ranks are spread over, each its own torchrun agent on this machine (CPU): the
     # run's ranks (``ranks``) split evenly, node i holding global ranks i*per_node.. .
     nodes: int = 1
@@ -115,11 +119,11 @@ class RunSpec:
                              f"rendezvous itself; rendezvous options {self.rendezvous} are for one "
                              f"torchrun per host (leave nodes=1 there)")
         if self.layout != FSDP:
-            if self.subject is not None or self.size != "tiny":
-                raise ValueError(f"layout {self.layout!r}: the layouts run the registered "
-                                 f"backends' tiny models (a layout's ranks and batch are sized "
-                                 f"for them); {self.name} is not one")
             entry = self.layout_spec
+            if self.subject is not None or self.size not in entry.sizes:
+                raise ValueError(f"layout {self.layout!r} runs the registered backends' "
+                                 f"{' and '.join(entry.sizes)} models (its ranks and batch are "
+                                 f"sized for them); {self.name} is not one")
             if not entry.applies_to(self.model_kind):
                 raise ValueError(f"layout {self.layout!r} applies to {entry.kinds} models; "
                                  f"{self.backend}/{self.size} is {self.model_kind}")
@@ -131,6 +135,9 @@ class RunSpec:
             raise ValueError(f"{self.backend}/{self.size}: init must be one of "
                              f"{self.size_spec.inits}, not {self.init!r}")
         spec.config_name(self.size, self.attention)  # validates size and attention
+        if self.tensor_parallel is not None and (self.layout == FSDP or self.size != "full"):
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} changes a full-size layout's "
+                             f"degree; {self.name} has none (give the tiny runs a layout instead)")
 
     @property
     def spec(self) -> BackendSpec:
@@ -192,9 +199,10 @@ class RunSpec:
         """Ranks of this run on one node: asked for, else the size's (never more than the node
         has: a 1-GPU host runs the tiny models on one rank and asks for the dp1 expectation)."""
         wanted = (2 if self.size == "tiny" else None) if self.subject else self.size_spec.nproc
-        if self.layout != FSDP and profile.kind == "cpu":
+        tiny_layout = self.layout != FSDP and self.size == "tiny"  # full size: the size's ranks
+        if tiny_layout and profile.kind == "cpu":
             return self.nproc or self.layout_spec.ranks  # CPU ranks are processes: any count
-        if self.layout != FSDP:
+        if tiny_layout:
             wanted = self.layout_spec.ranks
         return self.nproc or min(wanted or profile.ranks_per_node, profile.ranks_per_node)
 
@@ -322,24 +330,27 @@ def free_port() -> int:
 
 def layout_flags(spec: RunSpec) -> tuple[str, ...]:
     """The command line of ``spec``'s layout (none for FSDP, the configs' own): the parallel
-    degrees, the batch that keeps the tiny run's global batch, compile, and what the
-    generation spells its own way (``titan_api.layout_overrides``)."""
+    degrees, at tiny size the batch that keeps the tiny run's global batch (a full-size layout
+    keeps the size's local batch, as users run it), compile, and what the generation spells its
+    own way (``titan_api.layout_overrides``)."""
     if spec.layout == FSDP:
         return ()
     from harness.upstream import titan_api
 
     lay = spec.layout_spec
+    tp = spec.tensor_parallel or lay.tp
     flags = (
-        "--parallelism.tensor_parallel_degree", str(lay.tp),
+        "--parallelism.tensor_parallel_degree", str(tp),
         "--parallelism.context_parallel_degree", str(lay.cp),
         "--parallelism.expert_parallel_degree", str(lay.ep),
         "--parallelism.data_parallel_replicate_degree", str(lay.replicate),
-        "--training.local_batch_size", str(lay.local_batch_size),
-        "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga),
+        *(("--training.local_batch_size", str(lay.local_batch_size),
+           "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga))
+          if spec.size == "tiny" else ()),
         *(("--compile.enable", "--compile.components", ",".join(lay.compile)) if lay.compile else ()),
         *(spec.spec.cp_flags if lay.cp > 1 else ()),
     )
-    return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, ac=lay.ac,
+    return flags + titan_api.layout_overrides(tp=tp, ep=lay.ep, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])
 
 

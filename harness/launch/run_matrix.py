@@ -19,6 +19,7 @@ from harness.launch.run import RunSpec
 from harness.upstream.titan_api import generation
 from harness.launch.subjects import Subject, infer
 from harness.registry.assets_twin import full_size_assets_dir
+from harness.registry.layouts import FSDP
 
 # Per-run timeouts by device and size (harness/device/devices.py TIMEOUTS_S: a cold compile on
 # neuron). Every neuron run at its timeout must fit the nightly test step's limit
@@ -32,6 +33,13 @@ TINY_TIMEOUT_S = TIMEOUTS_S["cpu"]["tiny"]
 # rules dominate it (hf_v5-tied-embedding-init-scale), as at tiny size.
 TWIN_DEVICES = ("cpu",)
 TWIN_OVERRIDES = ("--training.seq_len", "256")
+# The tensor-parallel degree of a full-size layout on the twin, whose model (the tiny dense one)
+# has 2 KV heads: tensor parallelism splits them at most 2 ways (trn2 runs the layout's own).
+TWIN_TENSOR_PARALLEL = 2
+# The neuron tier's full-size layouts (harness/registry/layouts.py sizes "full"): the dense
+# backends' pretrained runs in them, beside the source's FSDP runs: native Qwen3, whose
+# config the recipe is (torchtitan_neuron.models.qwen3 qwen3_8b_tp4_fsdp16_sac).
+FULL_LAYOUT_BACKENDS = ("titan_native",)
 # Full-size runs read the source's data: C4 as spring-2026's qwen3_32b() loads it (torchtitan's
 # "c4" dataset), always with an explicit path (harness/backends/c4.py): a local copy (--c4-path;
 # the twin's default is fixtures/c4, allenai/c4's layout) or the Hub's repository.
@@ -97,12 +105,15 @@ class RunCase:
     # A variant whose expected step-1 loss its band cannot tell from the default variant's
     # tells nothing a commit needs: it runs in the slow tier (``cases`` decides, from data).
     slow: bool = False
+    # A full-size layout (the neuron tier's recipe); the tiny layouts are ``LayoutCase``s.
+    layout: str = FSDP
 
     @property
     def id(self) -> str:
         default = BACKENDS[self.backend].default_attention
         attention = "" if self.attention == default else f"-{self.attention}"
-        return f"{self.device}-{self.backend}-{self.size}{attention}-{self.init}"
+        at = "" if self.layout == FSDP else f"@{self.layout}"
+        return f"{self.device}-{self.backend}-{self.size}{attention}-{self.init}{at}"
 
     @property
     def runs_on(self) -> str:
@@ -166,7 +177,8 @@ class RunCase:
                        workarounds=tuple(workarounds), hf_assets_path=assets,
                        nproc=2 if self.twin else None, overrides=overrides,
                        data=self.data, data_path=data_path if self.data == SOURCE_DATA else None,
-                       timeout_s=self.timeout_s)
+                       timeout_s=self.timeout_s, layout=self.layout,
+                       tensor_parallel=TWIN_TENSOR_PARALLEL if self.twin and self.layout != FSDP else None)
 
 
 @dataclass(frozen=True)
@@ -206,7 +218,19 @@ def cases(devices=KINDS) -> list[RunCase]:
                         if default or (size == "tiny" and init == "pretrained"):
                             slow = not default and not _distinguishable(spec, size, attention)
                             out.append(RunCase(device, spec.name, size, init, attention, slow))
+                if size == "full" and spec.name in FULL_LAYOUT_BACKENDS:
+                    # the cpu tier's is the assets twin's (slow tier); the rehearsed night's too
+                    out += [RunCase(device, spec.name, size, "pretrained", spec.default_attention,
+                                    slow=runs_on(device) in TWIN_DEVICES and device != "neuron",
+                                    layout=lay) for lay in full_layouts(RunSpec(spec.name).model_kind)]
     return out
+
+
+def full_layouts(kind: str) -> list[str]:
+    """The full-size layouts (the neuron tier's) that apply to a ``kind`` model."""
+    from harness.registry.layouts import LAYOUTS
+
+    return [lay.name for lay in LAYOUTS.values() if "full" in lay.sizes and lay.applies_to(kind)]
 
 
 def _distinguishable(spec, size: str, attention: str) -> bool:
@@ -277,17 +301,20 @@ class LayoutCase:
 
 
 def layout_cases(devices=LAYOUT_DEVICES) -> list[LayoutCase]:
-    from harness.registry.layouts import FSDP, LAYOUTS
+    from harness.registry.layouts import LAYOUTS
 
     out = []
     for device in devices:
         for name in LAYOUT_BACKENDS:
             kind = RunSpec(name).model_kind
             for lay in LAYOUTS.values():
-                if lay.name != FSDP and lay.applies_to(kind):
+                if lay.name != FSDP and lay.applies_to(kind) and "tiny" in lay.sizes:
                     slow = lay.slow or (name, lay.name) not in DEFAULT_TIER_LAYOUTS
                     out.append(LayoutCase(device, name, lay.name, slow))
     return out
+
+
+KIND_NAMES = {"dense": "dense", "moe": "MoE"}
 
 
 def layout_table_markdown() -> str:
@@ -295,27 +322,33 @@ def layout_table_markdown() -> str:
     cuda; ``slow``: the slow tier) and the known issues recorded for that backend and layout
     (harness/registry/known_issues/), with the generations they apply to; tests/selftest/
     test_doc_links.py holds the README to it."""
-    from harness.registry.layouts import FSDP, LAYOUTS
+    from harness.registry.layouts import LAYOUTS
 
     backends = list(BACKENDS)
     rows = ["| layout | ranks | " + " | ".join(f"`{b}`" for b in backends) + " |",
             "|---|---|" + "---|" * len(backends)]
     run = {(c.backend, c.layout): c for c in layout_cases(("cpu",))}
+    run |= {(c.backend, c.layout): c for c in cases(("neuron",)) if c.layout != FSDP}
     for lay in LAYOUTS.values():
         cells = []
+        full = "tiny" not in lay.sizes
         for name in backends:
             case = run.get((name, lay.name))
             if lay.name == FSDP:
                 cell = "the run template"
             elif case is None:
                 kind = RunSpec(name).model_kind
-                cells.append("n/a (MoE only)" if not lay.applies_to(kind) else "not run")
+                cells.append(f"n/a ({', '.join(KIND_NAMES[k] for k in lay.kinds)} only)"
+                             if not lay.applies_to(kind) else
+                             "n/a (a native Qwen3 recipe)" if full else "not run")
                 continue
+            elif full:
+                cell = "neuron (nightly, full size; its CPU twin: slow)"
             else:
                 cell = "slow" if case.slow else "default"
             issues = [f"{i.name}{_generations(w)}" for i in known_issues.ISSUES for w in i.where
                       if (lay.name in w.layout and (not w.backend or name in w.backend))
-                      or _stops_every_layout(w, name)]
+                      or _stops_every_layout(w, name, *(("full", "neuron") if full else ()))]
             cells.append(cell + "".join(f"; known: `{text}`" for text in dict.fromkeys(issues)))
         rows.append(f"| `{lay.name}` | {lay.ranks} | " + " | ".join(cells) + " |")
     resumed: dict[tuple, dict[str, ReshardCase]] = {}
@@ -340,11 +373,12 @@ def layout_table_markdown() -> str:
     return "\n".join(rows)
 
 
-def _stops_every_layout(where, backend: str) -> bool:
-    """A known issue that stops ``backend``'s tiny pretrained CPU run whatever its layout."""
+def _stops_every_layout(where, backend: str, size: str = "tiny", device: str = "cpu") -> bool:
+    """A known issue that stops ``backend``'s pretrained run (of ``size`` on ``device``)
+    whatever its layout."""
     return (where.check == "completed" and not where.layout and backend in where.backend
             and all(not values or wanted in values for values, wanted in (
-                (where.size, "tiny"), (where.init, "pretrained"), (where.device, "cpu"))))
+                (where.size, size), (where.init, "pretrained"), (where.device, device))))
 
 
 def _generations(where) -> str:

@@ -44,6 +44,10 @@ class Layout:
     kinds: tuple[str, ...] = MODEL_KINDS  # the model kinds it applies to (EP: MoE only)
     attention: str | None = None  # an attention it needs (CP: flex); None: the backend's default
     slow: bool = False  # the slow tier's (4 ranks); the default tier runs the cheap forms
+    # The sizes it runs at: "tiny" (its ranks and global batch as above: the cpu and cuda
+    # tiers) or "full" (the device's ranks at the size's own local batch, as users run it: the
+    # neuron tier's configurations; ``ranks`` is then a trn2.48xlarge's).
+    sizes: tuple[str, ...] = ("tiny",)
 
     @property
     def data_parallel(self) -> int:
@@ -67,7 +71,10 @@ class Layout:
     @property
     def same_batches_as_fsdp(self) -> bool:
         """Whether its global batches are the FSDP run's, row for row: each data-parallel rank
-        reads the same shard of the data, the same rows per step."""
+        reads the same shard of the data, the same rows per step. A full-size layout reads the
+        size's local batch on fewer data-parallel ranks: other rows."""
+        if "tiny" not in self.sizes:
+            return False
         fsdp = LAYOUTS[FSDP]
         return (self.data_parallel, self.rows_per_rank) == (fsdp.data_parallel, fsdp.rows_per_rank)
 
@@ -93,6 +100,13 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True),
     Layout("fsdp+ep", "FSDP 4 with expert parallel 2 (MoE)", ranks=4, ep=2, kinds=("moe",),
            slow=True),
+    # TorchTitan Neuron's Qwen3 recipe (its basic-training tutorial's qwen3_8b_tp4_fsdp16_sac:
+    # tensor parallel 4, data-parallel shard degree -1, selective activation checkpointing), at
+    # full size on the neuron tier's 64 ranks. The CPU assets twin runs it at TP 2 (its 2 KV
+    # heads: harness/launch/run_matrix.py TWIN_TENSOR_PARALLEL).
+    Layout("tp4+fsdp", "TorchTitan Neuron's Qwen3 recipe: tensor parallel 4 x FSDP 16, selective "
+           "activation checkpointing (full size)", ranks=64, tp=4, ac="selective",
+           kinds=("dense",), sizes=("full",)),
 )}
 
 

@@ -230,6 +230,10 @@ def _backend_pair(a: RunResult, b: RunResult) -> Pair:
 
 def _layout_pair(run: RunResult, fsdp: RunResult) -> Pair:
     entry = layout(run.layout)
+    if "tiny" not in entry.sizes:
+        return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
+                    "other batches than the FSDP run (the size's local batch on fewer data-parallel "
+                    "ranks): its step-1 loss is held to the HF forward on its own batches")
     if not entry.same_batches_as_fsdp:
         return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
                     f"other batches than the FSDP run ({entry.data_parallel} data-parallel ranks x "

@@ -49,9 +49,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _published(case) -> bool:
     """Whether the source published a number for this run, on the data the run reads, on the
-    device it runs on (its stand-in in the rehearsal: the CPU twin's recorded stand-ins)."""
+    device it runs on (its stand-in in the rehearsal: the CPU twin's recorded stand-ins), in
+    the source's layout (FSDP over every rank: another layout reads other rows per step)."""
     from harness.backends import BACKENDS
     from harness.registry.expectations import ExpectationRegistry
+    from harness.registry.layouts import FSDP
+
+    if case.layout != FSDP:
+        return False
 
     model = BACKENDS[case.backend].size(case.size).model
     return any((e["backend"], e["model"], e["init"], e["device"], e["data"])

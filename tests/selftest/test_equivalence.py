@@ -155,3 +155,19 @@ def test_the_registry_regime_of_each_tiny_model_is_its_architectures():
     for spec in BACKENDS.values():
         size = spec.size("tiny")
         assert size.precision == parity_regime_for(Qwen3Arch.from_dir(Path(size.model_dir))), spec.name
+
+
+def test_a_full_size_layout_reads_other_rows_and_is_held_to_its_hf_forward_instead(tmp_path):
+    """The neuron tier's recipe (``tp4+fsdp``) keeps the size's local batch: its step reads a
+    quarter of the FSDP run's rows, so the pair is named, not compared (its twin here)."""
+    from harness.registry.assets_twin import build_twin
+
+    root = build_twin(tmp_path / "twin")
+
+    def twin(layout):
+        case = RunCase("cpu", "titan_native", "full", "pretrained", "sdpa", layout=layout)
+        return _result(case.run_spec(STEPS, str(root), workdir=str(tmp_path)), CURVE)
+
+    fsdp, recipe = twin("fsdp"), twin("tp4+fsdp")
+    pair = _pair(equivalence.pairs([fsdp, recipe]), recipe, fsdp)
+    assert pair.status == "not comparable" and "HF forward" in pair.message, pair.line()
