@@ -344,13 +344,14 @@ def layout_flags(spec: RunSpec) -> tuple[str, ...]:
         "--parallelism.context_parallel_degree", str(lay.cp),
         "--parallelism.expert_parallel_degree", str(lay.ep),
         "--parallelism.data_parallel_replicate_degree", str(lay.replicate),
+        *(("--parallelism.pipeline_parallel_degree", str(lay.pp)) if lay.pp > 1 else ()),
         *(("--training.local_batch_size", str(lay.local_batch_size),
            "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga))
           if spec.size == "tiny" else ()),
         *(("--compile.enable", "--compile.components", ",".join(lay.compile)) if lay.compile else ()),
         *(spec.spec.cp_flags if lay.cp > 1 else ()),
     )
-    return flags + titan_api.layout_overrides(tp=tp, ep=lay.ep, ac=lay.ac,
+    return flags + titan_api.layout_overrides(tp=tp, ep=lay.ep, pp=lay.pp, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])
 
 
@@ -585,8 +586,10 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         run_dir=run_dir,
-        # Multi-node: this node may not hold global rank 0; any rank logs the global loss.
-        steps=read_step_records(dump_layout.lowest_rank_metrics(run_dir) or sink),
+        # Multi-node: this node may not hold global rank 0; any rank logs the global loss, but
+        # under pipeline parallelism only the last stage's ranks (the highest) do.
+        steps=read_step_records(dump_layout.loss_rank_metrics(run_dir, last=spec.layout_spec.pp > 1)
+                                or sink),
         rank_logs=rank_logs,
         started=warm.started_warm(rank_logs, why_cold),
         versions={**package_versions(), **profile.recorded},

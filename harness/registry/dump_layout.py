@@ -126,10 +126,11 @@ def metrics_files(run_dir: str | Path) -> dict[int, Path]:
     return by_rank(dump_folder(run_dir) / METRICS, METRICS_FILE)
 
 
-def lowest_rank_metrics(run_dir: str | Path) -> Path | None:
-    """The step records of the lowest rank on this node (any rank logs the global loss)."""
-    files = metrics_files(run_dir)
-    return next(iter(files.values()), None)
+def loss_rank_metrics(run_dir: str | Path, last: bool = False) -> Path | None:
+    """The step records of the lowest rank on this node (any rank logs the global loss), or of
+    the highest (``last``: under pipeline parallelism only the last stage's ranks log it)."""
+    files = list(metrics_files(run_dir).values())
+    return (files[-1] if last else files[0]) if files else None
 
 
 def hf_checkpoint_dirs(run_dir: str | Path) -> list[Path]:

@@ -36,6 +36,7 @@ class Layout:
     cp: int = 1  # context parallel degree
     ep: int = 1  # expert parallel degree (borrowed from the data-parallel ranks, as torchtitan does)
     replicate: int = 1  # HSDP: data-parallel replicas (each shards over ranks / replicate)
+    pp: int = 1  # pipeline parallel stages (torchtitan's default schedule, 1F1B, microbatches of 1 row)
     ga: int = 1  # gradient accumulation: microbatches per optimizer step
     ac: str = DEFAULT_AC  # activation checkpointing: none | selective | full
     # torch.compile of these trainer components (torchtitan's --compile.components): () none,
@@ -52,7 +53,7 @@ class Layout:
     @property
     def data_parallel(self) -> int:
         """Ranks that read different rows (EP borrows from them and keeps their data)."""
-        return self.ranks // (self.tp * self.cp)
+        return self.ranks // (self.tp * self.cp * self.pp)
 
     @property
     def local_batch_size(self) -> int:
@@ -100,6 +101,10 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True),
     Layout("fsdp+ep", "FSDP 4 with expert parallel 2 (MoE)", ranks=4, ep=2, kinds=("moe",),
            slow=True),
+    # The loss is the last stage's: the first logs -1 (harness/launch/run.py reads the highest
+    # rank's records when pp > 1).
+    Layout("fsdp+pp", "FSDP 2 x pipeline parallel 2 stages (1F1B, microbatches of 1 row)",
+           ranks=4, pp=2, slow=True),
     # TorchTitan Neuron's Qwen3 recipe (its basic-training tutorial's qwen3_8b_tp4_fsdp16_sac:
     # tensor parallel 4, data-parallel shard degree -1, selective activation checkpointing), at
     # full size on the neuron tier's 64 ranks. The CPU assets twin runs it at TP 2 (its 2 KV

@@ -46,6 +46,12 @@ def read_step_records(jsonl: Path) -> list[StepRecord]:
     return [StepRecord.from_metrics(json.loads(line)) for line in lines]
 
 
+# Exceptions whose message names no cause: torch.distributed.checkpoint's
+# "CheckpointException ranks:dict_keys([1])", followed in the log by each failing rank's own
+# traceback.
+CAUSE_WRAPPERS = ("CheckpointException",)
+
+
 @dataclass
 class RunResult:
     """What one launch produced. ``ok`` is the process outcome; checks live in tests."""
@@ -120,7 +126,9 @@ class RunResult:
                 "attention": self.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", "")}
 
     def first_error(self) -> str | None:
-        """The first exception line any rank logged ("SomeError: message"), if any."""
+        """The first exception line any rank logged ("SomeError: message"), if any; for a
+        wrapper that names no cause (``CAUSE_WRAPPERS``), the first exception after it in that
+        log, the cause it wraps, where there is one."""
         import re
 
         pattern = re.compile(r"^(?:\[rank\d+\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
@@ -128,10 +136,13 @@ class RunResult:
             for path in files:
                 if not path.exists():
                     continue
-                for line in path.read_text(errors="replace").splitlines():
-                    match = pattern.match(line.strip())
-                    if match:
-                        return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+                found = [f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"
+                         for m in map(pattern.match, (line.strip() for line in
+                                                      path.read_text(errors="replace").splitlines()))
+                         if m]
+                if found:
+                    wrapped = found[0].split(":", 1)[0] in CAUSE_WRAPPERS
+                    return found[1] if wrapped and len(found) > 1 else found[0]
         return None
 
     def log_tails(self, lines: int = 30) -> str:

@@ -134,15 +134,19 @@ def _step1_balance(run, steps) -> dict[str, tuple]:
     per token and chosen expert (the run's own ``moe_routing_counts`` ratio divided out: a
     layout that recomputes the forward counts twice, a known issue; and the tensor-parallel
     ranks of one data-parallel group route the same tokens, so each token counts once per
-    group), and rank 0's expert_bias after the update."""
+    group), and the expert_bias after the update of the lowest rank holding the layer (a
+    pipeline stage holds its own layers only)."""
     from harness.registry import dump_layout
     from harness.registry.layouts import layout
 
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
     tp = layout(run.layout).tp
-    return {name: (sum(layers[name]["counts_before"].float() for layers in first.values()) / (ratio * tp),
-                   first[0][name]["bias_after"]) for name in first[0]}
+    names = sorted({name for layers in first.values() for name in layers})
+    holding = {name: [layers[name] for _, layers in sorted(first.items()) if name in layers]
+               for name in names}
+    return {name: (sum(layer["counts_before"].float() for layer in held) / (ratio * tp),
+                   held[0]["bias_after"]) for name, held in holding.items()}
 
 
 def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_run, device_runs, steps,

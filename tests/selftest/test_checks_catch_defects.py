@@ -321,3 +321,23 @@ def test_a_truncated_init_rule_is_the_std_torch_draws():
                                         generator=torch.Generator().manual_seed(0)).std().item()
     assert abs(_std_rule("trunc3(hidden^-0.5)", hidden) / drawn - 1) < 1e-3
     assert abs(_std_rule("hidden^-0.5", hidden) / drawn - 1) > 1e-2  # the untruncated rule is off
+
+
+@pytest.mark.parametrize("log, first", [
+    ("[rank0]: ValueError: bad config\n[rank0]: RuntimeError: later\n", "ValueError: bad config"),
+    # DCP's wrapper names no cause; the rank's own traceback follows it in the log
+    ("[rank1]: torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
+     "ranks:dict_keys([1])\nTraceback (most recent call last):\n[rank1]: RuntimeError: Missing "
+     "key in checkpoint state_dict: lm_head.weight.\n",
+     "RuntimeError: Missing key in checkpoint state_dict: lm_head.weight."),
+    ("[rank1]: CheckpointException: CheckpointException ranks:dict_keys([1])\n",
+     "CheckpointException: CheckpointException ranks:dict_keys([1])"),
+], ids=["the-first", "the-cause-a-wrapper-names-not", "a-wrapper-alone"])
+def test_a_runs_first_error_is_its_first_cause(tmp_path, log, first):
+    from harness.results.run_result import RunResult
+
+    (tmp_path / "stderr.log").write_text(log)
+    result = RunResult(name="r", backend="hf_v5", size="tiny", init="pretrained", device="cpu",
+                       nproc=2, command=[], returncode=1, timed_out=False, duration_s=1.0,
+                       run_dir=tmp_path, rank_logs={0: [tmp_path / "stderr.log"]})
+    assert result.first_error() == first

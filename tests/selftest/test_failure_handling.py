@@ -84,3 +84,4 @@ def test_two_runs_in_parallel_do_not_collide(device_profile, tmp_path):
                              enumerate(specs)))
     for run in runs:
         assert checks.completed(run, 1).problem is None, run.log_tails()
+
