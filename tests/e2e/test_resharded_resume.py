@@ -56,10 +56,9 @@ WITHOUT_DATALOADER = ("--checkpoint.exclude_from_loading", "dataloader")
 def resharded_spec(first: RunSpec, checkpoint: Path, case: ReshardCase, plants=()) -> RunSpec:
     """``first`` resumed from ``checkpoint`` (model, optimizer, lr schedule, train state) in
     ``case``'s world size or layout, the dataloader left out. Its last step saves the model as
-    a DCP checkpoint, not in HF: torchtitan 0.3.0's MoE adapter cannot save HF when the
-    experts do not split evenly over the ranks (``_caculate_indices_from_placements``: "Dim 0
-    size (32) cannot be evenly divided by shard degree (3)"), and the DCP checkpoints are what
-    the comparison reads."""
+    a DCP checkpoint, which is what the comparison reads, not in HF: torchtitan 0.3.0's MoE
+    adapter cannot save HF when the experts do not split evenly over the ranks (known issue
+    ``titan-moe-hf-save-uneven-experts``, held by the test below)."""
     resume = ("--checkpoint.initial_load_path", str(Path(checkpoint).resolve()),
               "--checkpoint.no-initial-load-model-only", *WITHOUT_DATALOADER)
     return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants),
@@ -190,3 +189,22 @@ def test_a_failed_resume_is_excused_only_by_its_known_issue_s_signature(generati
     if ends is pytest.xfail.Exception:
         assert "spring2026-hf_v5-optimizer-state-does-not-load" in str(ended.value)
     assert resumed_ok(completed := _Resumed(None, generation, ok=True)) is completed
+
+
+@pytest.mark.slow
+def test_the_moe_hf_save_at_the_uneven_world_size(device_runs, steps, workarounds):
+    """The MoE's HF save at 3 ranks, where its 32 experts do not split evenly: a known issue on
+    0.3.0 (``titan-moe-hf-save-uneven-experts``, judged by its signature at that rank count),
+    saved wherever it does not apply."""
+    from harness.checks import run_checks as checks
+
+    spec = RunSpec(TRAINING_STATE_BACKEND, init="random", steps=2, nproc=RESHARD_UNEVEN_RANKS,
+                   save_hf=True, workarounds=tuple(workarounds))
+    result = device_runs("cpu").get(spec)
+    error = result.first_error() or ""
+    problem = None if result.ok and result.hf_checkpoint_dirs else (
+        f"{result.name} did not save HF: {error or 'no error logged'}")
+    verdict = known_issues.judge("hf_save", problem, {"error": error}, result.workarounds,
+                                 **result.where())
+    known_issues.settle(verdict, problem, result.describe())
+    checks.completed_or_known(result, 2)
