@@ -55,6 +55,10 @@ class Plant:
     patch: Patch | None = None
     kernel: KernelPlant | None = None
     make: Callable | None = None
+    # Whether its patch acts alike on a module already imported: it replaces a class's method,
+    # looked up at each call, not a module-level name that other modules copy as they import
+    # it. A warm rank's zygote may then have imported the module (harness/launch/warm.py).
+    patches_a_class: bool = False
 
     def __post_init__(self):
         realisations = [r for r in (self.patch, self.kernel, self.make) if r is not None]
@@ -119,9 +123,11 @@ def install_in_ranks(names) -> None:
 
 
 def targets(names) -> frozenset[str]:
-    """The modules the patch plants ``names`` act on (a warm rank's zygote must not have
-    imported one of them before the plant could act on it, harness/launch/warm.py)."""
-    return frozenset(plant(n).patch[0] for n in check_patch_names(names))
+    """The modules the patch plants ``names`` must act on as they are imported (a warm rank's
+    zygote must not have imported one of them first, harness/launch/warm.py); a plant that
+    patches a class acts alike later."""
+    return frozenset(plant(n).patch[0] for n in check_patch_names(names)
+                     if not plant(n).patches_a_class)
 
 
 def install_from_env() -> None:

@@ -494,7 +494,7 @@ PATCH_PLANTS += (
           "a partial sum over the tensor-parallel ranks is used unreduced (DTensor's Partial "
           "reduction on the tp mesh dimension skipped)",
           ("first_step_loss",), patch=("torch.distributed.tensor.placement_types",
-                                       _tp_partial_sums_unreduced)),
+                                       _tp_partial_sums_unreduced), patches_a_class=True),
     Plant("ga_microbatch_mean", "loss",
           "under gradient accumulation the loss is averaged per microbatch, not per valid token",
           ("loss normalised over valid tokens",), patch=(TRAINER, _loss_mean_per_microbatch)),

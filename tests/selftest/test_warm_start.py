@@ -161,6 +161,10 @@ def test_a_run_that_patches_what_the_zygote_imported_starts_cold_and_says_which(
     assert run_patches(planted, profile) >= {"transformers.models.qwen3.modeling_qwen3"}
     socket, why = warm.socket_for(planted, profile.shims, run_patches(planted, profile))
     assert socket is None and "transformers.models.qwen3.modeling_qwen3" in why, why
+    # a plant that replaces a class's method acts alike after the import (the TP plant's
+    # catching test, tests/parity/test_layouts.py, runs it warm)
+    on_a_class = rank_environment(RunSpec("titan_native", plants=("tp_partial_sums_unreduced",)), profile)
+    assert run_patches(on_a_class, profile) == frozenset()
     # the device's own shims are not the run's: the backend's run itself starts warm
     plain = rank_environment(RunSpec("hf_v5"), profile)
     assert not any(m.startswith("transformers") for m in run_patches(plain, profile))
