@@ -100,6 +100,11 @@ def per_run(name: str) -> bool:
     return name in TORCHRUN_SET or name in PER_RUN_NAMES or name.startswith(PER_RUN_PREFIXES)
 
 _HEADER = struct.Struct("!I")
+# The signals a worker passes on to its rank (torchrun's, and a user's at the terminal). The
+# zygote blocks them across a fork, and its child unblocks them once it has reset their
+# handlers: one that arrives before (a worker forwards as soon as it has the rank's pid) waits
+# for the rank's own handling instead of reaching the zygote's handler in the child.
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 def refusal(zygote_env: dict[str, str], rank_env: dict[str, str],
@@ -201,7 +206,7 @@ def hand_over(socket_path: str) -> None:
         except ProcessLookupError:
             pass
 
-    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+    for name in FORWARDED:
         signal.signal(getattr(signal, name), forward)
     try:
         status, _ = _recv(conn)
@@ -232,9 +237,10 @@ def _run_rank(request: dict, fds: list[int], imported_env: dict[str, str]) -> in
     os.chdir(request["cwd"])
     sys.path[0] = request["cwd"]  # what -m puts first (the zygote's own -m put its folder)
     sys.argv = [sys.argv[0], *request["args"]]
-    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD"):
+    for name in (*FORWARDED, "SIGCHLD"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [getattr(signal, n) for n in FORWARDED])
     print(f"{STARTED_WARM} {os.getppid()}", file=sys.stderr, flush=True)
     import runpy
 
@@ -340,7 +346,11 @@ def serve(socket_path: str) -> None:
                     for fd in fds:
                         os.close(fd)
                     continue
+                forwarded = [getattr(signal, n) for n in FORWARDED]
+                signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
                 pid = os.fork()
+                if pid != 0:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
                 if pid == 0:
                     code = 1
                     try:
