@@ -367,7 +367,13 @@ def serve(socket_path: str) -> None:
                     os.close(fd)
                 children[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
-                _send(conn, {"pid": pid})
+                try:
+                    _send(conn, {"pid": pid})
+                except OSError:  # the worker is gone already: its rank goes with it
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             else:  # a worker's connection: readable only when it is gone (killed)
                 pid = key.data
                 try:

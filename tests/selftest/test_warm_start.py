@@ -88,14 +88,20 @@ def worker(env, *module_args) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def forked_rank(zygote_pid: int, timeout_s: float = 60.0) -> psutil.Process:
+def forked_rank(zygote_pid: int, timeout_s: float = 60.0, before=frozenset()) -> psutil.Process:
+    """The rank the zygote forks next: a child not among ``before`` (its children's pids when
+    the worker started)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        children = psutil.Process(zygote_pid).children()
+        children = [c for c in psutil.Process(zygote_pid).children() if c.pid not in before]
         if children:
             return children[-1]
         time.sleep(0.05)
     raise AssertionError("the zygote forked no rank")
+
+
+def ranks_of(zygote_pid: int) -> frozenset:
+    return frozenset(c.pid for c in psutil.Process(zygote_pid).children())
 
 
 def zygote_pid(env) -> int:
@@ -116,16 +122,18 @@ def test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it
 
 
 def test_torchruns_sigterm_reaches_the_rank_and_the_worker_dies_of_it(worker_env):
+    before = ranks_of(zygote_pid(worker_env))
     sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
-    child = forked_rank(zygote_pid(worker_env))
+    child = forked_rank(zygote_pid(worker_env), before=before)
     sleeper.send_signal(signal.SIGTERM)
     assert sleeper.wait(timeout=30) == -signal.SIGTERM
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_worker_killed_outright_takes_its_rank_with_it(worker_env):
+    before = ranks_of(zygote_pid(worker_env))
     sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
-    child = forked_rank(zygote_pid(worker_env))
+    child = forked_rank(zygote_pid(worker_env), before=before)
     sleeper.kill()
     sleeper.wait(timeout=30)
     gone, _ = psutil.wait_procs([child], timeout=30)
@@ -188,11 +196,16 @@ def test_a_sigterm_as_soon_as_the_rank_exists_still_ends_it(worker_env):
     same (the zygote blocks the forwarded signals across the fork, the rank unblocks them once
     its handlers are reset). Repeated: the window is a fork's length (without the block, 3
     tries failed in 2 sessions of 3, 8 tries in the one session run)."""
+    zygote = psutil.Process(zygote_pid(worker_env))
     for _ in range(6):
+        before = ranks_of(zygote.pid)
         sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
-        zygote = psutil.Process(zygote_pid(worker_env))
         deadline = time.monotonic() + 60
-        while not zygote.children() and time.monotonic() < deadline:
+        while ranks_of(zygote.pid) <= before and time.monotonic() < deadline:
             time.sleep(0.001)
         sleeper.send_signal(signal.SIGTERM)
         assert sleeper.wait(timeout=30) == -signal.SIGTERM
+        # its rank ends too, whichever way the worker went (a worker that died before it took
+        # the rank's pid leaves the zygote to end the rank)
+        _, alive = psutil.wait_procs(zygote.children(), timeout=30)
+        assert not alive, f"ranks {[p.pid for p in alive]} outlived their SIGTERMed workers"
