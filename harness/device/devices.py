@@ -124,6 +124,11 @@ class DeviceProfile:
     # (rendezvous, checkpoint writes), so another one overlaps it; accelerator launches would
     # share the devices.
     prefetch: bool = False
+    # torch.compile's backend for a run that compiles (torchtitan's --compile.backend): Inductor,
+    # torch's own, on CPU and CUDA; TorchNeuron's "neuron" TorchDynamo backend on trn2 (Neuron
+    # 2.33 docs, torch.compile on Neuron; TorchTitan Neuron: "--compile.enable --compile.backend
+    # neuron").
+    compile_backend: str = "inductor"
 
     @property
     def compile_cache_dir(self) -> str | None:
@@ -262,7 +267,8 @@ def neuron_profile(count: int, environ: dict[str, str]) -> DeviceProfile:
     env, unset, recorded = neuron_rank_env(environ)
     return DeviceProfile(kind="neuron", process_group_backend="neuron", ranks_per_node=count,
                          device_count=count, rank_env=env, rank_env_unset=unset,
-                         recorded=recorded, timeouts_s=dict(NEURON_TIMEOUTS_S))
+                         recorded=recorded, timeouts_s=dict(NEURON_TIMEOUTS_S),
+                         compile_backend="neuron")
 
 
 def detect(requested: str | None = None) -> DeviceProfile:

@@ -81,10 +81,9 @@ class RunSpec:
     # How the run spreads a step over its ranks (harness/registry/layouts.py); its ranks and
     # global batch are the layout's.
     layout: str = FSDP
-    # A full-size layout's tensor-parallel degree where the run's model cannot take the layout's
-    # (the assets twin's 2 KV heads: harness/launch/run_matrix.py TWIN_TENSOR_PARALLEL); None:
-    # the layout's.
-    tensor_parallel: int | None = None
+    # A full-size run from the CPU assets twin (harness/registry/assets_twin.py): its layout's
+    # degrees are the layout's twin's (``Layout.twin``: the twin's model is the tiny one).
+    twin: bool = False
     # Nodes the ranks are spread over, each its own torchrun agent on this machine (CPU): the
     # run's ranks (``ranks``) split evenly, node i holding global ranks i*per_node.. .
     nodes: int = 1
@@ -120,10 +119,13 @@ class RunSpec:
                              f"torchrun per host (leave nodes=1 there)")
         if self.layout != FSDP:
             entry = self.layout_spec
-            if self.subject is not None or self.size not in entry.sizes:
+            if self.subject is not None or self.size != entry.size:
                 raise ValueError(f"layout {self.layout!r} runs the registered backends' "
-                                 f"{' and '.join(entry.sizes)} models (its ranks and batch are "
-                                 f"sized for them); {self.name} is not one")
+                                 f"{entry.size} models (its ranks and batch are sized for them); "
+                                 f"{self.name} is not one")
+            if self.twin and not entry.twin:
+                raise ValueError(f"layout {self.layout!r} names no twin layout (Layout.twin) for "
+                                 f"the assets twin to run in its place")
             if not entry.applies_to(self.model_kind):
                 raise ValueError(f"layout {self.layout!r} applies to {entry.kinds} models; "
                                  f"{self.backend}/{self.size} is {self.model_kind}")
@@ -135,9 +137,9 @@ class RunSpec:
             raise ValueError(f"{self.backend}/{self.size}: init must be one of "
                              f"{self.size_spec.inits}, not {self.init!r}")
         spec.config_name(self.size, self.attention)  # validates size and attention
-        if self.tensor_parallel is not None and (self.layout == FSDP or self.size != "full"):
-            raise ValueError(f"tensor_parallel={self.tensor_parallel} changes a full-size layout's "
-                             f"degree; {self.name} has none (give the tiny runs a layout instead)")
+        if self.twin and self.size != "full":
+            raise ValueError(f"twin=True runs a full-size code path from the assets twin; {self.name} "
+                             f"is {self.size} (drop twin)")
 
     @property
     def spec(self) -> BackendSpec:
@@ -146,6 +148,13 @@ class RunSpec:
     @property
     def layout_spec(self) -> Layout:
         return layout_entry(self.layout)
+
+    @property
+    def degrees(self) -> Layout:
+        """The layout whose parallel degrees the ranks run: the run's, or on the assets twin its
+        twin's (``Layout.twin``)."""
+        entry = self.layout_spec
+        return layout_entry(entry.twin) if self.twin and entry.twin else entry
 
     @property
     def model_kind(self) -> str:
@@ -304,7 +313,7 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path,
     for name in spec.all_workarounds:
         command += list(known_issues.workaround(name).rank_overrides)
     # The layout's flags come last: 0.3.0's activation checkpointing is a subcommand.
-    return command + list(spec.overrides) + list(layout_flags(spec))
+    return command + list(spec.overrides) + list(layout_flags(spec, profile.compile_backend))
 
 
 def node_commands(spec: RunSpec, profile: DeviceProfile, run_dir: Path) -> list[list[str]]:
@@ -328,19 +337,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def layout_flags(spec: RunSpec) -> tuple[str, ...]:
+def layout_flags(spec: RunSpec, compile_backend: str) -> tuple[str, ...]:
     """The command line of ``spec``'s layout (none for FSDP, the configs' own): the parallel
     degrees, at tiny size the batch that keeps the tiny run's global batch (a full-size layout
-    keeps the size's local batch, as users run it), compile, and what the generation spells its
-    own way (``titan_api.layout_overrides``)."""
+    keeps the size's local batch, as users run it), compile through the device's backend
+    (``DeviceProfile.compile_backend``), and what the generation spells its own way
+    (``titan_api.layout_overrides``)."""
     if spec.layout == FSDP:
         return ()
     from harness.upstream import titan_api
 
-    lay = spec.layout_spec
-    tp = spec.tensor_parallel or lay.tp
+    lay = spec.degrees
     flags = (
-        "--parallelism.tensor_parallel_degree", str(tp),
+        "--parallelism.tensor_parallel_degree", str(lay.tp),
         "--parallelism.context_parallel_degree", str(lay.cp),
         "--parallelism.expert_parallel_degree", str(lay.ep),
         "--parallelism.data_parallel_replicate_degree", str(lay.replicate),
@@ -348,10 +357,11 @@ def layout_flags(spec: RunSpec) -> tuple[str, ...]:
         *(("--training.local_batch_size", str(lay.local_batch_size),
            "--training.global_batch_size", str(lay.local_batch_size * lay.data_parallel * lay.ga))
           if spec.size == "tiny" else ()),
-        *(("--compile.enable", "--compile.components", ",".join(lay.compile)) if lay.compile else ()),
+        *(("--compile.enable", "--compile.components", ",".join(lay.compile),
+           "--compile.backend", compile_backend) if lay.compile else ()),
         *(spec.spec.cp_flags if lay.cp > 1 else ()),
     )
-    return flags + titan_api.layout_overrides(tp=tp, ep=lay.ep, pp=lay.pp, ac=lay.ac,
+    return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, pp=lay.pp, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])
 
 

@@ -19,7 +19,7 @@ from harness.launch.run import RunSpec
 from harness.upstream.titan_api import generation
 from harness.launch.subjects import Subject, infer
 from harness.registry.assets_twin import full_size_assets_dir
-from harness.registry.layouts import FSDP
+from harness.registry.layouts import FSDP, LAYOUTS
 
 # Per-run timeouts by device and size (harness/device/devices.py TIMEOUTS_S: a cold compile on
 # neuron). Every neuron run at its timeout must fit the nightly test step's limit
@@ -33,13 +33,11 @@ TINY_TIMEOUT_S = TIMEOUTS_S["cpu"]["tiny"]
 # rules dominate it (hf_v5-tied-embedding-init-scale), as at tiny size.
 TWIN_DEVICES = ("cpu",)
 TWIN_OVERRIDES = ("--training.seq_len", "256")
-# The tensor-parallel degree of a full-size layout on the twin, whose model (the tiny dense one)
-# has 2 KV heads: tensor parallelism splits them at most 2 ways (trn2 runs the layout's own).
-TWIN_TENSOR_PARALLEL = 2
-# The neuron tier's full-size layouts (harness/registry/layouts.py sizes "full"): the dense
-# backends' pretrained runs in them, beside the source's FSDP runs: native Qwen3, whose
-# config the recipe is (torchtitan_neuron.models.qwen3 qwen3_8b_tp4_fsdp16_sac).
-FULL_LAYOUT_BACKENDS = ("titan_native",)
+# The neuron tier's full-size layouts (harness/registry/layouts.py ``full_size``), beside the
+# source's FSDP runs, each run by the backends of its model kind listed here (from the size's
+# weights where it has them): native Qwen3 in the dense recipe, whose config the recipe is
+# (torchtitan_neuron.models.qwen3 qwen3_8b_tp4_fsdp16_sac), and the NKI MoE cut under EP.
+FULL_LAYOUT_BACKENDS = ("titan_native", "nki_moe")
 # Full-size runs read the source's data: C4 as spring-2026's qwen3_32b() loads it (torchtitan's
 # "c4" dataset), always with an explicit path (harness/backends/c4.py): a local copy (--c4-path;
 # the twin's default is fixtures/c4, allenai/c4's layout) or the Hub's repository.
@@ -178,7 +176,7 @@ class RunCase:
                        nproc=2 if self.twin else None, overrides=overrides,
                        data=self.data, data_path=data_path if self.data == SOURCE_DATA else None,
                        timeout_s=self.timeout_s, layout=self.layout,
-                       tensor_parallel=TWIN_TENSOR_PARALLEL if self.twin and self.layout != FSDP else None)
+                       twin=self.twin and self.layout != FSDP)
 
 
 @dataclass(frozen=True)
@@ -219,18 +217,16 @@ def cases(devices=KINDS) -> list[RunCase]:
                             slow = not default and not _distinguishable(spec, size, attention)
                             out.append(RunCase(device, spec.name, size, init, attention, slow))
                 if size == "full" and spec.name in FULL_LAYOUT_BACKENDS:
-                    # the cpu tier's is the assets twin's (slow tier); the rehearsed night's too
-                    out += [RunCase(device, spec.name, size, "pretrained", spec.default_attention,
-                                    slow=runs_on(device) in TWIN_DEVICES and device != "neuron",
-                                    layout=lay) for lay in full_layouts(RunSpec(spec.name).model_kind)]
+                    # the cpu tier's twin runs in the slow tier (the rehearsed night's in its night)
+                    out += [RunCase(device, spec.name, size, spec.size(size).inits[-1],
+                                    spec.default_attention, slow=device == "cpu", layout=lay)
+                            for lay in full_layouts(RunSpec(spec.name).model_kind)]
     return out
 
 
 def full_layouts(kind: str) -> list[str]:
     """The full-size layouts (the neuron tier's) that apply to a ``kind`` model."""
-    from harness.registry.layouts import LAYOUTS
-
-    return [lay.name for lay in LAYOUTS.values() if "full" in lay.sizes and lay.applies_to(kind)]
+    return [lay.name for lay in LAYOUTS.values() if lay.full_size and lay.applies_to(kind)]
 
 
 def _distinguishable(spec, size: str, attention: str) -> bool:
@@ -249,15 +245,21 @@ def _distinguishable(spec, size: str, attention: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Layouts (harness/registry/layouts.py): every backend's tiny pretrained run in every layout
-# that applies to its model, on the tiers whose tiny runs have ranks to spread (the neuron
-# tier's layouts are its full-size configurations).
-LAYOUT_DEVICES = ("cpu", "cuda")
+# that applies to its model, on the cpu and cuda tiers; the neuron tier runs the few below
+# beside its full-size configurations (every tiny run there is a 15-minute limit in the
+# night's budget, scripts/nightly/budget.py).
+LAYOUT_DEVICES = ("cpu", "cuda", "neuron")
 LAYOUT_BACKENDS = ("hf_v5", "titan_native", "nki_moe")
 # The default tier's cheap form of each kind of layout, one launch each: TP and compile (of the
 # loss) on the dense model, EP, gradient accumulation and no activation checkpointing (the
 # routing counts' reference) on the MoE. Every other (backend, layout) runs in the slow tier.
 DEFAULT_TIER_LAYOUTS = frozenset({("titan_native", "tp"), ("titan_native", "compile=loss"),
                                   ("nki_moe", "ep"), ("nki_moe", "ga=2"), ("nki_moe", "ac=none")})
+# The neuron tier's tiny layouts: what only trn2 can tell, each held to the FSDP run on its own
+# rows: torch.compile of the model and loss through the Neuron backend against eager (the
+# device's compile backend, harness/device/devices.py), and torchtitan's EP all-to-all on the
+# neuron process group against EP 1 (the expert kernels are the NKI ones there).
+NEURON_LAYOUTS = frozenset({("titan_native", "compile"), ("nki_moe", "ep")})
 
 
 @dataclass(frozen=True)
@@ -275,9 +277,7 @@ class LayoutCase:
 
     @property
     def layout_spec(self):
-        from harness.registry.layouts import layout
-
-        return layout(self.layout)
+        return LAYOUTS[self.layout]
 
     @property
     def attention(self) -> str:
@@ -301,16 +301,19 @@ class LayoutCase:
 
 
 def layout_cases(devices=LAYOUT_DEVICES) -> list[LayoutCase]:
-    from harness.registry.layouts import LAYOUTS
-
     out = []
     for device in devices:
         for name in LAYOUT_BACKENDS:
             kind = RunSpec(name).model_kind
             for lay in LAYOUTS.values():
-                if lay.name != FSDP and lay.applies_to(kind) and "tiny" in lay.sizes:
-                    slow = lay.slow or (name, lay.name) not in DEFAULT_TIER_LAYOUTS
-                    out.append(LayoutCase(device, name, lay.name, slow))
+                if lay.name == FSDP or not lay.applies_to(kind) or lay.full_size:
+                    continue
+                if device == "neuron":
+                    if (name, lay.name) in NEURON_LAYOUTS:
+                        out.append(LayoutCase(device, name, lay.name))
+                    continue
+                slow = lay.slow or (name, lay.name) not in DEFAULT_TIER_LAYOUTS
+                out.append(LayoutCase(device, name, lay.name, slow))
     return out
 
 
@@ -322,16 +325,15 @@ def layout_table_markdown() -> str:
     cuda; ``slow``: the slow tier) and the known issues recorded for that backend and layout
     (harness/registry/known_issues/), with the generations they apply to; tests/selftest/
     test_doc_links.py holds the README to it."""
-    from harness.registry.layouts import LAYOUTS
-
     backends = list(BACKENDS)
     rows = ["| layout | ranks | " + " | ".join(f"`{b}`" for b in backends) + " |",
             "|---|---|" + "---|" * len(backends)]
     run = {(c.backend, c.layout): c for c in layout_cases(("cpu",))}
     run |= {(c.backend, c.layout): c for c in cases(("neuron",)) if c.layout != FSDP}
+    on_neuron = {(c.backend, c.layout) for c in layout_cases(("neuron",))}
     for lay in LAYOUTS.values():
         cells = []
-        full = "tiny" not in lay.sizes
+        full = lay.full_size
         for name in backends:
             case = run.get((name, lay.name))
             if lay.name == FSDP:
@@ -345,7 +347,8 @@ def layout_table_markdown() -> str:
             elif full:
                 cell = "neuron (nightly, full size; its CPU twin: slow)"
             else:
-                cell = "slow" if case.slow else "default"
+                cell = ("slow" if case.slow else "default") + (
+                    "; neuron (nightly)" if (name, lay.name) in on_neuron else "")
             issues = [f"{i.name}{_generations(w)}" for i in known_issues.ISSUES for w in i.where
                       if (lay.name in w.layout and (not w.backend or name in w.backend))
                       or _stops_every_layout(w, name, *(("full", "neuron") if full else ()))]

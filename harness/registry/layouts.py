@@ -45,10 +45,19 @@ class Layout:
     kinds: tuple[str, ...] = MODEL_KINDS  # the model kinds it applies to (EP: MoE only)
     attention: str | None = None  # an attention it needs (CP: flex); None: the backend's default
     slow: bool = False  # the slow tier's (4 ranks); the default tier runs the cheap forms
-    # The sizes it runs at: "tiny" (its ranks and global batch as above: the cpu and cuda
-    # tiers) or "full" (the device's ranks at the size's own local batch, as users run it: the
-    # neuron tier's configurations; ``ranks`` is then a trn2.48xlarge's).
-    sizes: tuple[str, ...] = ("tiny",)
+    # A full-size configuration (the neuron tier's): the device's ranks at the size's own local
+    # batch, as users run it, and ``ranks`` a trn2.48xlarge's; else a tiny layout, its ranks and
+    # global batch as above (the cpu and cuda tiers, and the neuron tier's ``NEURON_LAYOUTS``).
+    full_size: bool = False
+    # A full-size layout's stand-in on the CPU assets twin (harness/registry/assets_twin.py),
+    # whose model is the tiny one: the tiny layout whose degrees the twin runs in its place
+    # (the twin's 2 KV heads split at most 2 ways; its 2 ranks hold an EP degree of 2).
+    twin: str = ""
+
+    @property
+    def size(self) -> str:
+        """The model size it runs: "full" or "tiny"."""
+        return "full" if self.full_size else "tiny"
 
     @property
     def data_parallel(self) -> int:
@@ -73,9 +82,10 @@ class Layout:
     def same_batches_as_fsdp(self) -> bool:
         """Whether its global batches are the FSDP run's, row for row: each data-parallel rank
         reads the same shard of the data, the same rows per step. A full-size layout reads the
-        size's local batch on fewer data-parallel ranks: other rows."""
-        if "tiny" not in self.sizes:
-            return False
+        size's local batch, so only one that keeps every rank data-parallel (EP) reads the FSDP
+        run's rows; TP, CP or PP leave fewer data-parallel ranks: other rows."""
+        if self.full_size:
+            return self.data_parallel == self.ranks and self.ga == 1
         fsdp = LAYOUTS[FSDP]
         return (self.data_parallel, self.rows_per_rank) == (fsdp.data_parallel, fsdp.rows_per_rank)
 
@@ -107,11 +117,18 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
            ranks=4, pp=2, slow=True),
     # TorchTitan Neuron's Qwen3 recipe (its basic-training tutorial's qwen3_8b_tp4_fsdp16_sac:
     # tensor parallel 4, data-parallel shard degree -1, selective activation checkpointing), at
-    # full size on the neuron tier's 64 ranks. The CPU assets twin runs it at TP 2 (its 2 KV
-    # heads: harness/launch/run_matrix.py TWIN_TENSOR_PARALLEL).
+    # full size on the neuron tier's 64 ranks. The CPU assets twin runs it at TP 2.
     Layout("tp4+fsdp", "TorchTitan Neuron's Qwen3 recipe: tensor parallel 4 x FSDP 16, selective "
            "activation checkpointing (full size)", ranks=64, tp=4, ac="selective",
-           kinds=("dense",), sizes=("full",)),
+           kinds=("dense",), full_size=True, twin="tp"),
+    # The MoE cut with its experts split over every rank, as TorchTitan Neuron's EP recipes
+    # split theirs (the EP tutorial's qwen3_235b..._ep128...: EP over all 128 ranks), through
+    # torchtitan's own all-to-all dispatch: Neuron's own EP backend (neuron_ep) "does not run
+    # on Trn2" (Neuron 2.33 docs, How to use EP to train a model with TorchTitan on Neuron).
+    # EP borrows the FSDP ranks, so it reads the FSDP 64 run's rows. The twin runs EP 2.
+    Layout("ep64", "expert parallel 64 over the FSDP 64 ranks (MoE, full size): one expert per "
+           "rank, torchtitan's all-to-all dispatch", ranks=64, ep=64, kinds=("moe",),
+           full_size=True, twin="ep"),
 )}
 
 

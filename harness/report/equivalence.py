@@ -230,10 +230,14 @@ def _backend_pair(a: RunResult, b: RunResult) -> Pair:
 
 def _layout_pair(run: RunResult, fsdp: RunResult) -> Pair:
     entry = layout(run.layout)
-    if "tiny" not in entry.sizes:
+    if entry.full_size and not entry.same_batches_as_fsdp:
         return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
                     "other batches than the FSDP run (the size's local batch on fewer data-parallel "
                     "ranks): its step-1 loss is held to the HF forward on its own batches")
+    if entry.full_size and run.init == "random":
+        return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
+                    "other weights than the FSDP run: a random init drawn under another sharding "
+                    "(the layout's experts or tensors are split otherwise)")
     if not entry.same_batches_as_fsdp:
         return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
                     f"other batches than the FSDP run ({entry.data_parallel} data-parallel ranks x "

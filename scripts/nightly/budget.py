@@ -63,10 +63,12 @@ def items() -> list[Item]:
     from harness.device.devices import NEURON_TIMEOUTS_S
     from harness.diagnosis.diagnose import TIMEOUT_S, WALKS_PER_SESSION
     from harness.launch.own_process import CHILD_TIMEOUT_PER_TEST_S
-    from harness.launch.run_matrix import cases
+    from harness.launch.run_matrix import cases, layout_cases
 
     neuron = [c for c in cases(("neuron",))]
-    out = [Item(f"{size} runs", sum(c.size == size for c in neuron), NEURON_TIMEOUTS_S[size],
+    layouts = layout_cases(("neuron",))  # tiny runs in the neuron tier's layouts (NEURON_LAYOUTS)
+    out = [Item(f"{size} runs", sum(c.size == size for c in neuron) + (len(layouts) if size == "tiny" else 0),
+                NEURON_TIMEOUTS_S[size],
                 "harness/device/devices.py NEURON_TIMEOUTS_S (the launcher kills the run)")
            for size in ("tiny", "full")]
     references = sum(c.size == "full" and c.init == "pretrained" for c in neuron)

@@ -171,3 +171,20 @@ def test_a_full_size_layout_reads_other_rows_and_is_held_to_its_hf_forward_inste
     fsdp, recipe = twin("fsdp"), twin("tp4+fsdp")
     pair = _pair(equivalence.pairs([fsdp, recipe]), recipe, fsdp)
     assert pair.status == "not comparable" and "HF forward" in pair.message, pair.line()
+
+
+def test_a_full_size_layout_on_the_fsdp_runs_rows_from_a_random_init_is_not_compared(tmp_path):
+    """The MoE cut under EP (``ep64``) reads the FSDP 64 run's rows, but from a random init drawn
+    under another sharding (its experts split over the ranks): other weights, named, not
+    compared."""
+    from harness.registry.assets_twin import build_twin
+
+    root = build_twin(tmp_path / "twin")
+
+    def twin(layout):
+        case = RunCase("cpu", "nki_moe", "full", "random", "sdpa", layout=layout)
+        return _result(case.run_spec(STEPS, str(root), workdir=str(tmp_path)), CURVE)
+
+    fsdp, ep = twin("fsdp"), twin("ep64")
+    pair = _pair(equivalence.pairs([fsdp, ep]), ep, fsdp)
+    assert pair.status == "not comparable" and "random init" in pair.message, pair.line()

@@ -105,9 +105,11 @@ def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
     monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
     assert devices.xdist_workers(None, "neuron", 2) == 0
     full = [c for c in cases(("neuron",)) if c.size == "full"]
-    assert len(full) == 6 and not any(c.twin for c in full)
-    # the source's five FSDP runs, and the docs' recipe layout (TP4 x FSDP16) of native Qwen3
-    assert [c.id for c in full if c.layout != "fsdp"] == ["neuron-titan_native-full-pretrained@tp4+fsdp"]
+    assert len(full) == 7 and not any(c.twin for c in full)
+    # the source's five FSDP runs, the docs' recipe layout (TP4 x FSDP16) of native Qwen3, and
+    # the MoE cut with its experts split over every rank
+    assert [c.id for c in full if c.layout != "fsdp"] == ["neuron-titan_native-full-pretrained@tp4+fsdp",
+                                                         "neuron-nki_moe-full-random@ep64"]
     assert all(c.timeout_s == devices.NEURON_TIMEOUTS_S["full"] for c in full)
 
 

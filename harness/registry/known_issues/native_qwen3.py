@@ -6,6 +6,7 @@ harness/registry/known_issues/mechanism.py.
 from __future__ import annotations
 
 from harness.registry.known_issues.mechanism import KnownIssue, Signature, Where, Workaround
+from harness.registry.layouts import LAYOUTS
 
 TITAN_4B_THETA = Workaround(
     name="titan_4b_theta",
@@ -49,9 +50,9 @@ TITAN_MOE_HF_LOAD_UNDER_HSDP = KnownIssue(
 )
 
 # Every layout whose MoE forward runs again in the backward pass (activation checkpointing,
-# selective by default, with an uncompiled model): all but ac=none and compile.
-RECOMPUTING_LAYOUTS = ("fsdp", "tp", "cp", "ep", "ga=2", "ac=full", "compile=loss", "fsdp+tp", "hsdp",
-                       "fsdp+ep", "fsdp+pp")
+# selective by default, with an uncompiled model): all but ac=none and compile, from the registry.
+RECOMPUTING_LAYOUTS = tuple(lay.name for lay in LAYOUTS.values()
+                            if lay.ac != "none" and "model" not in lay.compile)
 
 TITAN_MOE_COUNTS_DOUBLED_UNDER_AC = KnownIssue(
     name="titan-moe-routing-counts-doubled-under-activation-checkpointing",
