@@ -199,7 +199,10 @@ SPRING_HF_OPTIMIZER_RESUME = KnownIssue(
              "'param_groups.layers.0.self_attn.q_proj.weight.pattern' in "
              "_unflatten_optim_state_dict, every rank, no step logged; the checkpoint's "
              "metadata holds 'optimizer.param_groups.model.model.layers.0.self_attn.q_proj."
-             "weight.pattern'. The same at 1, 3 and 4 ranks and under TP. 0.3.0: resumes.",
+             "weight.pattern'. The same at 1, 3 and 4 ranks and under TP. 0.3.0: resumes. "
+             "Not the workaround's: hf_tied_fsdp only moves the tied embedding into the "
+             "[norm, lm_head] fully_shard group and renames nothing, and the names that differ "
+             "are the decoder layers', which it does not touch.",
     where=(Where(check="resume", backend=("hf_v5",), generation=("spring2026",)),),
     signature=Signature(quantity="error", contains=("KeyError: 'param_groups.",)),
 )
