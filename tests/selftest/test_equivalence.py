@@ -157,34 +157,34 @@ def test_the_registry_regime_of_each_tiny_model_is_its_architectures():
         assert size.precision == parity_regime_for(Qwen3Arch.from_dir(Path(size.model_dir))), spec.name
 
 
-def test_a_full_size_layout_reads_other_rows_and_is_held_to_its_hf_forward_instead(tmp_path):
-    """The neuron tier's recipe (``tp4+fsdp``) keeps the size's local batch: its step reads a
-    quarter of the FSDP run's rows, so the pair is named, not compared (its twin here)."""
+@pytest.fixture(scope="module")
+def twin_pair(tmp_path_factory):
+    """``twin_pair(backend, init, layout)``: the twin's FSDP run and its run in ``layout``,
+    as results of the same curve (full size from the assets twin)."""
     from harness.registry.assets_twin import build_twin
 
-    root = build_twin(tmp_path / "twin")
+    workdir = tmp_path_factory.mktemp("twin")
+    root = build_twin(workdir / "twin")
 
-    def twin(layout):
-        case = RunCase("cpu", "titan_native", "full", "pretrained", "sdpa", layout=layout)
-        return _result(case.run_spec(STEPS, str(root), workdir=str(tmp_path)), CURVE)
+    def get(backend, init, layout):
+        def twin(name):
+            case = RunCase("cpu", backend, "full", init, "sdpa", layout=name)
+            return _result(case.run_spec(STEPS, str(root), workdir=str(workdir)), CURVE)
+        fsdp, run = twin("fsdp"), twin(layout)
+        return _pair(equivalence.pairs([fsdp, run]), run, fsdp)
+    return get
 
-    fsdp, recipe = twin("fsdp"), twin("tp4+fsdp")
-    pair = _pair(equivalence.pairs([fsdp, recipe]), recipe, fsdp)
+
+def test_a_full_size_layout_reads_other_rows_and_is_held_to_its_hf_forward_instead(twin_pair):
+    """The neuron tier's recipe (``tp4+fsdp``) keeps the size's local batch: its step reads a
+    quarter of the FSDP run's rows, so the pair is named, not compared (its twin here)."""
+    pair = twin_pair("titan_native", "pretrained", "tp4+fsdp")
     assert pair.status == "not comparable" and "HF forward" in pair.message, pair.line()
 
 
-def test_a_full_size_layout_on_the_fsdp_runs_rows_from_a_random_init_is_not_compared(tmp_path):
+def test_a_full_size_layout_on_the_fsdp_runs_rows_from_a_random_init_is_not_compared(twin_pair):
     """The MoE cut under EP (``ep64``) reads the FSDP 64 run's rows, but from a random init drawn
     under another sharding (its experts split over the ranks): other weights, named, not
     compared."""
-    from harness.registry.assets_twin import build_twin
-
-    root = build_twin(tmp_path / "twin")
-
-    def twin(layout):
-        case = RunCase("cpu", "nki_moe", "full", "random", "sdpa", layout=layout)
-        return _result(case.run_spec(STEPS, str(root), workdir=str(tmp_path)), CURVE)
-
-    fsdp, ep = twin("fsdp"), twin("ep64")
-    pair = _pair(equivalence.pairs([fsdp, ep]), ep, fsdp)
+    pair = twin_pair("nki_moe", "random", "ep64")
     assert pair.status == "not comparable" and "random init" in pair.message, pair.line()
