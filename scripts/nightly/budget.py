@@ -66,9 +66,9 @@ def items() -> list[Item]:
     from harness.launch.run_matrix import cases, layout_cases
 
     neuron = [c for c in cases(("neuron",))]
-    layouts = layout_cases(("neuron",))  # tiny runs in the neuron tier's layouts (NEURON_LAYOUTS)
-    out = [Item(f"{size} runs", sum(c.size == size for c in neuron) + (len(layouts) if size == "tiny" else 0),
-                NEURON_TIMEOUTS_S[size],
+    # the size of every launched run: the tier's cases, and its tiny layouts (NEURON_LAYOUTS)
+    sizes = [c.size for c in neuron] + ["tiny" for _ in layout_cases(("neuron",))]
+    out = [Item(f"{size} runs", sizes.count(size), NEURON_TIMEOUTS_S[size],
                 "harness/device/devices.py NEURON_TIMEOUTS_S (the launcher kills the run)")
            for size in ("tiny", "full")]
     references = sum(c.size == "full" and c.init == "pretrained" for c in neuron)

@@ -238,3 +238,17 @@ def test_the_budget_counts_every_in_process_neuron_test_of_the_registry():
              for impl in op.implementations if "neuron" in impl.devices
              for case in op.cases if impl.runs_case("neuron", case.name) for dtype in case.dtypes]
     assert budget.neuron_kernel_tests() == len(cells) + 2  # + tests/kernels/test_neuron.py's two
+
+
+def test_the_budget_counts_every_run_the_neuron_tier_launches():
+    """Every launch of the neuron tier at its size's limit: the run template's cases and the
+    tier's own layouts (tiny: compile and EP; full: the recipe and the MoE under EP)."""
+    from harness.launch.run_matrix import cases, layout_cases
+
+    budget = _nightly("budget")
+    runs = {item.what: item.count for item in budget.items()}
+    launched = {(c.id, c.size) for c in cases(("neuron",))} | {(c.id, "tiny") for c in layout_cases(("neuron",))}
+    assert runs["tiny runs"] == sum(size == "tiny" for _, size in launched), runs
+    assert runs["full runs"] == sum(size == "full" for _, size in launched), runs
+    assert {"neuron-titan_native-tiny-pretrained@compile", "neuron-nki_moe-tiny-pretrained@ep",
+            "neuron-nki_moe-full-random@ep64"} <= {name for name, _ in launched}
