@@ -89,6 +89,14 @@ THREADS_ENV = "OMP_NUM_THREADS"
 # Still needed while pyarrow's jemalloc defaults to it (tests/selftest/test_warm_start.py).
 ARROW_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
+# How every harness process runs the Hugging Face libraries: offline (the harness reads local
+# assets only) and quiet. The in-process checks set these in their own environment
+# (harness/parity/env.py), and every rank gets them whether or not that has happened yet
+# (harness/launch/run.py rank_environment), each only where the caller left it unset: a rank's
+# environment must not depend on which in-process tests ran before its launch (it decides which
+# zygote forks the rank, harness/launch/warm.py).
+HF_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
 
 def worker_threads(workers: int, cpu_count: int | None) -> int | None:
     """Intra-op threads of each of ``workers`` pytest-xdist workers, and of the processes its
@@ -238,12 +246,14 @@ def profile_for(kind: str) -> DeviceProfile:
     available, reason = device_status(kind)
     if not available:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")
-    import torch
-
     if kind == "neuron":
+        import torch
+
         count = torch.neuron.device_count()  # type: ignore[attr-defined]
         return neuron_profile(count, dict(os.environ))
     if kind == "cuda":
+        import torch
+
         count = torch.cuda.device_count()
         return DeviceProfile(
             kind="cuda", process_group_backend="nccl", ranks_per_node=count, device_count=count

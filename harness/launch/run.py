@@ -35,12 +35,13 @@ from harness.registry.assets_twin import FULL_ASSETS_ENV
 from harness.launch import children
 from harness.launch.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
 from harness.backends import c4
-from harness.device.devices import DeviceProfile
+from harness.device.devices import HF_ENV, DeviceProfile
 from harness.launch import warm
 from harness.launch.preflight import check_run_inputs
 from harness.results.run_result import RunResult, read_step_records
 from harness.launch.subjects import Facts
 from harness.upstream import install as shim_install
+from harness.upstream import titan_cli
 from harness.upstream.versions import package_versions
 
 SHIMS_ENV = shim_install.ENV_VAR
@@ -342,11 +343,9 @@ def layout_flags(spec: RunSpec, compile_backend: str) -> tuple[str, ...]:
     degrees, at tiny size the batch that keeps the tiny run's global batch (a full-size layout
     keeps the size's local batch, as users run it), compile through the device's backend
     (``DeviceProfile.compile_backend``), and what the generation spells its own way
-    (``titan_api.layout_overrides``)."""
+    (``titan_cli.layout_overrides``)."""
     if spec.layout == FSDP:
         return ()
-    from harness.upstream import titan_api
-
     lay = spec.degrees
     flags = (
         "--parallelism.tensor_parallel_degree", str(lay.tp),
@@ -361,7 +360,7 @@ def layout_flags(spec: RunSpec, compile_backend: str) -> tuple[str, ...]:
            "--compile.backend", compile_backend) if lay.compile else ()),
         *(spec.spec.cp_flags if lay.cp > 1 else ()),
     )
-    return flags + titan_api.layout_overrides(tp=lay.tp, ep=lay.ep, pp=lay.pp, ac=lay.ac,
+    return flags + titan_cli.layout_overrides(tp=lay.tp, ep=lay.ep, pp=lay.pp, ac=lay.ac,
                                               vocab_size=spec.model_config["vocab_size"])
 
 
@@ -386,6 +385,8 @@ def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
     (on every device) with the shims, plants and rank-side observers it installs
     (harness/rank/boot/sitecustomize.py), then ``spec.extra_env``."""
     env = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
+    for name, value in HF_ENV.items():  # as the in-process checks set them, ran they or not
+        env.setdefault(name, value)
     env.update(profile.rank_env)
     if spec.size == "full" and spec.hf_assets_path and not spec.subject:
         env[FULL_ASSETS_ENV] = str(spec.hf_assets_path)

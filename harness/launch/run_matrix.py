@@ -16,7 +16,7 @@ from harness.registry import known_issues, paths
 from harness.backends import BACKENDS
 from harness.device.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
 from harness.launch.run import RunSpec
-from harness.upstream.titan_api import generation
+from harness.registry.generations import installed_generation as generation
 from harness.launch.subjects import Subject, infer
 from harness.registry.assets_twin import full_size_assets_dir
 from harness.registry.layouts import FSDP, LAYOUTS

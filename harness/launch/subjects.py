@@ -19,7 +19,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.backends import BACKENDS
-from harness.model.build import is_transformers_backend, on_meta
 from harness.registry import known_issues, paths
 from harness.registry.hf_config import read_config_json
 from harness.upstream.versions import package_versions
@@ -125,6 +124,8 @@ def _uses_custom_ops(model_config) -> bool:
 
 def _meta_parameters(config) -> int:
     """Parameters of the model the trainer builds from ``config`` (harness/model/build.py)."""
+    from harness.model.build import on_meta
+
     return sum(p.numel() for p in on_meta(copy.deepcopy(config)).parameters())
 
 
@@ -147,6 +148,14 @@ def _config_shape(model_dir: Path) -> tuple:
 def _matches(directory: Path | None, shape: tuple, parameters: int) -> bool:
     return (directory is not None and (directory / "config.json").is_file()
             and _config_shape(directory) == shape and hf_parameters(directory) == parameters)
+
+
+def is_transformers_backend(config) -> bool:
+    """harness/model/build.py's, imported where a subject is read: the launcher imports this
+    module, and a process that only launches (the prefetcher) has no use for torch."""
+    from harness.model import build
+
+    return build.is_transformers_backend(config)
 
 
 def _match_model(config, parameters: int, own_dirs: list[Path]) -> tuple[str | None, Path | None]:

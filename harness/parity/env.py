@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from harness.device.devices import HF_ENV
+
 _DONE = False
 
 
@@ -21,8 +23,8 @@ def prepare_in_process() -> None:
     global _DONE
     if _DONE:
         return
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name, value in HF_ENV.items():
+        os.environ.setdefault(name, value)
 
     import torch.nn.attention.flex_attention as flex_module
 

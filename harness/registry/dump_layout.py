@@ -39,6 +39,9 @@ DUMP = "dump"
 CHECKPOINTS = "checkpoint"
 CHECKPOINT_STEP = "step-{step}"
 METRICS = "harness_metrics"
+# The key of the loss in a step record: torchtitan's metrics processor names it so, and the sink
+# (harness/upstream/metrics_sink.py) writes the record as torchtitan hands it over.
+LOSS_KEY = "loss_metrics/global_avg_loss"
 METRICS_FILE = "rank{rank}.jsonl"
 BATCHES = "harness_batches"
 BATCH_FILE = "rank{rank}_step{step}.pt"

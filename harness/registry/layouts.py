@@ -8,7 +8,7 @@ the reference trajectory on its own global batches, and to the FSDP run itself w
 the same rows (``same_batches_as_fsdp``).
 
 What each field becomes on torchtitan's command line is one function per generation
-(harness/upstream/titan_api ``layout_overrides``): the spellings differ, the layouts do not.
+(harness/upstream/titan_cli.py ``layout_overrides``): the spellings differ, the layouts do not.
 
 Adding a layout: one entry below. The README's layout table is generated from here and from
 the known issues (``layout_table_markdown``; tests/selftest/test_doc_links.py holds it).

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.registry import dump_layout
-from harness.upstream.metrics_sink import LOSS_KEY
+from harness.registry.dump_layout import LOSS_KEY
 
 GIB = 1024**3
 

@@ -22,8 +22,7 @@ import torch
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
 from harness.registry import dump_layout
-
-LOSS_KEY = "loss_metrics/global_avg_loss"
+from harness.registry.dump_layout import LOSS_KEY
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -7,24 +7,26 @@ import subprocess
 import sys
 from importlib import metadata
 
-from harness.registry import paths
+from harness.registry import generations, paths
 
 VERSIONED_PACKAGES = ("torch", "torchtitan", "transformers", "safetensors", "torch-neuronx")
 
 
 def package_versions() -> dict[str, str]:
     """The versions every result records, with the torchtitan API generation."""
-    from harness.upstream.titan_api import TORCHTITAN_VERSION, api_generation, fork_note, generation
-
+    # The generation is read off the installed version (harness/registry/generations.py), not
+    # off the API module: importing that imports torchtitan's models (about 3 CPU s in a process
+    # that launches runs and computes nothing, such as the prefetcher).
+    installed = generations.installed_version()
     versions = {"python": sys.version.split()[0]}
     for name in VERSIONED_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    versions["torchtitan-generation"] = generation()
-    versions["torchtitan-api"] = api_generation()
-    note = fork_note(TORCHTITAN_VERSION)
+    versions["torchtitan-generation"] = generations.generation_of(installed)
+    versions["torchtitan-api"] = generations.api_generation_of(versions["torchtitan-generation"])
+    note = generations.fork_note(installed)
     if note:
         versions["torchtitan-unknown-fork"] = note
     return versions

@@ -9,7 +9,9 @@ Specification:
   (``Layout.twin``), whose model is the tiny one; only a full-size run can be a twin's;
 - a full-size layout reads the FSDP run's rows only where every rank stays data-parallel (EP),
   and the layouts that recompute the MoE forward (the routing-count known issue's ``where``)
-  are read off the registry.
+  are read off the registry;
+- what a generation spells its own way (harness/upstream/titan_cli.py) is spelled for every
+  API generation, each as its torchtitan takes it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 from harness.device.devices import neuron_profile, profile_for
 from harness.launch.run import RunSpec, build_command, layout_flags
 from harness.launch.run_matrix import LayoutCase, RunCase
+from harness.registry.generations import API_OF
 from harness.registry.layouts import LAYOUTS, layout
+from harness.upstream import titan_cli
 
 STEPS = 2
 
@@ -88,3 +92,12 @@ def test_the_layouts_that_recompute_the_moe_forward_are_the_registrys():
     once = {name for name, lay in LAYOUTS.items() if name not in RECOMPUTING_LAYOUTS}
     assert once == {"ac=none", "compile"}, once
     assert {"fsdp", "ep", "ep64", "tp4+fsdp"} <= set(RECOMPUTING_LAYOUTS)
+
+
+def test_every_api_generation_spells_a_layouts_own_flags():
+    assert set(titan_cli.LAYOUT_OVERRIDES) == set(API_OF.values())
+    ep_ac_full = {"tp": 1, "ep": 2, "pp": 1, "ac": "full", "vocab_size": 64}
+    # 0.3.0: a tyro subcommand, last, and CUDA graphs off under EP; spring 2026: a field
+    assert titan_cli.LAYOUT_OVERRIDES["v0_3"](**ep_ac_full) == ("--training.disable_cuda_graphs",
+                                                                "activation_checkpoint:full")
+    assert titan_cli.LAYOUT_OVERRIDES["spring2026"](**ep_ac_full) == ("--activation_checkpoint.mode", "full")

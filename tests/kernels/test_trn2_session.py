@@ -126,7 +126,11 @@ def test_one_bf16_ulp_on_one_element_is_within_the_tolerance(tmp_path):
 def _script(monkeypatch):
     """The script as a module; the environment it sets at import is restored after the test."""
     for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_LOGICAL_NC_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
+        # set, then removed: monkeypatch records the variable's state before the test (a delenv
+        # of an unset variable records nothing, and what the script sets would stay for every
+        # later test and launch of this process)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     spec = importlib.util.spec_from_file_location("trn2_first_session", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -11,13 +11,17 @@ Specification:
   (``run_cache.unread_prefetches``): the prefetcher's spec of a test differs from the test's;
 - the prefetcher stops between launches when told, and one process of a session starts it;
 - the device decides: CPU prefetches, an accelerator (whose launches would share its
-  devices) does not.
+  devices) does not;
+- the prefetcher only launches: what it imports to launch a run and record its versions
+  (torch, torchtitan, transformers, datasets: about 3 CPU s, once per session) it does not
+  import.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -151,3 +155,17 @@ def test_only_a_device_whose_launches_overlap_prefetches():
     assert profile_for("cpu").prefetch is True
     assert DeviceProfile(kind="neuron", process_group_backend="xla", ranks_per_node=64,
                          device_count=16).prefetch is False
+
+
+def test_launching_a_run_and_recording_its_versions_imports_no_training_library(tmp_path):
+    """The prefetcher's process launches runs and reads their results; the ranks train."""
+    launching = ("import sys; import harness.launch.prefetch, harness.launch.run_matrix; "
+                 "from harness.launch.run_cache import RunCache; "
+                 "from harness.device.devices import profile_for; "
+                 "from harness.launch.run import RunSpec, node_commands; "
+                 f"from pathlib import Path; node_commands(RunSpec('nki_moe', layout='ep'), profile_for('cpu'), Path({str(tmp_path)!r})); "
+                 "from harness.upstream.versions import package_versions; package_versions(); "
+                 "print(sorted({m.split('.')[0] for m in sys.modules} "
+                 "& {'torch', 'torchtitan', 'transformers', 'datasets'}))")
+    done = subprocess.run([sys.executable, "-c", launching], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

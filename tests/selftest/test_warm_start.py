@@ -21,9 +21,10 @@ import psutil
 import pytest
 
 from harness import plants
-from harness.device.devices import ARROW_ENV, detect
+from harness.device.devices import ARROW_ENV, HF_ENV, detect
 from harness.launch import warm
 from harness.launch.run import RunSpec, rank_environment, run_patches
+from harness.parity.env import prepare_in_process
 from harness.rank.warm_start import STARTED_COLD, STARTED_WARM, TORCHRUN_SET, USED_CPU, refusal
 
 ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "HARNESS_SHIMS": "cpu_device,gloo_reduce_op",
@@ -64,6 +65,21 @@ def test_what_the_zygotes_own_imports_set_is_not_a_difference():
     env = rank(TORCHINDUCTOR_CACHE_DIR="/tmp/torchinductor_x")
     assert refusal(ZYGOTE, env, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}) is None
     assert "TORCHINDUCTOR_CACHE_DIR" in refusal(ZYGOTE, env, {"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
+
+
+def test_a_ranks_environment_is_the_same_before_and_after_the_in_process_checks_set_theirs(monkeypatch):
+    """The in-process checks set the Hugging Face libraries' variables in the pytest process
+    (harness/parity/env.py), whose environment every later launch inherits: a run launched
+    after them must get the environment it gets before them, or a worker's zygote, started
+    before them, refuses its ranks and a second zygote imports everything again."""
+    profile = detect("cpu")
+    for name in HF_ENV:
+        monkeypatch.delenv(name, raising=False)
+    before = rank_environment(RunSpec("titan_native"), profile)
+    prepare_in_process()  # idempotent: it may have run in this process already
+    for name, value in HF_ENV.items():
+        monkeypatch.setenv(name, os.environ.get(name, value))  # as the set-up leaves them
+    assert rank_environment(RunSpec("titan_native"), profile) == before
 
 
 # ---------------------------------------------------------------- a real zygote, with stand-in workers

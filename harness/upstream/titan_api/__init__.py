@@ -4,7 +4,9 @@ The generations by name (which versions each accepts, which is a fork of which) 
 harness/registry/generations.py, re-exported here. Everything that differs between the APIs lives in one
 module per API (``v0_3.py``, ``spring2026.py``), each exposing the same names (``API``), each
 difference with its reason. Backends import those names from here and never branch on versions
-themselves.
+themselves. What a generation spells its own way on torchtitan's command line is
+harness/upstream/titan_cli.py instead: the launcher builds command lines without importing
+torchtitan.
 
 TorchTitan Neuron is a generation of its own that shares the spring2026 API module
 (``API_OF``) and inherits its known issues (``FORK_OF``): what was found wrong in public ``main``
@@ -39,7 +41,6 @@ API = (
     "TEXT_PACKING",
     "post_dataloading_parts",
     "NOT_PORTED",
-    "layout_overrides",
 )
 
 from harness.registry.generations import (  # noqa: E402,F401
@@ -83,7 +84,6 @@ call_loss = _impl.call_loss
 MOE_GROUPED_EXPERTS_PATH: str = _impl.MOE_GROUPED_EXPERTS_PATH
 TEXT_PACKING: str = _impl.TEXT_PACKING
 post_dataloading_parts = _impl.post_dataloading_parts
-layout_overrides = _impl.layout_overrides
 
 
 def grouped_experts_compute(module, x_RD, num_tokens_per_expert_E, weights: dict | None = None):

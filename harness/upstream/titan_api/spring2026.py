@@ -144,11 +144,3 @@ def post_dataloading_parts(processed) -> tuple:
 # Every suite runs on this generation (the parity, conformance, data-path, SFT and
 # training-state references follow it where it differs: the names above).
 NOT_PORTED: tuple[tuple[str, str], ...] = ()
-
-
-def layout_overrides(*, tp: int, ep: int, pp: int, ac: str, vocab_size: int) -> tuple[str, ...]:
-    """What spring 2026's command line needs for a layout beyond the parallel degrees, batch
-    and compile flags (harness/launch/run.py ``layout_flags``): activation checkpointing is a
-    field (``--activation_checkpoint.mode``); TP's loss, EP and PP need nothing more (0.3.0's do)."""
-    del tp, ep, pp, vocab_size
-    return ("--activation_checkpoint.mode", ac)

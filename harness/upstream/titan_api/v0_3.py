@@ -134,21 +134,3 @@ def post_dataloading_parts(processed) -> tuple:
 
 # Every test of the harness runs on this generation.
 NOT_PORTED: tuple[tuple[str, str], ...] = ()
-
-
-def layout_overrides(*, tp: int, ep: int, pp: int, ac: str, vocab_size: int) -> tuple[str, ...]:
-    """What 0.3.0's command line needs for a layout beyond the parallel degrees, batch and
-    compile flags (harness/launch/run.py ``layout_flags``), which both generations spell alike:
-    - TP: the loss is computed vocab-parallel (spmd_types), and ``CrossEntropyLoss`` asks for
-      the full vocabulary (``--loss.global_vocab_size``; spring's loss has no such field);
-    - EP and PP: the trainer refuses EP's CPU-synchronising token dispatcher, and pipeline
-      parallelism, unless CUDA graphs are off (``_validate_cuda_graphs``: "CUDA graphs do not
-      support pipeline parallelism yet"), even on a host with no CUDA;
-    - activation checkpointing is a tyro subcommand (``activation_checkpoint:<mode>``), which
-      takes every token after it, so it comes last."""
-    flags: tuple[str, ...] = ()
-    if tp > 1:
-        flags += ("--loss.global_vocab_size", str(vocab_size))
-    if ep > 1 or pp > 1:
-        flags += ("--training.disable_cuda_graphs",)
-    return (*flags, f"activation_checkpoint:{ac}")

@@ -46,11 +46,16 @@ def simulated(kernel):
     import nki
 
     def call(*args, **kwargs):
+        unset = [name for name in SIMULATOR_ENV if name not in os.environ]
         for name, value in SIMULATOR_ENV.items():
             if os.environ.get(name, value) != value:
                 raise RuntimeError(f"{name}={os.environ[name]!r}: the harness simulates trn2 only; unset it or set {value!r}")
             os.environ[name] = value
-        return as_torch(nki.simulate(kernel)(*args, **kwargs))
+        try:
+            return as_torch(nki.simulate(kernel)(*args, **kwargs))
+        finally:  # the process's environment is every later launch's: leave it as it was
+            for name in unset:
+                os.environ.pop(name, None)
 
     return call
 
