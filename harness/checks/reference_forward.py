@@ -97,11 +97,10 @@ def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
 
 def hf_forward(run) -> tuple[float, str]:
     """A full-size run's step-1 loss recomputed from its HF weights on its own step-1 batch."""
-    from harness.launch.run import RunSpec, pretrained_weights_dir
-
-    weights = pretrained_weights_dir(RunSpec(backend=run.backend, size=run.size, init=run.init,
-                                             attention=run.attention,
-                                             hf_assets_path=run.assets_dir))
+    if run.weights_dir is None:
+        raise MissingExpectation(f"{run.name}: it recorded no HF weights folder "
+                                 f"(RunResult.weights_dir) to recompute its step 1 from")
+    weights = Path(run.weights_dir)
     try:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
@@ -140,7 +139,7 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     if len(batches) != run.nproc:
         raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
                                  f"{run.nproc} ranks: a global-average loss needs every rank's")
-    model_dir = run_model_dir(run) or Path(spec.model_dir)
+    model_dir = Path(run.model_dir) if run.model_dir else Path(spec.model_dir)
     try:
         weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
     except NotConvertible as error:
@@ -167,13 +166,10 @@ def model_masking(run) -> str:
 
 
 def run_model_dir(run) -> Path | None:
-    """A full-size run's model config dir (its assets); None: the fixtures' by model key."""
-    if run.size != "full" or not run.assets_dir:
+    """A full-size run's model config dir (the one it read); None: the fixtures' by model key."""
+    if run.size != "full" or run.model_dir is None:
         return None
-    from harness.backends import backend
-
-    spec = backend(run.backend).size(run.size)
-    return spec.resolve(spec.model_dir, run.assets_dir)
+    return Path(run.model_dir)
 
 
 FORWARDS = RunForwards(hf_forward=hf_forward, initial_weights_forward=initial_weights_forward,

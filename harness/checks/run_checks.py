@@ -90,15 +90,14 @@ def _diagnosed(run: RunResult, outcome: Outcome) -> Outcome:
 def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
     """The HF checkpoint the run saved reloads with transformers: no missing, no unexpected
     keys, every shape right (``from_pretrained`` on the model's own config.json)."""
-    from harness.backends import backend
-
     dirs = run.hf_checkpoint_dirs
     if not dirs:
         problem = f"no HF checkpoint under {dump_layout.checkpoints(run.run_dir)}"
         return Outcome(problem, {"error": problem})
-    spec = backend(run.backend).size(run.size)
-    model_dir = spec.resolve(spec.model_dir, run.assets_dir)
-    return _reload_problems(dirs[-1], model_dir)
+    if run.model_dir is None:
+        problem = f"{run.name} recorded no model config dir (RunResult.model_dir) to reload against"
+        return Outcome(problem, {"error": problem})
+    return _reload_problems(dirs[-1], Path(run.model_dir))
 
 
 def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:

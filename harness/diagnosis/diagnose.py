@@ -76,10 +76,8 @@ def request(run) -> dict:
     from harness.backends import backend
 
     size = backend(run.backend).size(run.size)
-    model_dir = size.resolve(size.model_dir, run.assets_dir)
-    weights = size.resolve(size.weights_dir, run.assets_dir) if run.init == "pretrained" else None
-    return {"backend": run.backend, "attention": run.attention, "model_dir": str(model_dir),
-            "weights_dir": None if weights is None else str(weights),
+    return {"backend": run.backend, "attention": run.attention, "model_dir": run.model_dir,
+            "weights_dir": run.weights_dir,
             "run_dir": str(run.run_dir), "nproc": run.nproc, "device": run.device,
             "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
             "regime": size.precision

@@ -65,13 +65,10 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
     """Every hint for a failing pretrained ``run`` (harness.results.run_result.RunResult)."""
     if run.init != "pretrained":
         return []
-    from harness.backends import backend
     from harness.registry.expectations import configured_lm_head_std
 
-    size = backend(run.backend).size(run.size)
-    model_dir = size.resolve(size.model_dir, run.assets_dir)
-    weights = size.resolve(size.weights_dir, run.assets_dir)
-    arch = Qwen3Arch.from_dir(model_dir)
+    weights = run.weights_dir
+    arch = Qwen3Arch.from_dir(run.model_dir)
     hints = []
     try:
         std = configured_lm_head_std(run.backend, arch.hidden_size,

@@ -534,7 +534,8 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     ``on_step(StepRecord)`` is called as steps are logged (progress display).
     """
     per_node = spec.ranks_per_node(profile)  # nodes that do not divide the ranks: refused here
-    check_run_inputs(*run_inputs(spec))
+    model_dir, _, weights_dir = inputs = run_inputs(spec)
+    check_run_inputs(*inputs)
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded
@@ -592,6 +593,8 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         workarounds=spec.all_workarounds,
         layout=spec.layout,
         assets_dir=spec.hf_assets_path,
+        model_dir=str(model_dir),
+        weights_dir=None if weights_dir is None else str(weights_dir),
         command=command,
         returncode=returncode,
         timed_out=timed_out,

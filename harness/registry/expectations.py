@@ -211,13 +211,13 @@ class ExpectationRegistry:
                             "they need the run: pass both (harness/checks/reference_forward.py FORWARDS)")
         generation = _api_generation(generation)
 
-        def score(entry):  # exact matches first
-            return ((entry["device"] != device) + (entry.get("mask", "any") != mask)
-                    + (entry.get("generation", "any") != generation))
+        def score(entry):  # exact matches first; a model's own entries before "any" model's
+            return (4 * (entry["model"] != model) + (entry["device"] != device)
+                    + (entry.get("mask", "any") != mask) + (entry.get("generation", "any") != generation))
 
         matches = sorted(
             (e for e in self.entries
-             if (e["backend"], e["model"], e["init"]) == (backend, model, init)
+             if (e["backend"], e["init"]) == (backend, init) and e["model"] in (model, "any")
              and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")
              and e.get("generation", "any") in (generation, "any")),
             key=score)

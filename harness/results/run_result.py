@@ -76,6 +76,11 @@ class RunResult:
     workarounds: tuple[str, ...] = ()
     layout: str = "fsdp"  # harness/registry/layouts.py
     assets_dir: str | None = None  # the HF assets dir of a full-size run
+    # The folders the run read (harness/launch/run.py ``run_inputs``, subjects included): the
+    # config.json its model was built from, and its HF weights (None: random init). Every
+    # later stage reads these; none resolves them again.
+    model_dir: str | None = None
+    weights_dir: str | None = None
     # The device's compile cache around the run (``CompileCache``), where it has one.
     compile_cache: dict | None = None
     nodes: int = 1  # the torchrun agents the ranks were spread over (RunSpec.nodes)

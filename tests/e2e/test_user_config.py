@@ -7,10 +7,14 @@ Specification:
 - a config with a wrong rope theta fails the lint before any rank starts, naming the field,
   both values and the file they came from;
 - ``--compare`` runs two configs on the same data and seed: native Qwen3 with flex attention
-  and the transformers backend with its per-document mask workaround have equal step-1 losses.
+  and the transformers backend with its per-document mask workaround have equal step-1 losses;
+- a config of a shape the harness does not know is a full-size subject, and every check reads
+  its own config.json and assets: its step-1 loss is held to the backend's rule on its own
+  width and vocabulary, its saved checkpoint reloads against its own config.json.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,6 +61,24 @@ USER_CONFIG = textwrap.dedent('''
         for layer in config.model_spec.model.layers:
             layer.attention.rope = dataclasses.replace(layer.attention.rope, theta=1e4)
         return config
+''')
+
+
+OTHER_SHAPE = {"hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 2}
+OTHER_CONFIG = textwrap.dedent('''
+    """A user's Qwen3 of a shape the harness does not know, with assets of its own."""
+    from torchtitan.trainer import Trainer
+
+    from harness.backends.common import TINY, shared_fields
+    from harness.backends.native_qwen3 import model_spec_from_hf
+
+    ASSETS = {assets!r}
+
+
+    def other_shape():
+        return Trainer.Config(model_spec=model_spec_from_hf(ASSETS, flavor="other", attn_backend="sdpa"),
+                              **shared_fields(TINY, hf_assets_path=ASSETS))
 ''')
 
 
@@ -146,3 +168,28 @@ def test_compare_native_flex_and_the_transformers_backend_with_its_workaround(us
     native, hf = (r["steps"][0]["loss"] for r in runs)
     assert abs(native - hf) <= parity_tolerance("torchrun_loss", "float32").atol, text
     assert "no step differs" in text, text
+
+
+def test_a_config_of_a_shape_the_harness_does_not_know_is_checked_against_its_own_assets(
+        tmp_path, monkeypatch):
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    config = {**json.loads((paths.TINY_DENSE / "config.json").read_text()), **OTHER_SHAPE}
+    config["layer_types"] = ["full_attention"] * OTHER_SHAPE["num_hidden_layers"]
+    (assets / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(paths.TINY_DENSE / name, assets / name)
+    (tmp_path / "other_qwen3.py").write_text(OTHER_CONFIG.format(assets=str(assets)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "other_qwen3", raising=False)
+    facts = infer(Subject("other_qwen3", "other_shape"))
+    assert (facts.size, facts.model_dir) == ("full", assets), facts
+
+    out = tmp_path / "report"
+    status = cli.main(["run", "--subject", "other_qwen3:other_shape", "--steps", "2",
+                       "--pythonpath", str(tmp_path), "--output-dir", str(out)])
+    checks = json.loads((out / "results.json").read_text())["runs"][0]["checks"]
+    assert status == 0, json.dumps(checks, indent=1)
+    step_1, reload = checks["first_step_loss"], checks["hf_checkpoint_complete"]
+    assert step_1["status"] == "pass" and "hidden=64" in step_1["how"], step_1
+    assert reload["status"] == "pass" and str(assets / "config.json") in reload["how"], reload

@@ -218,7 +218,8 @@ def _pretrained_result(loss, tmp_path):
     return RunResult(name="titan_native-tiny-pretrained", backend="titan_native", size="tiny",
                      init="pretrained", device="cpu", nproc=2, command=[], returncode=0,
                      timed_out=False, duration_s=1.0, run_dir=tmp_path, steps=[step],
-                     attention="sdpa", versions={"torchtitan-generation": generation()})
+                     attention="sdpa", versions={"torchtitan-generation": generation()},
+                     model_dir=str(paths.TINY_DENSE), weights_dir=str(paths.TINY_DENSE))
 
 
 def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):

@@ -31,7 +31,8 @@ def _run(tmp_path, size: str) -> RunResult:
     return RunResult(name=f"titan_native-{size}-pretrained", backend="titan_native", size=size,
                      init="pretrained", device="cpu", nproc=2, command=["torchrun", "--training.steps", "2"],
                      returncode=0, timed_out=False, duration_s=1.0, run_dir=run_dir, steps=steps,
-                     assets_dir=str(paths.TINY_DENSE) if size == "full" else None)
+                     assets_dir=str(paths.TINY_DENSE) if size == "full" else None,
+                     model_dir=str(paths.TINY_DENSE))
 
 
 def _enforced(check: str, run: RunResult):
