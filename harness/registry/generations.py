@@ -31,6 +31,13 @@ SUPPORTED: dict[str, tuple[str, str]] = {
         "`pip install -e . -c <(python3 constraints/neuron_image.py)` here",
     ),
 }
+# The rest of the stack every generation runs on: the Neuron SDK 2.33's torch (torch-neuronx
+# 2.14.3.x is built for torch 2.14.0; both torchtitan generations import torch 2.14 APIs, e.g.
+# ``DataParallelMeshDims``) and the transformers v5 that torchtitan 0.3.0's transformers backend
+# was written against. pyproject.toml's dependency ranges say the same (a test holds them equal).
+STACK: dict[str, str] = {"torch": ">=2.14.0,<2.15", "transformers": ">=5.9.0,<6"}
+# The one command that installs a supported stack on a CPU machine (a Neuron image: README).
+CPU_INSTALL = "python3 -m pip install -e . -c constraints/cpu.txt"
 # The API module of each generation (harness/upstream/titan_api/<module>.py).
 API_OF = {"v0_3": "v0_3", "spring2026": "spring2026", "spring2026-neuron": "spring2026"}
 # A fork and the generation it forks: the fork inherits the base's known issues
@@ -100,3 +107,41 @@ def installed_version() -> str:
 def installed_generation() -> str:
     """The installed generation's name ("v0_3", "spring2026" or "spring2026-neuron")."""
     return generation_of(installed_version())
+
+
+def installed(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def unsupported_stack() -> str | None:
+    """None where the installed (torch, torchtitan, transformers) is a supported combination;
+    else one line: what is installed, what is needed, and the command that fixes it. Reads
+    package metadata only (nothing is imported), so it answers where torchtitan cannot import."""
+    from packaging.specifiers import SpecifierSet
+
+    versions = {name: installed(name) for name in ("torch", "torchtitan", "transformers")}
+    problems = []
+    titan = versions["torchtitan"]
+    if titan is None:
+        accepts = " or ".join(accepts for accepts, _ in SUPPORTED.values())
+        problems.append(f"torchtitan is not installed (needs {accepts})")
+    else:
+        try:
+            generation_of(titan)
+        except UnsupportedTorchtitanError:
+            problems.append(f"torchtitan {titan} is no supported generation (needs "
+                            f"{' or '.join(accepts for accepts, _ in SUPPORTED.values())})")
+    for name, spec in STACK.items():
+        version = versions[name]
+        if version is None:
+            problems.append(f"{name} is not installed (needs {name}{spec})")
+        elif not SpecifierSet(spec).contains(version, prereleases=True):
+            problems.append(f"{name} {version} is installed, torchtitan "
+                            f"{titan or '(any generation)'} and the harness need {name}{spec}")
+    if not problems:
+        return None
+    return (f"unsupported environment: {'; '.join(problems)}. Fix: {CPU_INSTALL} "
+            f"(on a Neuron image, keep its torch and install TorchTitan Neuron first: README.md)")

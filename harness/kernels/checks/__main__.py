@@ -2,6 +2,10 @@
 
 import sys
 
-from harness.kernels.checks.cli import main
+from harness.cli.environment import require_supported_stack
+
+require_supported_stack()  # before anything imports torch or torchtitan
+
+from harness.kernels.checks.cli import main  # noqa: E402
 
 sys.exit(main())
