@@ -3,7 +3,9 @@
 #
 # The harness runs against two torchtitan API generations (harness/upstream/titan_api/): PyPI's 0.3.0
 # in the system environment, and torchtitan `main` of spring 2026 (what TorchTitan Neuron
-# 0.2.2+neuron.1 forks), whose public stand-in is the wheel in ../shared/wheels. This venv
+# 0.2.2+neuron.1 forks), pinned in constraints/upstream.toml [torchtitan-spring2026]. Normally
+# run by `python3 scripts/get_upstream.py torchtitan-spring2026`, which fetches the wheel (built
+# from its source commit, or from a mirror, checked either way) into build/upstream/wheels. This venv
 # sees the system site-packages (torch, transformers, everything else: nothing large is
 # downloaded again) and installs only the wheel and the requirements it pins to a version
 # the system does not have (spmd_types==0.2.1), both with --no-deps.
@@ -11,11 +13,11 @@
 # Usage: scripts/make_titan_venv.sh           # prints the venv's python on its last line
 # Exit status: 0 built or reused; 2 skipped (no wheel dir / no wheel: nothing to test with);
 # anything else: a real failure.
-# Env: TITAN_WHEEL_DIR (default: <repo>/../shared/wheels), TITAN_VENV (default:
+# Env: TITAN_WHEEL_DIR (default: <repo>/build/upstream/wheels), TITAN_VENV (default:
 # <repo>/.venv-titan-spring2026).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-wheel_dir="${TITAN_WHEEL_DIR:-$repo/../shared/wheels}"
+wheel_dir="${TITAN_WHEEL_DIR:-$repo/build/upstream/wheels}"
 venv="${TITAN_VENV:-$repo/.venv-titan-spring2026}"
 # The requirements of the wheel that the system environment does not satisfy (the wheel pins
 # spmd_types==0.2.1; torchtitan 0.3.0 brings 0.2.3). Checked below against the wheel's metadata.
@@ -23,7 +25,7 @@ extra_pins=("spmd_types==0.2.1")
 
 if [[ ! -d "$wheel_dir" ]]; then
     echo "make_titan_venv: SKIP: no wheel directory $wheel_dir (it holds torchtitan's spring-2026" \
-         "main wheel, see ../shared/wheels/README.md; set TITAN_WHEEL_DIR to use another)" >&2
+         "main wheel: python3 scripts/get_upstream.py torchtitan-spring2026 fetches it and builds this venv)" >&2
     exit 2
 fi
 shopt -s nullglob

@@ -22,7 +22,7 @@ SUPPORTED: dict[str, tuple[str, str]] = {
     ),
     "spring2026": (
         "torchtitan 0.2.2+main.* (main of spring 2026)",
-        "scripts/make_titan_venv.sh (wheel from ../shared/wheels)",
+        "python3 scripts/get_upstream.py torchtitan-spring2026 (its venv, .venv-titan-spring2026)",
     ),
     "spring2026-neuron": (
         "torchtitan 0.2.2+neuron* (TorchTitan Neuron, a fork of spring-2026 main)",

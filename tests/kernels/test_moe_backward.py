@@ -23,14 +23,14 @@ The full 30B-A3B cut (8192 routed rows, 64 experts) is in the slow tier.
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
+
+from harness.registry import upstream
 import torch
 
-if importlib.util.find_spec("nkilib_src") is None:
-    pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
-                "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
+if upstream.missing("nki-library"):
+    pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
 from harness.kernels.checks.compare import arbitrate, elementwise  # noqa: E402
 from harness.kernels.ops import grouped_swiglu_torch  # noqa: E402

@@ -19,6 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.registry import upstream
+
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
@@ -221,6 +223,7 @@ def decision_problems(rows) -> list[str]:
     return problems
 
 
+@pytest.mark.skipif(bool(upstream.missing("nki-library")), reason=str(upstream.missing("nki-library")))
 def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_model():
     """The cheap form of the full-size table: every row traced, ours equal to the cost model."""
     from harness.kernels.ops.nki import moe_cost_table
@@ -237,6 +240,7 @@ def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_mode
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(bool(upstream.missing("nki-library")), reason=str(upstream.missing("nki-library")))
 def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf():
     """Shape-only traces at the cut (about 4 minutes of one core, nki-library's backward most)."""
     from harness.kernels.ops.nki import moe_cost_table

@@ -6,15 +6,15 @@ Then each deliberately wrong semantic (harness/plants/nki_emu.py) breaks what it
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
+from harness.registry import upstream
+
 from harness import plants
 
-if importlib.util.find_spec("nkilib_src") is None:
-    pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
-                "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
+if upstream.missing("nki-library"):
+    pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
 from harness.kernels.emu import validation  # noqa: E402
 

@@ -20,11 +20,12 @@ import subprocess
 import sys
 
 import pytest
+
+from harness.registry import upstream
 import torch
 
-if importlib.util.find_spec("nkilib_src") is None:
-    pytest.skip("nki-library's wheel is not installed (package nkilib_src): "
-                "pip install --no-deps ../shared/wheels/nki_library-*.whl (.ci/run does)", allow_module_level=True)
+if upstream.missing("nki-library"):
+    pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
 from harness.registry import paths  # noqa: E402
 from harness.kernels.checks import trn2_session as session  # noqa: E402

@@ -32,14 +32,12 @@ def has_nkilib() -> tuple[bool, str]:
 
 
 def has_nkilib_wheel() -> tuple[bool, str]:
-    """nki-library's standalone wheel (package ``nkilib_src.nkilib``), for the emulator tier.
-    CI installs it from ../shared/wheels (.ci/run)."""
-    import importlib.util
+    """nki-library's standalone wheel (package ``nkilib_src.nkilib``, pinned in
+    constraints/upstream.toml), for the emulator tier."""
+    from harness.registry import upstream
 
-    if importlib.util.find_spec("nkilib_src") is None:
-        return False, ("nki-library's wheel is not installed (package nkilib_src): "
-                       "pip install --no-deps ../shared/wheels/nki_library-*.whl")
-    return True, "nkilib_src imports"
+    reason = upstream.missing("nki-library")
+    return (False, reason) if reason else (True, "nkilib_src imports")
 
 
 def has_torchtitan_and_nkilib_wheel() -> tuple[bool, str]:
