@@ -23,8 +23,9 @@ if [[ ${#commands[@]} -ne 2 ]]; then
     echo "fresh_clone: README.md's first bash block has ${#commands[@]} commands, not the two set-up commands" >&2
     exit 1
 fi
-if [[ -e "$work/empty/shared" || -e "$clone/../shared" ]]; then
-    echo "fresh_clone: $work/empty/shared exists: the clone must have nothing beside it" >&2
+beside="$(ls -A "$work/empty")"
+if [[ "$beside" != "titan-parity-harness" ]]; then
+    echo "fresh_clone: $work/empty holds more than the clone ($beside): it must have nothing beside it" >&2
     exit 1
 fi
 "${PYTHON:-python3}" -m venv "$work/venv"

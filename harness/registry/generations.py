@@ -5,7 +5,7 @@ one): the known-issue registry reads these too (a fork inherits its base's known
 | generation   | torchtitan versions                    | where it comes from                      |
 |--------------|----------------------------------------|------------------------------------------|
 | ``v0_3``       | ``0.3.0``                                | PyPI (``pip install -e . -c constraints/cpu.txt``) |
-| ``spring2026`` | ``0.2.2+main.*``                          | torchtitan ``main`` of spring 2026; here: ``scripts/make_titan_venv.sh`` |
+| ``spring2026`` | ``0.2.2+main.*``                          | torchtitan ``main`` of spring 2026: ``python3 scripts/get_upstream.py torchtitan-spring2026`` |
 | ``spring2026-neuron`` | ``0.2.2+neuron*``                  | TorchTitan Neuron 0.2.2+neuron.1 (Neuron SDK 2.33), a fork of that ``main`` |
 """
 
@@ -100,7 +100,7 @@ def installed_version() -> str:
         raise UnsupportedTorchtitanError(
             "torchtitan is not installed; install it with "
             f"`{SUPPORTED['v0_3'][1]}` or build the spring-2026 venv with "
-            "`scripts/make_titan_venv.sh`"
+            f"`{SUPPORTED['spring2026'][1]}`"
         ) from error
 
 

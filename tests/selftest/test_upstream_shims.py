@@ -38,7 +38,7 @@ class Probe(NamedTuple):
 on_v0_3 = pytest.mark.skipif(titan_api.generation() != "v0_3",
                              reason="torchtitan 0.3.0 only (the v0_3 generation)")
 on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
-                                   reason="torchtitan spring-2026 main only (scripts/make_titan_venv.sh)")
+                                   reason="torchtitan spring-2026 main only (python3 scripts/get_upstream.py torchtitan-spring2026)")
 
 
 DEVICE_TYPE = Probe("device_type", "import torchtitan.tools.utils as u; print(u.device_type)")
