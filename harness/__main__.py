@@ -1,4 +1,4 @@
-from harness.cli.environment import require_supported_stack
+from harness.registry.generations import require_supported_stack
 
 require_supported_stack()  # before anything imports torch or torchtitan
 

@@ -217,7 +217,10 @@ class ExpectationRegistry:
 
         matches = sorted(
             (e for e in self.entries
-             if (e["backend"], e["init"]) == (backend, init) and e["model"] in (model, "any")
+             if (e["backend"], e["init"]) == (backend, init)
+             # "any" model: the backend's rule on a model's own config.json, so only for a run
+             # that read one (a full-size run's model_dir)
+             and (e["model"] == model or (e["model"] == "any" and model_dir is not None))
              and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")
              and e.get("generation", "any") in (generation, "any")),
             key=score)

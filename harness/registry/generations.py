@@ -116,6 +116,19 @@ def installed(name: str) -> str | None:
         return None
 
 
+EXIT_UNSUPPORTED = 4  # pytest.ExitCode.USAGE_ERROR, for a command line too
+
+
+def require_supported_stack() -> None:
+    """A command line's first call: on an unsupported stack, the one line and exit status 4."""
+    problem = unsupported_stack()
+    if problem is not None:
+        import sys
+
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(EXIT_UNSUPPORTED)
+
+
 def unsupported_stack() -> str | None:
     """None where the installed (torch, torchtitan, transformers) is a supported combination;
     else one line: what is installed, what is needed, and the command that fixes it. Reads
