@@ -178,6 +178,24 @@ def _reshard_drops_uneven_row(checkpoint_module: ModuleType):
     return _replace(checkpoint_module.CheckpointManager, "load", make)
 
 
+def _model_load_drops_uneven_row(base_module: ModuleType):
+    """Inside torchtitan's own load path: ``ModelWrapper.load_state_dict`` (which
+    ``CheckpointManager.dcp_load`` calls with the state DCP has just read) loses the last row of
+    every tensor whose sharded dimension does not split evenly over the ranks, whatever
+    checkpoint it came from: a load that drops the shorter last shard's last row on every load
+    at that world size, the whole-tensor copy's as much as the sharded checkpoint's."""
+    def make(original):
+        def load_state_dict(self, state_dict):
+            with torch.no_grad():
+                dropped = [key for key, value in state_dict.items() if _drop_uneven_last_row(value)]
+            if dropped and _rank() == 0:
+                print(f"plant model_load_drops_uneven_row: last row lost in {len(dropped)} "
+                      f"tensors on load ({dropped[0]}, ...)", flush=True)
+            return original(self, state_dict)
+        return load_state_dict
+    return _replace(base_module.ModelWrapper, "load_state_dict", make)
+
+
 def _replicate_one_shard(trainer_module: ModuleType):
     """Right after the checkpoint load at the start of ``train`` (whether it loaded anything or
     not: step 1 starts right after it), every rank's shard of layer 0's query projection is
@@ -281,6 +299,11 @@ PATCH_PLANTS = (
     Plant("reshard_drops_uneven_row", "checkpoint", "a checkpoint loaded at another world size "
           "loses the last row of every tensor whose sharded dimension does not split evenly",
           ("resharded resume",), patch=("torchtitan.components.checkpoint", _reshard_drops_uneven_row)),
+    Plant("model_load_drops_uneven_row", "checkpoint", "torchtitan's ModelWrapper.load_state_dict "
+          "loses the last row of every tensor whose sharded dimension does not split evenly, on "
+          "every load at that world size (both runs of the resharded comparison)",
+          ("resumed state",), patch=("torchtitan.components.checkpointer.base",
+                                     _model_load_drops_uneven_row), patches_a_class=True),
     Plant("replicate_one_shard", "model", "every rank starts step 1 from rank 0's shard of layer 0's "
           "query projection (a loader handing every rank the same slice)",
           ("shards_distinct",), patch=(TRAINER, _replicate_one_shard)),
