@@ -508,6 +508,27 @@ def _loss_mean_per_microbatch(trainer_module: ModuleType):
     return _replace(trainer_module.Trainer, "forward_backward_step", make)
 
 
+def _backward_mean_per_microbatch(trainer_module: ModuleType):
+    """torchtune #1875's shape under gradient accumulation: each microbatch's backward is
+    normalised by its own valid labels (times the ranks and microbatches), while the loss it
+    returns, which torchtitan logs, is rescaled to the step's normalisation: the logged loss is
+    right, the gradients are not."""
+    def make(original):
+        def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+            microbatches = getattr(self, "gradient_accumulation_steps", 1)
+            if microbatches < 2:
+                return original(self, input_dict=input_dict, labels=labels,
+                                 global_valid_tokens=global_valid_tokens)
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            count = float((labels != IGNORE_INDEX).sum()) * world * microbatches
+            own = (torch.full_like(global_valid_tokens, count)
+                   if isinstance(global_valid_tokens, torch.Tensor) else count)
+            loss = original(self, input_dict=input_dict, labels=labels, global_valid_tokens=own)
+            return loss * (own / global_valid_tokens)
+        return forward_backward_step
+    return _replace(trainer_module.Trainer, "forward_backward_step", make)
+
+
 _LAYOUT_EQUIVALENCE = ("layout_vs_fsdp",)
 PATCH_PLANTS += (
     Plant("ep_expert_grads_doubled", "trainer",
@@ -521,6 +542,10 @@ PATCH_PLANTS += (
     Plant("ga_microbatch_mean", "loss",
           "under gradient accumulation the loss is averaged per microbatch, not per valid token",
           ("loss normalised over valid tokens",), patch=(TRAINER, _loss_mean_per_microbatch)),
+    Plant("ga_microbatch_backward", "loss",
+          "under gradient accumulation each microbatch's backward is normalised by its own valid "
+          "labels; the logged loss stays right",
+          ("ga=2 gradients vs the single batch",), patch=(TRAINER, _backward_mean_per_microbatch)),
 )
 
 # ---------------------------------------------------------------------- one module, for the diagnosis

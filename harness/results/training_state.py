@@ -352,3 +352,34 @@ def resumed_state_findings(records: dict[int, dict], saved: dict) -> list[str]:
         elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
             found.append(f"[{RESUME}] {key}: held {x!r}, saved {y!r}")
     return found
+
+
+# ---- gradients -------------------------------------------------------------------------------
+
+def first_step_grads(run_dir: str | Path) -> tuple[int | None, dict[str, torch.Tensor], list[str]]:
+    """A run's first trained step, every parameter's whole gradient of it (before clipping,
+    assembled from every rank's shard: harness/rank/hooks.py ``record_first_step_grads``; keys
+    as the checkpoint spells them, ``canonical_key``), and what kept a gradient from being whole."""
+    records = dump_layout.grad_records(run_dir)
+    steps = {rec["step"] for rec in records.values()}
+    grads, problems = assembled({rank: {canonical_key(k): v for k, v in rec["grads"].items()}
+                                 for rank, rec in records.items()})
+    if len(steps) > 1:
+        problems.append(f"the ranks recorded different steps: {sorted(steps)}")
+    return (steps.pop() if len(steps) == 1 else None), grads, problems
+
+
+def gradient_deltas(mine: dict, theirs: dict) -> dict[str, float]:
+    """Per parameter, the size of the difference relative to the other run's gradient:
+    ``|mine - theirs| / |theirs|`` (Frobenius norms; inf where a parameter is on one side only
+    or its shapes differ)."""
+    out = {}
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key), theirs.get(key)
+        if a is None or b is None or a.shape != b.shape:
+            out[key] = float("inf")
+            continue
+        a, b = a.double(), b.double()
+        scale = b.norm().item()
+        out[key] = (a - b).norm().item() / scale if scale else (0.0 if torch.equal(a, b) else float("inf"))
+    return out
