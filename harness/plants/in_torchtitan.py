@@ -427,6 +427,30 @@ def _bias_not_persistent(moe_module: ModuleType):
     return _replace(moe_module.MoE, "__init__", make)
 
 
+RECOMPUTE_DRIFT = 1e-2  # how much the planted recompute's routing weights grow
+
+
+def _forward_reads_its_counts(moe_module: ModuleType):
+    """A stateful MoE forward: torchtitan's ``MoE.forward`` scales its routing weights by
+    ``1 + RECOMPUTE_DRIFT`` once ``tokens_per_expert_E`` holds counts, state its own forward
+    adds to. A step's first forward starts from counts the optimizer step reset, and computes
+    what it always did; a recompute under activation checkpointing finds the counts its forward
+    added, and computes other routing weights for the backward: the gradients change, the loss
+    does not."""
+    def make(original):
+        def forward(self, x_BLD):
+            router = self.router
+            scale = router.route_scale
+            if self.training and bool(self.tokens_per_expert_E.sum() > 0):
+                router.route_scale = scale * (1 + RECOMPUTE_DRIFT)
+            try:
+                return original(self, x_BLD)
+            finally:
+                router.route_scale = scale
+        return forward
+    return _replace(moe_module.MoE, "forward", make)
+
+
 _BALANCE = ("load balancing records",)
 PATCH_PLANTS += (
     Plant("moe_balance_hook_dropped", "training state",
@@ -444,6 +468,10 @@ PATCH_PLANTS += (
     Plant("moe_counts_twice", "training state",
           "each MoE forward adds its routing counts to tokens_per_expert twice",
           ("moe_routing_counts",), patch=(MOE, _counts_twice)),
+    Plant("moe_forward_reads_its_counts", "model",
+          "the MoE forward's routing weights depend on the routing counts its own forward adds: "
+          "a recompute under activation checkpointing computes other gradients",
+          ("full AC vs no AC",), patch=(MOE, _forward_reads_its_counts), patches_a_class=True),
     Plant("moe_router_ignores_bias", "training state",
           "the router picks its top-k from the raw scores, without expert_bias",
           _BALANCE, patch=(MOE, _router_ignores_bias)),

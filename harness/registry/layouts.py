@@ -101,7 +101,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout("ep", "expert parallel 2 over the FSDP ranks (MoE)", ranks=2, ep=2, kinds=("moe",)),
     Layout("ga=2", "gradient accumulation: 2 microbatches of 1 row per rank", ranks=2, ga=2),
     Layout("ac=none", "no activation checkpointing", ranks=2, ac="none"),
-    Layout("ac=full", "full activation checkpointing", ranks=2, ac="full", slow=True),
+    Layout("ac=full", "full activation checkpointing", ranks=2, ac="full"),
     Layout("compile", "torch.compile of model and loss (inductor on CPU)", ranks=2,
            compile=("model", "loss"), slow=True),
     # The default tier's cheap form of compile: inductor compiles the model in ~40 s on 2 CPU

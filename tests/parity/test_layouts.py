@@ -308,3 +308,73 @@ def test_a_per_microbatch_normalised_backward_is_caught_by_the_gradients_alone(b
     found, measured = ga_findings(ga, single)
     assert not any("step-1 loss" in f for f in found), f"the plant moved the loss ({measured})"
     assert any("gradient differs" in f for f in found), f"the gradients saw nothing ({measured})"
+
+
+# ------------------------------------------------- full activation checkpointing on the MoE
+# The condition an AC bug of the MoE needs: a recompute of its stateful forward (it adds its
+# routing counts to tokens_per_expert_E, which the load-balancing update reads; torchtitan
+# #1593 was found under full recompute). Full AC against no AC, same weights and rows.
+
+def _balance_by_step(run, steps) -> dict[tuple[int, str], tuple]:
+    """Per (step, MoE layer): the routing counts summed over the ranks, the run's own
+    ``moe_routing_counts`` ratio divided out (the known recompute doubling), and the
+    expert_bias after the update (rank 0's: every rank holds the same)."""
+    from harness.registry import dump_layout
+
+    ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
+    records = dump_layout.balance_records(run.run_dir)
+    out = {}
+    for s, record in enumerate(records[min(records)]):
+        for name, layer in record["layers"].items():
+            counts = sum(records[r][s]["layers"][name]["counts_before"] for r in records)
+            out[(record["step"], name)] = (counts / ratio, layer["bias_after"], ratio)
+    return out
+
+
+def ac_findings(full, none, steps) -> tuple[list[str], dict]:
+    """Everything in which the full-AC run is not the no-AC run: every step's routing counts
+    (each run's own recompute ratio divided out: the known issue's doubling is judged by the
+    routing-count check, by its signature) and expert_bias updates, in every MoE layer, and
+    every parameter's step-1 gradient, bit for bit (the same ops on the same values)."""
+    from harness.results import training_state as ts
+
+    found = []
+    mine, theirs = _balance_by_step(full, steps), _balance_by_step(none, steps)
+    if list(mine) != list(theirs):
+        found.append(f"MoE layers or steps recorded differ: {list(mine)[:4]} vs {list(theirs)[:4]}")
+    for key in sorted(set(mine) & set(theirs)):
+        for what, a, b in (("routing counts", mine[key][0], theirs[key][0]),
+                           ("expert_bias after the update", mine[key][1], theirs[key][1])):
+            if not torch.equal(a, b):
+                found.append(f"step {key[0]} {key[1]}: {what} differ by {(a - b).abs().max().item():.3e}")
+    (step_a, g_full, holes_a), (step_b, g_none, holes_b) = (ts.first_step_grads(r.run_dir) for r in (full, none))
+    found += [f"full AC's gradients: {p}" for p in holes_a] + [f"no AC's gradients: {p}" for p in holes_b]
+    if (step_a, step_b) != (1, 1) or not g_full:
+        found.append(f"gradients recorded at steps {step_a} and {step_b} ({len(g_full)} parameters)")
+    deltas = ts.gradient_deltas(g_full, g_none)
+    found += [f"{name}: step-1 gradient differs by {d:.3e} of its size"
+              for name, d in sorted(deltas.items(), key=lambda kv: -kv[1]) if d > 0][:20]
+    ratios = {mine[k][2] for k in mine}
+    return found, {"counts ratio (full AC)": sorted(ratios),
+                   "worst gradient delta": max(deltas.values(), default=float("nan")),
+                   "loss delta": full.losses[0] - none.losses[0]}
+
+
+def _ac_pair(layout_run, plants=()):
+    return (layout_run(_case("nki_moe", "ac=full"), plants=plants), layout_run(_case("nki_moe", "ac=none")))
+
+
+def test_full_ac_on_the_moe_equals_no_ac(layout_run, steps):
+    full, none = _ac_pair(layout_run)
+    found, measured = ac_findings(full, none, steps)
+    assert not found, f"nki_moe ac=full vs ac=none ({measured}):\n" + "\n".join(found)
+
+
+@pytest.mark.slow
+def test_a_moe_forward_that_reads_its_counts_on_recompute_is_caught(layout_run, steps):
+    """``moe_forward_reads_its_counts`` (torchtitan's MoE.forward): the first forward of a step
+    computes what it always did, the recompute under full AC other routing weights."""
+    full, none = _ac_pair(layout_run, ("moe_forward_reads_its_counts",))
+    found, measured = ac_findings(full, none, steps)
+    assert any("gradient differs" in f for f in found), f"the recompute went unnoticed ({measured})"
+    assert measured["loss delta"] == 0, f"the plant moved step 1's loss ({measured})"
