@@ -31,9 +31,9 @@ Specification, per case:
   equal the saved checkpoint, tensor for tensor, every row, bit for bit. The curves'
   comparison cannot see a load that loses a row at the new world size: the uninterrupted run
   loads at that world size too, and carries the same loss.
-The default tier runs the 3-rank case, clean and planted (the uneven split: the condition a
-lost row needs); the slow tier the 1-rank, 4-rank and tensor-parallel cases, the load planted
-in both runs, and the dense backends' (hf_v5, titan_native) cases, all four, each from a
+The default tier runs the 3-rank case (the uneven split: the condition a lost row needs); the
+slow tier the 1-rank, 4-rank and tensor-parallel cases, the resumed run planted, the load
+planted in both runs, and the dense backends' (hf_v5, titan_native) cases, all four, each from a
 training-state run of its own (``run_matrix.training_state_spec``: vocab 2048 and hidden 128
 are uneven over 3 ranks there too).
 """
@@ -179,7 +179,10 @@ def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(d
                                      f"are {sorted(rows)} ({len(uneven)} tensors)")
 
 
+@pytest.mark.slow
 def test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught(device_runs, steps, workarounds):
+    """The resumed run alone planted (``reshard_drops_uneven_row``, after torchtitan's
+    CheckpointManager.load): the curves and the state both see it."""
     case = next(c for c in RESHARD_CASES
                 if c.ranks == RESHARD_UNEVEN_RANKS and c.backend == TRAINING_STATE_BACKEND)
     first, uninterrupted, planted = reshard_runs(device_runs, steps, workarounds, case,
