@@ -178,7 +178,7 @@ def _reshard_drops_uneven_row(checkpoint_module: ModuleType):
     return _replace(checkpoint_module.CheckpointManager, "load", make)
 
 
-def _model_load_drops_uneven_row(base_module: ModuleType):
+def _model_load_drops_uneven_row(checkpoint_module: ModuleType):
     """Inside torchtitan's own load path: ``ModelWrapper.load_state_dict`` (which
     ``CheckpointManager.dcp_load`` calls with the state DCP has just read) loses the last row of
     every tensor whose sharded dimension does not split evenly over the ranks, whatever
@@ -193,7 +193,9 @@ def _model_load_drops_uneven_row(base_module: ModuleType):
                       f"tensors on load ({dropped[0]}, ...)", flush=True)
             return original(self, state_dict)
         return load_state_dict
-    return _replace(base_module.ModelWrapper, "load_state_dict", make)
+    # torchtitan.components.checkpoint holds ModelWrapper in both generations (0.3.0 re-exports
+    # it from components/checkpointer/base.py: the same class)
+    return _replace(checkpoint_module.ModelWrapper, "load_state_dict", make)
 
 
 def _replicate_one_shard(trainer_module: ModuleType):
@@ -302,7 +304,7 @@ PATCH_PLANTS = (
     Plant("model_load_drops_uneven_row", "checkpoint", "torchtitan's ModelWrapper.load_state_dict "
           "loses the last row of every tensor whose sharded dimension does not split evenly, on "
           "every load at that world size (both runs of the resharded comparison)",
-          ("resumed state",), patch=("torchtitan.components.checkpointer.base",
+          ("resumed state",), patch=("torchtitan.components.checkpoint",
                                      _model_load_drops_uneven_row), patches_a_class=True),
     Plant("replicate_one_shard", "model", "every rank starts step 1 from rank 0's shard of layer 0's "
           "query projection (a loader handing every rank the same slice)",

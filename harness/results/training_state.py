@@ -4,13 +4,12 @@ breaks tied embeddings and load balancing in the ranks' own records (``tie_findi
 ``balance_findings``; recorded by harness/rank/hooks.py, read by harness/registry/dump_layout.py).
 
 A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/registry/dump_layout.py
-``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
+``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` reads it as DCP's own ``dcp_to_torch_save`` does (in memory) and flattens the
 nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -31,15 +30,18 @@ def _flatten(obj, prefix: str, out: dict) -> None:
 
 def load_dcp(folder: str | Path) -> dict:
     """Every entry of a DCP checkpoint folder, flattened to dotted keys."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder}: not a DCP checkpoint (no .metadata)")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "state.pt"
-        dcp_to_torch_save(str(folder), str(out))
-        state = torch.load(out, weights_only=False)
+    # what DCP's dcp_to_torch_save reads (the same planner, no process group), kept in memory
+    # instead of written to a file and read back
+    state: dict = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(folder)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     flat: dict = {}
     _flatten(state, "", flat)
     return flat
@@ -287,7 +289,7 @@ def assembled(records: dict[int, dict]) -> tuple[dict, list[str]]:
                     covered[key] = torch.zeros(shape, dtype=torch.bool)
                 region = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
                 held, seen = whole[key][region], covered[key][region]
-                if (seen & (held != local)).any():
+                if seen.any() and (seen & (held != local)).any():
                     problems.append(f"{key}: rank {rank} holds other values than a rank before it "
                                     f"in the region at offset {offset}")
                 held.copy_(local)

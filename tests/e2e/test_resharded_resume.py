@@ -140,14 +140,14 @@ def test_resharded_resume_is_the_uninterrupted_run(device_runs, steps, workaroun
         f"\n{resumed.describe()}\n{uninterrupted.describe()}"
 
 
-def state_findings(first, run, checkpoint=None) -> list[str]:
+def state_findings(first, run, saved: dict | None = None) -> list[str]:
     """What ``run``'s trainer held once its own checkpoint load returned (every rank's model and
     optimizer tensors, recorded in the ranks: harness/rank/hooks.py ``record_resumed_state``)
-    against the checkpoint it loaded (default: the saving run's step-1 checkpoint), tensor
-    for tensor, every row, bit for bit."""
-    saved = checkpoint or dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
-    return ts.resumed_state_findings(dump_layout.resumed_state_records(run.run_dir),
-                                     ts.load_dcp(saved))
+    against the saving run's step-1 checkpoint (``saved``: it, already read), tensor for
+    tensor, every row, bit for bit."""
+    if saved is None:
+        saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
+    return ts.resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in RESHARD_CASES])
@@ -158,8 +158,9 @@ def test_the_resumed_trainer_holds_the_saved_state(device_runs, steps, workaroun
     curves' comparison cannot see a defect of the load at the new world size: both runs load
     at that world size, so both carry it (``test_a_load_that_loses_a_row_in_both_runs...``)."""
     first, uninterrupted, resumed = reshard_runs(device_runs, steps, workarounds, case)
-    found = _tagged("resumed run", state_findings(first, resumed)) + _tagged(
-        "uninterrupted run", state_findings(first, uninterrupted))
+    saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
+    found = _tagged("resumed run", state_findings(first, resumed, saved)) + _tagged(
+        "uninterrupted run", state_findings(first, uninterrupted, saved))
     assert not found, f"saved at 2 ranks, resumed {case.id}:\n" + "\n".join(found[:30])
 
 
