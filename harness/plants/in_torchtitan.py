@@ -178,6 +178,26 @@ def _reshard_drops_uneven_row(checkpoint_module: ModuleType):
     return _replace(checkpoint_module.CheckpointManager, "load", make)
 
 
+def _model_load_drops_uneven_row(checkpoint_module: ModuleType):
+    """Inside torchtitan's own load path: ``ModelWrapper.load_state_dict`` (which
+    ``CheckpointManager.dcp_load`` calls with the state DCP has just read) loses the last row of
+    every tensor whose sharded dimension does not split evenly over the ranks, whatever
+    checkpoint it came from: a load that drops the shorter last shard's last row on every load
+    at that world size, the whole-tensor copy's as much as the sharded checkpoint's."""
+    def make(original):
+        def load_state_dict(self, state_dict):
+            with torch.no_grad():
+                dropped = [key for key, value in state_dict.items() if _drop_uneven_last_row(value)]
+            if dropped and _rank() == 0:
+                print(f"plant model_load_drops_uneven_row: last row lost in {len(dropped)} "
+                      f"tensors on load ({dropped[0]}, ...)", flush=True)
+            return original(self, state_dict)
+        return load_state_dict
+    # torchtitan.components.checkpoint holds ModelWrapper in both generations (0.3.0 re-exports
+    # it from components/checkpointer/base.py: the same class)
+    return _replace(checkpoint_module.ModelWrapper, "load_state_dict", make)
+
+
 def _replicate_one_shard(trainer_module: ModuleType):
     """Right after the checkpoint load at the start of ``train`` (whether it loaded anything or
     not: step 1 starts right after it), every rank's shard of layer 0's query projection is
@@ -281,6 +301,11 @@ PATCH_PLANTS = (
     Plant("reshard_drops_uneven_row", "checkpoint", "a checkpoint loaded at another world size "
           "loses the last row of every tensor whose sharded dimension does not split evenly",
           ("resharded resume",), patch=("torchtitan.components.checkpoint", _reshard_drops_uneven_row)),
+    Plant("model_load_drops_uneven_row", "checkpoint", "torchtitan's ModelWrapper.load_state_dict "
+          "loses the last row of every tensor whose sharded dimension does not split evenly, on "
+          "every load at that world size (both runs of the resharded comparison)",
+          ("resumed state",), patch=("torchtitan.components.checkpoint",
+                                     _model_load_drops_uneven_row), patches_a_class=True),
     Plant("replicate_one_shard", "model", "every rank starts step 1 from rank 0's shard of layer 0's "
           "query projection (a loader handing every rank the same slice)",
           ("shards_distinct",), patch=(TRAINER, _replicate_one_shard)),
@@ -404,6 +429,30 @@ def _bias_not_persistent(moe_module: ModuleType):
     return _replace(moe_module.MoE, "__init__", make)
 
 
+RECOMPUTE_DRIFT = 1e-2  # how much the planted recompute's routing weights grow
+
+
+def _forward_reads_its_counts(moe_module: ModuleType):
+    """A stateful MoE forward: torchtitan's ``MoE.forward`` scales its routing weights by
+    ``1 + RECOMPUTE_DRIFT`` once ``tokens_per_expert_E`` holds counts, state its own forward
+    adds to. A step's first forward starts from counts the optimizer step reset, and computes
+    what it always did; a recompute under activation checkpointing finds the counts its forward
+    added, and computes other routing weights for the backward: the gradients change, the loss
+    does not."""
+    def make(original):
+        def forward(self, x_BLD):
+            router = self.router
+            scale = router.route_scale
+            if self.training and bool(self.tokens_per_expert_E.sum() > 0):
+                router.route_scale = scale * (1 + RECOMPUTE_DRIFT)
+            try:
+                return original(self, x_BLD)
+            finally:
+                router.route_scale = scale
+        return forward
+    return _replace(moe_module.MoE, "forward", make)
+
+
 _BALANCE = ("load balancing records",)
 PATCH_PLANTS += (
     Plant("moe_balance_hook_dropped", "training state",
@@ -421,6 +470,10 @@ PATCH_PLANTS += (
     Plant("moe_counts_twice", "training state",
           "each MoE forward adds its routing counts to tokens_per_expert twice",
           ("moe_routing_counts",), patch=(MOE, _counts_twice)),
+    Plant("moe_forward_reads_its_counts", "model",
+          "the MoE forward's routing weights depend on the routing counts its own forward adds: "
+          "a recompute under activation checkpointing computes other gradients",
+          ("full AC vs no AC",), patch=(MOE, _forward_reads_its_counts), patches_a_class=True),
     Plant("moe_router_ignores_bias", "training state",
           "the router picks its top-k from the raw scores, without expert_bias",
           _BALANCE, patch=(MOE, _router_ignores_bias)),
@@ -485,6 +538,27 @@ def _loss_mean_per_microbatch(trainer_module: ModuleType):
     return _replace(trainer_module.Trainer, "forward_backward_step", make)
 
 
+def _backward_mean_per_microbatch(trainer_module: ModuleType):
+    """torchtune #1875's shape under gradient accumulation: each microbatch's backward is
+    normalised by its own valid labels (times the ranks and microbatches), while the loss it
+    returns, which torchtitan logs, is rescaled to the step's normalisation: the logged loss is
+    right, the gradients are not."""
+    def make(original):
+        def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+            microbatches = getattr(self, "gradient_accumulation_steps", 1)
+            if microbatches < 2:
+                return original(self, input_dict=input_dict, labels=labels,
+                                 global_valid_tokens=global_valid_tokens)
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            count = float((labels != IGNORE_INDEX).sum()) * world * microbatches
+            own = (torch.full_like(global_valid_tokens, count)
+                   if isinstance(global_valid_tokens, torch.Tensor) else count)
+            loss = original(self, input_dict=input_dict, labels=labels, global_valid_tokens=own)
+            return loss * (own / global_valid_tokens)
+        return forward_backward_step
+    return _replace(trainer_module.Trainer, "forward_backward_step", make)
+
+
 _LAYOUT_EQUIVALENCE = ("layout_vs_fsdp",)
 PATCH_PLANTS += (
     Plant("ep_expert_grads_doubled", "trainer",
@@ -498,6 +572,10 @@ PATCH_PLANTS += (
     Plant("ga_microbatch_mean", "loss",
           "under gradient accumulation the loss is averaged per microbatch, not per valid token",
           ("loss normalised over valid tokens",), patch=(TRAINER, _loss_mean_per_microbatch)),
+    Plant("ga_microbatch_backward", "loss",
+          "under gradient accumulation each microbatch's backward is normalised by its own valid "
+          "labels; the logged loss stays right",
+          ("ga=2 gradients vs the single batch",), patch=(TRAINER, _backward_mean_per_microbatch)),
 )
 
 # ---------------------------------------------------------------------- one module, for the diagnosis

@@ -137,3 +137,77 @@ def record_balance(trainer) -> None:
         return result
 
     trainer.optimizers.step = step
+
+
+# ---- tensors as the trainer holds them: after a resume's load, and the step-1 gradients -------
+
+# Above this many parameters a run records neither (a full-size model's state is gigabytes per
+# rank); the tiny fixtures hold about 2.3 million (MoE) and 0.7 million (dense).
+RECORD_MAX_PARAMS = 50_000_000
+
+
+def _small_enough(trainer) -> bool:
+    return sum(p.numel() for part in trainer.model_parts for p in part.parameters()) <= RECORD_MAX_PARAMS
+
+
+def _placed(value):
+    """A state value as this rank holds it: a DTensor as (local shard, global offset, global
+    shape); a plain tensor as (itself, None, its shape); anything else as it is."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if isinstance(value, DTensor):
+        _, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
+                                                          value.placements)
+        return (value.to_local().detach().cpu().clone(), tuple(int(o) for o in offset),
+                tuple(value.shape))
+    if isinstance(value, torch.Tensor):
+        return (value.detach().cpu().clone(), None, tuple(value.shape))
+    return value
+
+
+def record_resumed_state(trainer) -> None:
+    """Every model and optimizer entry the trainer holds right after its checkpoint load
+    returned, read from the trainer through torchtitan's own state-dict functions (the ones its
+    save uses, so the keys are the checkpoint's: the model's at the top, the optimizer's under
+    ``optimizer.``), each as this rank holds it (``_placed``)."""
+    if not _small_enough(trainer):
+        return
+    states = trainer.checkpointer.states
+    model = states["model"]
+    read = getattr(model, "_get_state_dict", None) or model.state_dict
+    record = {key: _placed(value) for key, value in read().items()}
+    if "optimizer" in states:
+        record |= {f"optimizer.{key}": _placed(value)
+                   for key, value in states["optimizer"].state_dict().items()}
+    path = dump_layout.resumed_file(trainer.config.dump_folder, _rank())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(record, path)
+
+
+def record_first_step_grads(trainer) -> None:
+    """Every parameter's gradient once the first trained step's last microbatch has run its
+    backward, before clipping and the optimizer step: wraps this trainer's
+    ``forward_backward_step`` (called once per microbatch group)."""
+    if not _small_enough(trainer):
+        return
+    forward_backward = trainer.forward_backward_step
+    microbatches = max(1, int(getattr(trainer, "gradient_accumulation_steps", 1) or 1))
+    seen = {"step": None, "calls": 0, "done": False}
+
+    def forward_backward_step(*args, **kwargs):
+        loss = forward_backward(*args, **kwargs)
+        if not seen["done"]:
+            if seen["step"] is None:
+                seen["step"] = int(trainer.step)
+            seen["calls"] += 1
+            if seen["calls"] == microbatches:
+                seen["done"] = True
+                grads = {name: _placed(p.grad) for i, part in enumerate(trainer.model_parts)
+                         for name, p in part.named_parameters() if p.grad is not None}
+                path = dump_layout.grads_file(trainer.config.dump_folder, _rank())
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"step": seen["step"], "grads": grads}, path)
+        return loss
+
+    trainer.forward_backward_step = forward_backward_step

@@ -20,7 +20,11 @@ The observers, by the name ``HARNESS_OBSERVERS`` gives them:
 - ``trainer_state``: tying and ``expert_bias`` state after build, after the checkpoint load at
   the start of ``train``, and after training (harness/rank/hooks.py ``record_state``);
 - ``load_balance``: MoE models, per optimizer step, what load balancing saw and did
-  (``record_balance``).
+  (``record_balance``);
+- ``resumed_state``: a resumed run (its load restored a step), every model and optimizer
+  tensor the trainer holds once the load returned (``record_resumed_state``);
+- ``first_step_grads``: every parameter's gradient of the first trained step, after its last
+  microbatch's backward and before clipping (``record_first_step_grads``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from harness.upstream.install import after_import
 
 OBSERVERS_ENV = "HARNESS_OBSERVERS"
 DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
-OBSERVERS = ("step0_weights", "shard_fingerprints", "batches", "trainer_state", "load_balance")
+OBSERVERS = ("step0_weights", "shard_fingerprints", "batches", "trainer_state", "load_balance",
+             "resumed_state", "first_step_grads")
 
 
 def checked(names) -> tuple[str, ...]:
@@ -86,9 +91,12 @@ def observe_built(trainer, on: frozenset, dump_steps: int) -> None:
     observe_batches(trainer, on, dump_steps)
     if "trainer_state" in on:
         _rank_hooks().record_state(trainer, "built")
-        record_after_load(trainer)
+    if on & {"trainer_state", "resumed_state"}:
+        record_after_load(trainer, on)
     if "load_balance" in on:
         _rank_hooks().record_balance(trainer)
+    if "first_step_grads" in on:
+        _rank_hooks().record_first_step_grads(trainer)
 
 
 def observe_batches(trainer, on: frozenset, dump_steps: int) -> None:
@@ -110,13 +118,17 @@ def observe_batches(trainer, on: frozenset, dump_steps: int) -> None:
     trainer.post_dataloading_process = post_dataloading_process
 
 
-def record_after_load(trainer) -> None:
-    """The ``loaded`` state, right after the checkpoint load at the start of ``train``."""
+def record_after_load(trainer, on: frozenset = frozenset({"trainer_state"})) -> None:
+    """Right after the checkpoint load at the start of ``train``: the ``loaded`` state, and
+    where the load restored a step (a resume), every tensor the trainer holds."""
     load = trainer.checkpointer.load
 
     def load_then_record(*args, **kwargs):
         loaded = load(*args, **kwargs)
-        _rank_hooks().record_state(trainer, "loaded")
+        if "trainer_state" in on:
+            _rank_hooks().record_state(trainer, "loaded")
+        if "resumed_state" in on and loaded and int(trainer.step) > 0:
+            _rank_hooks().record_resumed_state(trainer)
         return loaded
 
     trainer.checkpointer.load = load_then_record

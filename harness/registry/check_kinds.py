@@ -112,7 +112,8 @@ KINDS: tuple[CheckKind, ...] = (
               "model: the run's checks, the reference trajectory on its own batches, its saved "
               "updates, and the FSDP run on the same batches; a run over several nodes is the "
               "run on one; a run resumed at another world size or layout is that layout's "
-              "uninterrupted run",
+              "uninterrupted run and holds the saved state; each layout's cheap form reaches "
+              "the condition its class of bug needs",
               (PARITY + "test_layouts.py::test_layout_run",
                PARITY + "test_layouts.py::test_layout_follows_the_reference_trajectory",
                PARITY + "test_layouts.py::test_layout_saved_weights_are_the_reference_trajectorys",
@@ -126,10 +127,19 @@ KINDS: tuple[CheckKind, ...] = (
                E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit",
                E2E + "test_resharded_resume.py::test_resharded_resume_is_the_uninterrupted_run",
                E2E + "test_resharded_resume.py::test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
-               E2E + "test_resharded_resume.py::test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught",
+               E2E + "test_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state",
+               PARITY + "test_layouts.py::test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch",
+               PARITY + "test_layouts.py::test_a_per_microbatch_mean_is_caught_by_loss_and_gradients",
+               PARITY + "test_layouts.py::test_full_ac_on_the_moe_equals_no_ac",
+               SELF + "test_layout_conditions.py::test_every_layout_names_its_condition_and_the_default_tier_case_reaching_it",
+               SELF + "test_layout_conditions.py::test_a_layout_whose_cheap_form_does_not_reach_its_condition_fails",
                E2E + "test_layout_commands.py::test_a_compiling_layout_compiles_through_the_devices_backend",
                E2E + "test_layout_commands.py::test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin"),
-              (E2E + "test_multinode.py::test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run",)),
+              (E2E + "test_multinode.py::test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run",
+               E2E + "test_resharded_resume.py::test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught",
+               E2E + "test_resharded_resume.py::test_a_load_that_loses_a_row_in_both_runs_is_caught_by_the_state_alone",
+               PARITY + "test_layouts.py::test_a_per_microbatch_normalised_backward_is_caught_by_the_gradients_alone",
+               PARITY + "test_layouts.py::test_a_moe_forward_that_reads_its_counts_on_recompute_is_caught")),
     CheckKind("config_conformance", "native configs against the HF config.json they load",
               (PARITY + "test_config_conformance.py::test_native_config_conforms_to_config_json",
                E2E + "test_backend_configs.py::test_native_model_has_the_hf_models_parameter_count",

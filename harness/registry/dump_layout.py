@@ -24,6 +24,11 @@ The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump
       harness_state/rank<R>.json            per phase (built, loaded, trained): tying state
       harness_state/rank<R>_<phase>.pt      per phase: every ``expert_bias`` buffer's local values
       harness_state/rank<R>_balance.pt      MoE models: load balancing, per optimizer step
+      harness_state/rank<R>_resumed.pt      a resumed run: every model and optimizer tensor the
+                                            trainer holds once its checkpoint load returned
+                                            (local shard, global offset and shape)
+      harness_state/rank<R>_grads.pt        every parameter's step-1 gradient, before clipping
+                                            (local shard, global offset and shape)
 
 The writers take the dump folder (a rank knows it as ``trainer.config.dump_folder``); the
 readers take the run dir. Standard library only: the ranks import it before torch.
@@ -54,6 +59,8 @@ STATE = "harness_state"
 STATE_FILE = "rank{rank}.json"
 EXPERT_BIAS_FILE = "rank{rank}_{phase}.pt"
 BALANCE_FILE = "rank{rank}_balance.pt"
+RESUMED_FILE = "rank{rank}_resumed.pt"
+GRADS_FILE = "rank{rank}_grads.pt"
 
 _RANK = re.compile(r"rank(\d+)")
 
@@ -109,6 +116,14 @@ def expert_bias_file(dump: str | Path, rank: int, phase: str) -> Path:
 
 def balance_file(dump: str | Path, rank: int) -> Path:
     return Path(dump) / STATE / BALANCE_FILE.format(rank=rank)
+
+
+def resumed_file(dump: str | Path, rank: int) -> Path:
+    return Path(dump) / STATE / RESUMED_FILE.format(rank=rank)
+
+
+def grads_file(dump: str | Path, rank: int) -> Path:
+    return Path(dump) / STATE / GRADS_FILE.format(rank=rank)
 
 
 # ------------------------------------------------------------------ readers
@@ -224,3 +239,20 @@ def balance_records(run_dir: str | Path) -> dict[int, list[dict]]:
 
     files = by_rank(dump_folder(run_dir) / STATE, BALANCE_FILE)
     return {rank: torch.load(path) for rank, path in files.items()}
+
+
+def resumed_state_records(run_dir: str | Path) -> dict[int, dict]:
+    """The ranks' records of the state a resumed trainer holds after its load: rank -> key ->
+    (local shard, global offset, global shape) or a plain value."""
+    import torch
+
+    files = by_rank(dump_folder(run_dir) / STATE, RESUMED_FILE)
+    return {rank: torch.load(path, weights_only=False) for rank, path in files.items()}
+
+
+def grad_records(run_dir: str | Path) -> dict[int, dict]:
+    """The ranks' step-1 gradients: rank -> parameter -> (local shard, global offset, global shape)."""
+    import torch
+
+    files = by_rank(dump_folder(run_dir) / STATE, GRADS_FILE)
+    return {rank: torch.load(path, weights_only=False) for rank, path in files.items()}

@@ -27,6 +27,21 @@ DEFAULT_AC = "selective"
 MODEL_KINDS = ("dense", "moe")
 
 
+# The condition a layout's class of bug needs before it shows, one per layout (``Layout.
+# condition``). A cheap form that never reaches it runs the layout and sees nothing: a lost row
+# of a reshard needs a dimension that does not split evenly over the new ranks; a per-microbatch
+# normalisation needs microbatches whose valid-label counts differ; a double count or a
+# recompute that computes otherwise needs a recompute of a forward that changes state; a
+# dispatch or combine bug needs an all-to-all whose chunks differ in size; a sum taken as
+# complete needs a sum split over ranks.
+UNEVEN_SPLIT = "uneven split"
+UNEVEN_VALID_TOKENS = "uneven valid tokens"
+STATEFUL_RECOMPUTE = "recompute of a stateful forward"
+UNEVEN_ALL_TO_ALL = "uneven all-to-all"
+PARTIAL_SUMS = "partial sums"
+CONDITIONS = (UNEVEN_SPLIT, UNEVEN_VALID_TOKENS, STATEFUL_RECOMPUTE, UNEVEN_ALL_TO_ALL, PARTIAL_SUMS)
+
+
 @dataclass(frozen=True)
 class Layout:
     name: str
@@ -53,6 +68,12 @@ class Layout:
     # whose model is the tiny one: the tiny layout whose degrees the twin runs in its place
     # (the twin's 2 KV heads split at most 2 ways; its 2 ranks hold an EP degree of 2).
     twin: str = ""
+    # The condition its class of bug needs (one of ``CONDITIONS``), and the test that reaches
+    # it in the default tier: a pytest node id (tests/selftest/test_layout_conditions.py holds
+    # every layout to it). Only a layout without a cheap form (``slow`` or ``full_size``) may
+    # leave ``reached_by`` empty: its condition is then reached in the slow or neuron tier.
+    condition: str = ""
+    reached_by: str = ""
 
     @property
     def size(self) -> str:
@@ -94,33 +115,54 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
-    Layout(FSDP, "FSDP over every rank (the source's configurations)", ranks=2),
-    Layout("tp", "tensor parallel 2", ranks=2, tp=2),
+    Layout(FSDP, "FSDP over every rank (the source's configurations)", ranks=2,
+           condition=UNEVEN_SPLIT,
+           reached_by="tests/e2e/test_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state[2-to-3]"),
+    Layout("tp", "tensor parallel 2", ranks=2, tp=2, condition=PARTIAL_SUMS,
+           reached_by="tests/parity/test_layouts.py::test_layout_follows_the_reference_trajectory"
+                      "[cpu-titan_native-tiny-pretrained@tp]"),
     Layout("cp", "context parallel 2 (FlexAttention, per-document mask)", ranks=2, cp=2,
-           attention="flex", slow=True),
-    Layout("ep", "expert parallel 2 over the FSDP ranks (MoE)", ranks=2, ep=2, kinds=("moe",)),
-    Layout("ga=2", "gradient accumulation: 2 microbatches of 1 row per rank", ranks=2, ga=2),
-    Layout("ac=none", "no activation checkpointing", ranks=2, ac="none"),
-    Layout("ac=full", "full activation checkpointing", ranks=2, ac="full", slow=True),
+           attention="flex", slow=True, condition=PARTIAL_SUMS),
+    Layout("ep", "expert parallel 2 over the FSDP ranks (MoE)", ranks=2, ep=2, kinds=("moe",),
+           condition=UNEVEN_ALL_TO_ALL,
+           reached_by="tests/parity/test_layouts.py::test_layout_equals_the_fsdp_run"
+                      "[cpu-nki_moe-tiny-pretrained@ep]"),
+    # Its cheap form is the SFT run (ignored prompt labels and padding): packed pretraining
+    # rows hold no ignored label, so every microbatch has the same valid-label count.
+    Layout("ga=2", "gradient accumulation: 2 microbatches of 1 row per rank", ranks=2, ga=2,
+           condition=UNEVEN_VALID_TOKENS,
+           reached_by="tests/parity/test_layouts.py::"
+                      "test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch"),
+    # The reference of activation checkpointing: what a recompute must reproduce.
+    Layout("ac=none", "no activation checkpointing", ranks=2, ac="none", condition=STATEFUL_RECOMPUTE,
+           reached_by="tests/parity/test_layouts.py::test_full_ac_on_the_moe_equals_no_ac"),
+    Layout("ac=full", "full activation checkpointing", ranks=2, ac="full", condition=STATEFUL_RECOMPUTE,
+           reached_by="tests/parity/test_layouts.py::test_full_ac_on_the_moe_equals_no_ac"),
     Layout("compile", "torch.compile of model and loss (inductor on CPU)", ranks=2,
-           compile=("model", "loss"), slow=True),
+           compile=("model", "loss"), slow=True, condition=PARTIAL_SUMS),
     # The default tier's cheap form of compile: inductor compiles the model in ~40 s on 2 CPU
     # cores, the loss alone in seconds; the slow tier compiles both.
-    Layout("compile=loss", "torch.compile of the loss only", ranks=2, compile=("loss",)),
-    Layout("fsdp+tp", "FSDP 2 x tensor parallel 2", ranks=4, tp=2, slow=True),
-    Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True),
+    # Its bug class: the compiled loss's sum over tokens split into partial sums (a reduction
+    # reordered or taken per chunk), against the eager FSDP run on the same rows.
+    Layout("compile=loss", "torch.compile of the loss only", ranks=2, compile=("loss",),
+           condition=PARTIAL_SUMS,
+           reached_by="tests/parity/test_layouts.py::test_layout_equals_the_fsdp_run"
+                      "[cpu-titan_native-tiny-pretrained@compile=loss]"),
+    Layout("fsdp+tp", "FSDP 2 x tensor parallel 2", ranks=4, tp=2, slow=True, condition=PARTIAL_SUMS),
+    Layout("hsdp", "HSDP: 2 replicas x FSDP 2", ranks=4, replicate=2, slow=True,
+           condition=PARTIAL_SUMS),
     Layout("fsdp+ep", "FSDP 4 with expert parallel 2 (MoE)", ranks=4, ep=2, kinds=("moe",),
-           slow=True),
+           slow=True, condition=UNEVEN_ALL_TO_ALL),
     # The loss is the last stage's: the first logs -1 (harness/launch/run.py reads the highest
     # rank's records when pp > 1).
     Layout("fsdp+pp", "FSDP 2 x pipeline parallel 2 stages (1F1B, microbatches of 1 row)",
-           ranks=4, pp=2, slow=True),
+           ranks=4, pp=2, slow=True, condition=UNEVEN_VALID_TOKENS),
     # TorchTitan Neuron's Qwen3 recipe (its basic-training tutorial's qwen3_8b_tp4_fsdp16_sac:
     # tensor parallel 4, data-parallel shard degree -1, selective activation checkpointing), at
     # full size on the neuron tier's 64 ranks. The CPU assets twin runs it at TP 2.
     Layout("tp4+fsdp", "TorchTitan Neuron's Qwen3 recipe: tensor parallel 4 x FSDP 16, selective "
            "activation checkpointing (full size)", ranks=64, tp=4, ac="selective",
-           kinds=("dense",), full_size=True, twin="tp"),
+           kinds=("dense",), full_size=True, twin="tp", condition=PARTIAL_SUMS),
     # The MoE cut with its experts split over every rank, as TorchTitan Neuron's EP recipes
     # split theirs (the EP tutorial's qwen3_235b..._ep128...: EP over all 128 ranks), through
     # torchtitan's own all-to-all dispatch: Neuron's own EP backend (neuron_ep) "does not run
@@ -128,7 +170,7 @@ LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     # EP borrows the FSDP ranks, so it reads the FSDP 64 run's rows. The twin runs EP 2.
     Layout("ep64", "expert parallel 64 over the FSDP 64 ranks (MoE, full size): one expert per "
            "rank, torchtitan's all-to-all dispatch", ranks=64, ep=64, kinds=("moe",),
-           full_size=True, twin="ep"),
+           full_size=True, twin="ep", condition=UNEVEN_ALL_TO_ALL),
 )}
 
 

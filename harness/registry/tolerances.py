@@ -272,6 +272,14 @@ _PARITY: dict[tuple[str, str, str], ParityTolerance] = {
     ("layout_grad_norm", "float32", "cpu"): ParityTolerance(
         atol=0.0, rtol=1e-4,
         why="worst measured rel 8.2e-6 (HSDP); 12x margin."),
+    # Every parameter's step-1 gradient (before clipping) of a layout's run vs the run it must
+    # equal on the same tokens, per tensor |a - b| / |b|. Measured 2026-12-05, torch 2.14.0,
+    # torchtitan 0.3.0: the SFT run under ga=2 (valid labels per microbatch 115, 126, 132, 147)
+    # vs the single-batch run, titan_native from the tiny dense fixture, 2 ranks: worst 1.1e-7.
+    ("layout_gradients", "float32", "cpu"): ParityTolerance(
+        atol=0.0, rtol=1e-6,
+        why="worst measured 1.1e-7 (ga=2 over uneven valid labels); 9x margin. A backward "
+            "normalised per microbatch moves the worst tensor by 6.7e-2."),
     # The fixtures' recorded step-1 losses recomputed on another machine (tests/e2e/
     # test_fixtures.py): float32 BLAS kernels differ by CPU. Measured 2026-12-02 on an
     # AuthenticAMD AVX512 machine: document and causal bit-identical, row_causal 1.2e-7 off

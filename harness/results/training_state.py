@@ -4,13 +4,12 @@ breaks tied embeddings and load balancing in the ranks' own records (``tie_findi
 ``balance_findings``; recorded by harness/rank/hooks.py, read by harness/registry/dump_layout.py).
 
 A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/registry/dump_layout.py
-``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` converts it with DCP's own ``dcp_to_torch_save`` and flattens the
+``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` reads it as DCP's own ``dcp_to_torch_save`` does (in memory) and flattens the
 nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -31,15 +30,18 @@ def _flatten(obj, prefix: str, out: dict) -> None:
 
 def load_dcp(folder: str | Path) -> dict:
     """Every entry of a DCP checkpoint folder, flattened to dotted keys."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder}: not a DCP checkpoint (no .metadata)")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "state.pt"
-        dcp_to_torch_save(str(folder), str(out))
-        state = torch.load(out, weights_only=False)
+    # what DCP's dcp_to_torch_save reads (the same planner, no process group), kept in memory
+    # instead of written to a file and read back
+    state: dict = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(folder)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     flat: dict = {}
     _flatten(state, "", flat)
     return flat
@@ -264,3 +266,122 @@ def uneven_tensors(folder: str | Path, ranks: int) -> dict[str, int]:
     split evenly over ``ranks``: the dimension FSDP shards, with a shorter last shard."""
     return {key: shape[0] for key, (shape, chunks) in chunks_per_tensor(folder).items()
             if chunks > 1 and shape and shape[0] % ranks}
+
+
+# ---- the state a resumed trainer holds, against the state that was saved ---------------------
+
+def assembled(records: dict[int, dict]) -> tuple[dict, list[str]]:
+    """Whole tensors from every rank's ``(local shard, global offset, global shape)`` records
+    (harness/rank/hooks.py ``_placed``; a plain tensor or value as every rank holds it), and
+    what keeps a tensor from being whole: elements no rank holds, or two ranks holding
+    different values for one element or one plain value."""
+    whole: dict = {}
+    covered: dict = {}
+    problems: list[str] = []
+    for rank, record in sorted(records.items()):
+        for key, value in record.items():
+            if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], torch.Tensor):
+                local, offset, shape = value
+                if offset is None:  # a plain tensor: every rank holds all of it
+                    offset = (0,) * local.ndim
+                if key not in whole:
+                    whole[key] = torch.zeros(shape, dtype=local.dtype)
+                    covered[key] = torch.zeros(shape, dtype=torch.bool)
+                region = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+                held, seen = whole[key][region], covered[key][region]
+                if seen.any() and (seen & (held != local)).any():
+                    problems.append(f"{key}: rank {rank} holds other values than a rank before it "
+                                    f"in the region at offset {offset}")
+                held.copy_(local)
+                seen.fill_(True)
+            elif key not in whole:
+                whole[key] = value
+            elif whole[key] != value:
+                problems.append(f"{key}: rank {rank} holds {value!r}, a rank before it {whole[key]!r}")
+    for key, seen in covered.items():
+        if not seen.all():
+            missing = int((~seen).sum())
+            problems.append(f"{key}: {missing} of {seen.numel()} elements held by no rank")
+    return whole, problems
+
+
+def rows_differing(held: torch.Tensor, saved: torch.Tensor) -> str:
+    """Where two tensors of one shape differ: the rows (first dimension) and the largest
+    absolute difference."""
+    diff = held != saved
+    if held.ndim == 0:
+        rows = "the scalar"
+    else:
+        bad = diff.reshape(diff.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+        rows = f"rows {bad[:8]}{' ...' if len(bad) > 8 else ''} ({len(bad)} of {held.shape[0]})"
+    d = ((held.double() - saved.double()).abs().max().item()
+         if held.is_floating_point() else "-")
+    return f"{rows} differ (max |d| {d})"
+
+
+# What a resumed trainer's state is compared with: the saved model and optimizer entries (the
+# lr schedule, dataloader and train state are checked by the runs' steps and learning rates,
+# and the dataloader is not loaded at another data-parallel degree).
+NOT_RESUMED_STATE = ("lr_scheduler.", "dataloader.", "train_state.")
+
+
+def resumed_state_findings(records: dict[int, dict], saved: dict) -> list[str]:
+    """What a resumed trainer holds once its own checkpoint load returned (``records``: every
+    rank's, harness/registry/dump_layout.py ``resumed_state_records``) against the saved
+    checkpoint (``load_dcp`` of it): every model and optimizer entry, tensor for tensor, every
+    row, bit for bit (the load is a copy)."""
+    if not records:
+        return [f"[{RESUME}] no rank recorded its state after the load (was the run resumed, "
+                "and instrumented?)"]
+    whole, found = assembled(records)
+    found = [f"[{RESUME}] {p}" for p in found]
+    held: dict = {}
+    for key, value in whole.items():  # plain values nested as the checkpoint's flattening nests them
+        _flatten(value, key, held)
+    wanted = {k for k in saved if not k.startswith(NOT_RESUMED_STATE)}
+    for key in sorted(wanted - set(held)):
+        found.append(f"[{RESUME}] {key}: saved, not held by the resumed trainer")
+    for key in sorted(set(held) - set(saved)):
+        found.append(f"[{RESUME}] {key}: held by the resumed trainer, not in the checkpoint")
+    for key in sorted(set(held) & set(saved)):
+        x, y = held[key], saved[key]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                found.append(f"[{RESUME}] {key}: held {tuple(x.shape)} {x.dtype}, saved "
+                             f"{tuple(y.shape)} {y.dtype}")
+            elif not torch.equal(x, y):
+                found.append(f"[{RESUME}] {key}: {rows_differing(x, y)}")
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
+            found.append(f"[{RESUME}] {key}: held {x!r}, saved {y!r}")
+    return found
+
+
+# ---- gradients -------------------------------------------------------------------------------
+
+def first_step_grads(run_dir: str | Path) -> tuple[int | None, dict[str, torch.Tensor], list[str]]:
+    """A run's first trained step, every parameter's whole gradient of it (before clipping,
+    assembled from every rank's shard: harness/rank/hooks.py ``record_first_step_grads``; keys
+    as the checkpoint spells them, ``canonical_key``), and what kept a gradient from being whole."""
+    records = dump_layout.grad_records(run_dir)
+    steps = {rec["step"] for rec in records.values()}
+    grads, problems = assembled({rank: {canonical_key(k): v for k, v in rec["grads"].items()}
+                                 for rank, rec in records.items()})
+    if len(steps) > 1:
+        problems.append(f"the ranks recorded different steps: {sorted(steps)}")
+    return (steps.pop() if len(steps) == 1 else None), grads, problems
+
+
+def gradient_deltas(mine: dict, theirs: dict) -> dict[str, float]:
+    """Per parameter, the size of the difference relative to the other run's gradient:
+    ``|mine - theirs| / |theirs|`` (Frobenius norms; inf where a parameter is on one side only
+    or its shapes differ)."""
+    out = {}
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key), theirs.get(key)
+        if a is None or b is None or a.shape != b.shape:
+            out[key] = float("inf")
+            continue
+        a, b = a.double(), b.double()
+        scale = b.norm().item()
+        out[key] = (a - b).norm().item() / scale if scale else (0.0 if torch.equal(a, b) else float("inf"))
+    return out

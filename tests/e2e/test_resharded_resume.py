@@ -26,9 +26,14 @@ Specification, per case:
 - the 3-rank case reshards tensors whose sharded dimension does not split evenly (vocab 2048,
   hidden 128, experts 32 over 3 ranks: FSDP's last shard is shorter), and a reshard that loses
   the last row of such a tensor (plant ``reshard_drops_uneven_row``) is caught.
-The default tier runs the 1-rank case and the planted 3-rank run (with its clean
-uninterrupted run); the slow tier the clean 3-rank, 4-rank and tensor-parallel cases, and the
-dense backends' (hf_v5, titan_native) cases, all four, each from a
+- the state, not only the curves: the model and optimizer the resumed trainer holds once its own
+  checkpoint load returned (read in its ranks, harness/rank/hooks.py ``record_resumed_state``)
+  equal the saved checkpoint, tensor for tensor, every row, bit for bit. The curves'
+  comparison cannot see a load that loses a row at the new world size: the uninterrupted run
+  loads at that world size too, and carries the same loss.
+The default tier runs the 3-rank case (the uneven split: the condition a lost row needs); the
+slow tier the 1-rank, 4-rank and tensor-parallel cases, the resumed run planted, the load
+planted in both runs, and the dense backends' (hf_v5, titan_native) cases, all four, each from a
 training-state run of its own (``run_matrix.training_state_spec``: vocab 2048 and hidden 128
 are uneven over 3 ranks there too).
 """
@@ -135,6 +140,34 @@ def test_resharded_resume_is_the_uninterrupted_run(device_runs, steps, workaroun
         f"\n{resumed.describe()}\n{uninterrupted.describe()}"
 
 
+def state_findings(first, run, saved: dict | None = None) -> list[str]:
+    """What ``run``'s trainer held once its own checkpoint load returned (every rank's model and
+    optimizer tensors, recorded in the ranks: harness/rank/hooks.py ``record_resumed_state``)
+    against the saving run's step-1 checkpoint (``saved``: it, already read), tensor for
+    tensor, every row, bit for bit."""
+    if saved is None:
+        saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
+    return ts.resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in RESHARD_CASES])
+def test_the_resumed_trainer_holds_the_saved_state(device_runs, steps, workarounds, case):
+    """The state, not only the curves: the resumed trainer's model and optimizer, read in its
+    ranks right after torchtitan's own load returned, equal the saved step-1 checkpoint tensor
+    for tensor; and so do the uninterrupted run's (loaded from the whole-tensor copy). The
+    curves' comparison cannot see a defect of the load at the new world size: both runs load
+    at that world size, so both carry it (``test_a_load_that_loses_a_row_in_both_runs...``)."""
+    first, uninterrupted, resumed = reshard_runs(device_runs, steps, workarounds, case)
+    saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
+    found = _tagged("resumed run", state_findings(first, resumed, saved)) + _tagged(
+        "uninterrupted run", state_findings(first, uninterrupted, saved))
+    assert not found, f"saved at 2 ranks, resumed {case.id}:\n" + "\n".join(found[:30])
+
+
+def _tagged(name: str, findings: list[str]) -> list[str]:
+    return [f.replace("] ", f"] {name}: ", 1) for f in findings]
+
+
 def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(device_runs, steps,
                                                                                workarounds):
     """The saving run's step-1 checkpoint holds sharded tensors whose first dimension (the one
@@ -147,12 +180,39 @@ def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(d
                                      f"are {sorted(rows)} ({len(uneven)} tensors)")
 
 
+@pytest.mark.slow
 def test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught(device_runs, steps, workarounds):
+    """The resumed run alone planted (``reshard_drops_uneven_row``, after torchtitan's
+    CheckpointManager.load): the curves and the state both see it."""
     case = next(c for c in RESHARD_CASES
                 if c.ranks == RESHARD_UNEVEN_RANKS and c.backend == TRAINING_STATE_BACKEND)
     first, uninterrupted, planted = reshard_runs(device_runs, steps, workarounds, case,
                                                  plants=("reshard_drops_uneven_row",))
     assert reshard_findings(first, uninterrupted, planted), "a row lost in the reshard went unnoticed"
+    assert state_findings(first, planted), "the resumed trainer's lost row went unnoticed"
+
+
+@pytest.mark.slow
+def test_a_load_that_loses_a_row_in_both_runs_is_caught_by_the_state_alone(device_runs, steps,
+                                                                            workarounds):
+    """torchtitan's own model load (``ModelWrapper.load_state_dict``) planted to lose the last
+    row of every unevenly split tensor, in both runs of the comparison, as a defect of the load
+    at 3 ranks would be: the resumed run and the uninterrupted run from the whole-tensor copy
+    then train alike, so the curves' comparison passes, and only the state check sees it."""
+    case = next(c for c in RESHARD_CASES
+                if c.ranks == RESHARD_UNEVEN_RANKS and c.backend == TRAINING_STATE_BACKEND)
+    plants = ("model_load_drops_uneven_row",)
+    runs = device_runs("cpu")
+    spec = training_state_spec(case.backend, steps, workarounds)
+    first = _ok(runs.get(spec))
+    saved = dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
+    whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
+    uninterrupted = resumed_ok(runs.get(resharded_spec(spec, whole, case, plants)))
+    resumed = resumed_ok(runs.get(resharded_spec(spec, saved, case, plants)))
+    blind = reshard_findings(first, uninterrupted, resumed)
+    seen = state_findings(first, resumed)
+    assert seen, "a row lost by the load in both runs went unnoticed by the state check"
+    assert not blind, f"the curves' comparison saw the load's lost row after all: {blind[:3]}"
 
 
 class _Resumed:

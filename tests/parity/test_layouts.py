@@ -38,7 +38,7 @@ from harness.checks import run_checks as checks
 from harness.parity import curves
 from harness.parity import models as M
 from harness.registry import known_issues
-from harness.registry.tolerances import parity_regime_for
+from harness.registry.tolerances import parity_regime_for, parity_tolerance
 from harness.upstream import titan_api
 
 # The template's checks a layout's run gets as they are; its first step is held to the
@@ -157,7 +157,7 @@ def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_ru
     the bf16 experts' output of the layers before it, which the layout groups and reduces
     otherwise: there a token may swap near-tied experts, and the share of routing choices that
     moved is held to the policy's ``router_flips``."""
-    from harness.registry.tolerances import parity_tolerance
+    from harness.registry.tolerances import parity_tolerance  # noqa: F811
 
     case = moe_fsdp_layout_case
     result = layout_run(case)
@@ -228,3 +228,153 @@ def test_routing_counts_added_twice_are_caught(layout_run, steps):
     assert verdict.status == "fail", f"routing counts added twice went unnoticed: {verdict}"
     clean_ratio = checks.verdict("moe_routing_counts", clean, steps)[1].observed["counts_ratio"]
     assert outcome.observed["counts_ratio"] == 2 * clean_ratio
+
+
+# ------------------------------------------------- gradient accumulation with uneven valid tokens
+# The condition a GA normalisation bug needs: microbatches whose valid-label counts differ
+# (torchtune #1875, torchtitan #1759/#1842/#2206). Packed pretraining rows never have one (every
+# label is valid), so the cheap form of ``ga=2`` is the SFT run (tests/e2e/test_ignored_labels.py:
+# prompt labels and EOS padding ignored, 2 ranks x 2 microbatches of 1 row) against the same
+# backend's single-batch run on the same rows (FSDP, 1 microbatch of 2 rows per rank).
+
+def sft_ga_pair(backend_runs, plants=()):
+    """(the SFT run under ``ga=2``, ``plants`` put in; the single-batch SFT run on its rows)."""
+    from harness.launch import instrumented
+    from harness.registry.layouts import FSDP
+    from tests.e2e.test_ignored_labels import sft_run
+
+    with instrumented.instrumented_backend("titan_native") as name:
+        return sft_run(backend_runs, name, plants), sft_run(backend_runs, name, layout=FSDP)
+
+
+def ga_findings(ga, single) -> tuple[list[str], dict]:
+    """Everything in which the ``ga=2`` SFT run is not the single-batch run on the same tokens
+    (the rows each rank was fed, the step-1 loss, every parameter's step-1 gradient before
+    clipping), and what was measured: the valid labels per microbatch, the loss delta, the
+    largest relative gradient delta."""
+    from harness.registry.dump_layout import load_batches
+    from harness.results import training_state as ts
+    from tests.e2e.test_ignored_labels import microbatches
+
+    found = []
+    for rank, (a, b) in enumerate(zip(load_batches(ga.run_dir), load_batches(single.run_dir), strict=True)):
+        for key in ("model_input", "model_labels"):
+            if not torch.equal(a[key], b[key]):
+                found.append(f"rank {rank}: the runs were fed other {key}")
+    counts = [int((mb["model_labels"] != IGNORE_INDEX).sum()) for mb in microbatches(ga)]
+    if len(set(counts)) < 2:
+        found.append(f"valid labels per microbatch {counts}: even, the condition is not reached")
+    loss_band = parity_tolerance("layout_loss", "float32").atol
+    loss_delta = ga.losses[0] - single.losses[0]
+    if abs(loss_delta) > loss_band:
+        found.append(f"step-1 loss {ga.losses[0]!r} vs single batch {single.losses[0]!r}: "
+                     f"{loss_delta:+.3e} (band {loss_band:g})")
+    (step_a, mine, holes_a), (step_b, theirs, holes_b) = (ts.first_step_grads(r.run_dir) for r in (ga, single))
+    found += [f"ga=2 run's gradients: {p}" for p in holes_a] + [f"single batch's gradients: {p}" for p in holes_b]
+    if (step_a, step_b) != (1, 1) or not mine:
+        found.append(f"gradients recorded at steps {step_a} and {step_b} ({len(mine)} parameters)")
+    deltas = ts.gradient_deltas(mine, theirs)
+    band = parity_tolerance("layout_gradients", "float32").rtol
+    found += [f"{name}: gradient differs by {d:.3e} of its size (band {band:g})"
+              for name, d in sorted(deltas.items(), key=lambda kv: -kv[1]) if d > band][:20]
+    worst = max(deltas.values(), default=float("nan"))
+    return found, {"valid per microbatch": counts, "loss delta": loss_delta, "worst gradient delta": worst}
+
+
+IGNORE_INDEX = -100
+
+
+def test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch(backend_runs):
+    ga, single = sft_ga_pair(backend_runs)
+    found, measured = ga_findings(ga, single)
+    assert not found, f"ga=2 vs single batch ({measured}):\n" + "\n".join(found)
+
+
+def test_a_per_microbatch_mean_is_caught_by_loss_and_gradients(backend_runs):
+    """The default tier's planted run of tests/e2e/test_ignored_labels.py (``ga_microbatch_mean``:
+    torchtitan's forward_backward_step normalising each microbatch by its own valid labels)."""
+    ga, single = sft_ga_pair(backend_runs, ("ga_microbatch_mean",))
+    found, measured = ga_findings(ga, single)
+    assert any("step-1 loss" in f for f in found), f"the loss saw nothing ({measured})"
+    assert any("gradient differs" in f for f in found), f"the gradients saw nothing ({measured})"
+
+
+@pytest.mark.slow
+def test_a_per_microbatch_normalised_backward_is_caught_by_the_gradients_alone(backend_runs):
+    """``ga_microbatch_backward``: each microbatch's backward normalised by its own valid labels
+    while the logged loss stays the right one (torchtune #1875's shape): the loss agrees, and
+    only the gradients show it."""
+    ga, single = sft_ga_pair(backend_runs, ("ga_microbatch_backward",))
+    found, measured = ga_findings(ga, single)
+    assert not any("step-1 loss" in f for f in found), f"the plant moved the loss ({measured})"
+    assert any("gradient differs" in f for f in found), f"the gradients saw nothing ({measured})"
+
+
+# ------------------------------------------------- full activation checkpointing on the MoE
+# The condition an AC bug of the MoE needs: a recompute of its stateful forward (it adds its
+# routing counts to tokens_per_expert_E, which the load-balancing update reads; torchtitan
+# #1593 was found under full recompute). Full AC against no AC, same weights and rows.
+
+def _balance_by_step(run, steps) -> dict[tuple[int, str], tuple]:
+    """Per (step, MoE layer): the routing counts summed over the ranks, the run's own
+    ``moe_routing_counts`` ratio divided out (the known recompute doubling), and the
+    expert_bias after the update (rank 0's: every rank holds the same)."""
+    from harness.registry import dump_layout
+
+    ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
+    records = dump_layout.balance_records(run.run_dir)
+    out = {}
+    for s, record in enumerate(records[min(records)]):
+        for name, layer in record["layers"].items():
+            counts = sum(records[r][s]["layers"][name]["counts_before"] for r in records)
+            out[(record["step"], name)] = (counts / ratio, layer["bias_after"], ratio)
+    return out
+
+
+def ac_findings(full, none, steps) -> tuple[list[str], dict]:
+    """Everything in which the full-AC run is not the no-AC run: every step's routing counts
+    (each run's own recompute ratio divided out: the known issue's doubling is judged by the
+    routing-count check, by its signature) and expert_bias updates, in every MoE layer, and
+    every parameter's step-1 gradient, bit for bit (the same ops on the same values)."""
+    from harness.results import training_state as ts
+
+    found = []
+    mine, theirs = _balance_by_step(full, steps), _balance_by_step(none, steps)
+    if list(mine) != list(theirs):
+        found.append(f"MoE layers or steps recorded differ: {list(mine)[:4]} vs {list(theirs)[:4]}")
+    for key in sorted(set(mine) & set(theirs)):
+        for what, a, b in (("routing counts", mine[key][0], theirs[key][0]),
+                           ("expert_bias after the update", mine[key][1], theirs[key][1])):
+            if not torch.equal(a, b):
+                found.append(f"step {key[0]} {key[1]}: {what} differ by {(a - b).abs().max().item():.3e}")
+    (step_a, g_full, holes_a), (step_b, g_none, holes_b) = (ts.first_step_grads(r.run_dir) for r in (full, none))
+    found += [f"full AC's gradients: {p}" for p in holes_a] + [f"no AC's gradients: {p}" for p in holes_b]
+    if (step_a, step_b) != (1, 1) or not g_full:
+        found.append(f"gradients recorded at steps {step_a} and {step_b} ({len(g_full)} parameters)")
+    deltas = ts.gradient_deltas(g_full, g_none)
+    found += [f"{name}: step-1 gradient differs by {d:.3e} of its size"
+              for name, d in sorted(deltas.items(), key=lambda kv: -kv[1]) if d > 0][:20]
+    ratios = {mine[k][2] for k in mine}
+    return found, {"counts ratio (full AC)": sorted(ratios),
+                   "worst gradient delta": max(deltas.values(), default=float("nan")),
+                   "loss delta": full.losses[0] - none.losses[0]}
+
+
+def _ac_pair(layout_run, plants=()):
+    return (layout_run(_case("nki_moe", "ac=full"), plants=plants), layout_run(_case("nki_moe", "ac=none")))
+
+
+def test_full_ac_on_the_moe_equals_no_ac(layout_run, steps):
+    full, none = _ac_pair(layout_run)
+    found, measured = ac_findings(full, none, steps)
+    assert not found, f"nki_moe ac=full vs ac=none ({measured}):\n" + "\n".join(found)
+
+
+@pytest.mark.slow
+def test_a_moe_forward_that_reads_its_counts_on_recompute_is_caught(layout_run, steps):
+    """``moe_forward_reads_its_counts`` (torchtitan's MoE.forward): the first forward of a step
+    computes what it always did, the recompute under full AC other routing weights."""
+    full, none = _ac_pair(layout_run, ("moe_forward_reads_its_counts",))
+    found, measured = ac_findings(full, none, steps)
+    assert any("gradient differs" in f for f in found), f"the recompute went unnoticed ({measured})"
+    assert measured["loss delta"] == 0, f"the plant moved step 1's loss ({measured})"

@@ -192,14 +192,28 @@ def stand_in_trainer_module(dump: str):
                 return input_dict["input"] * 2, labels, extra
             return input_dict["input"] * 2, labels, {}, extra
 
+        gradient_accumulation_steps = MICROBATCHES
+
+        def forward_backward_step(self, *, input_dict, labels):
+            processed = self.post_dataloading_process(input_dict, labels)
+            self.fed.append(processed)
+            model = self.model_parts[0]
+            loss = model.lm_head(model.tok_embeddings(titan_api.post_dataloading_parts(processed)[0] % 8)).sum()
+            loss.backward()
+            return loss
+
         def train(self):
             self.checkpointer.load(step=0)
             generator = torch.Generator().manual_seed(1)
             for self.step in range(1, STEPS + 1):
+                self.model_parts[0].zero_grad()
                 for _ in range(MICROBATCHES):
                     tokens = torch.randint(0, 8, (2, 6), generator=generator)
                     batch = {"input": tokens, "positions": torch.arange(6).expand(2, 6)}
-                    self.fed.append(self.post_dataloading_process(batch, tokens.roll(-1, dims=1)))
+                    self.forward_backward_step(input_dict=batch, labels=tokens.roll(-1, dims=1))
+                if self.step == 1:
+                    self.first_grads = {n: p.grad.clone() for n, p in self.model_parts[0].named_parameters()
+                                        if p.grad is not None}
                 self.optimizers.step()
 
     return types.SimpleNamespace(Trainer=Trainer)
@@ -244,6 +258,11 @@ def test_the_observers_record_at_the_layouts_paths_and_change_nothing(tmp_path, 
     records = dump_layout.rank_state_records(run_dir)
     assert sorted(records[0]) == ["built", "loaded", "trained"]
     assert all(records[0][phase]["parts"][0]["tied_same_parameter"] for phase in records[0])
+    # the first step's gradients after its last microbatch, as the trainer held them
+    grads = dump_layout.grad_records(run_dir)[0]
+    assert grads["step"] == 1 and sorted(grads["grads"]) == sorted(observed.first_grads)
+    assert all(torch.equal(grads["grads"][n][0], g) for n, g in observed.first_grads.items())
+    assert dump_layout.resumed_state_records(run_dir) == {}  # nothing was resumed
 
 
 def test_the_observers_record_only_the_steps_and_observers_they_are_told(tmp_path, monkeypatch):
