@@ -266,11 +266,94 @@ def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
     rehearse = _nightly("rehearse")
     listed = " ".join(" ".join(row) for row in rehearse.DIFFERENCES)
     source = (NIGHTLY / "rehearse.py").read_text()
-    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES"):
+    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES",
+                    "GITHUB_API_URL", "HF_ENDPOINT", "RUNNER_USER", "S_IXOTH"):
         assert swapped in source, swapped
     for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
-                 "scripts/nightly/rehearsal/hf", "scripts/nightly/rehearsal/gh"):
+                 "scripts/nightly/rehearsal/hf", "REST", "HF_ENDPOINT", "useradd", "o+x",
+                 "neuron_collectives", "Inductor", "provision.py", "read-only", "NKI emulator"):
         assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
+
+
+def test_the_rehearsal_has_no_gh_and_no_night_step_calls_it():
+    """The DLAMI has no GitHub CLI: nothing of the night may call it, and the rehearsal gives
+    it none to find."""
+    import re
+
+    assert not (NIGHTLY / "rehearsal" / "gh").exists()
+    for script in NIGHTLY.glob("*"):
+        if script.is_file() and script.name != "rehearse.py":
+            calls = [line for line in script.read_text().splitlines()
+                     if re.search(r"(^|[\s;(|&$`])gh\s+(run|api|release)", line) and not line.lstrip().startswith("#")]
+            assert not calls, f"{script.name} calls gh: {calls}"
+
+
+def test_download_artifact_is_emulated_as_strictly_as_v4(tmp_path):
+    """actions/download-artifact v4 downloads another run's artifact only with a github-token;
+    an artifact that is not there fails the step."""
+    rehearse = _nightly("rehearse")
+    store, workspace = tmp_path / "store", tmp_path / "ws"
+    (store / "runs" / "1" / "artifacts" / "reports-trn2" / "run-report").mkdir(parents=True)
+    (store / "runs" / "1" / "artifacts" / "reports-trn2" / "run-report" / "results.json").write_text("{}")
+    workspace.mkdir()
+    contexts = rehearse.Contexts(vars={}, inputs={}, secrets={}, github={"run_id": "2", "token": rehearse.TOKEN},
+                                 runner={"temp": str(tmp_path / "t")})
+    night = rehearse.Night(2, tmp_path, workspace, tmp_path, contexts, {"HOME": str(tmp_path)})
+    step = {"uses": "actions/download-artifact@v4", "with": {
+        "name": "reports-trn2", "path": "${{ runner.temp }}/baseline", "run-id": "1",
+        "github-token": "${{ github.token }}"}}
+    log = tmp_path / "log"
+    assert rehearse.emulate_action(night, step, store, log) == "success"
+    assert (tmp_path / "t" / "baseline" / "run-report" / "results.json").is_file()
+    no_token = {**step, "with": {k: v for k, v in step["with"].items() if k != "github-token"}}
+    assert rehearse.emulate_action(night, no_token, store, log) != "success"
+    assert "Artifact not found" in log.read_text()
+    other = {**step, "with": {**step["with"], "run-id": "7"}}
+    assert rehearse.emulate_action(night, other, store, log) != "success"
+
+
+def test_the_baseline_run_is_asked_of_the_rest_api_with_the_token(tmp_path):
+    """scripts/nightly/baseline_run.py against the rehearsal's REST stand-in: the last
+    successful night with the token; nothing (and no failure) without it."""
+    rehearse = _nightly("rehearse")
+    store = tmp_path / "store"
+    for number, conclusion in ((1, "success"), (2, "failure")):
+        (store / "runs" / str(number)).mkdir(parents=True)
+        (store / "runs" / str(number) / "conclusion").write_text(conclusion)
+    api = rehearse.Api(store)
+    try:
+        base = {**os.environ, "GITHUB_API_URL": api.url, "GITHUB_REPOSITORY": rehearse.REPOSITORY}
+        for token, expected in ((rehearse.TOKEN, "run-id=1"), ("wrong", "run-id=")):
+            done = subprocess.run([sys.executable, str(NIGHTLY / "baseline_run.py")], text=True,
+                                  capture_output=True, env={**base, "GH_TOKEN": token})
+            assert done.returncode == 0 and done.stdout.strip() == expected, (done.stdout, done.stderr)
+    finally:
+        api.close()
+
+
+def test_the_rehearsal_reads_a_kinder_schedule_off_the_night(tmp_path):
+    """A night whose test step used xdist workers, warm ranks or the prefetcher is not a trn2
+    night: the rehearsal fails it."""
+    rehearse = _nightly("rehearse")
+    reports = tmp_path / "reports"
+    (reports / "tmp" / "run" / "torchrun").mkdir(parents=True)
+    (reports / "pytest.log").write_text("== 3 passed ==\n")
+    assert rehearse.schedule_problems(tmp_path) == []
+    (reports / "pytest.log").write_text("[gw0] PASSED tests/e2e/test_runs.py::x\n")
+    (reports / "tmp" / "run" / "torchrun" / "0.log").write_text(rehearse.STARTED_WARM + "\n")
+    (reports / "tmp" / rehearse.PREFETCH_CLAIM).write_text("1")
+    problems = rehearse.schedule_problems(tmp_path)
+    assert len(problems) == 3 and "xdist" in problems[0] and "warm" in problems[1], problems
+
+
+def test_expressions_compare_as_github_does():
+    rehearse = _nightly("rehearse")
+    contexts = rehearse.Contexts(vars={}, inputs={}, secrets={}, github={}, runner={},
+                                 steps={"previous": {"outputs": {"run-id": ""}}})
+    assert contexts.condition("${{ steps.previous.outputs.run-id != '' }}") is False
+    contexts.steps["previous"]["outputs"]["run-id"] = "12"
+    assert contexts.condition("${{ steps.previous.outputs.run-id != '' }}") is True
+    assert contexts.condition("${{ steps.previous.outputs.run-id == '12' }}") is True
 
 
 def test_why_both_collective_timeouts_are_set_still_holds_upstream():
