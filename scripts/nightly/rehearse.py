@@ -663,6 +663,37 @@ def schedule_problems(workspace: Path) -> list[str]:
     return problems
 
 
+def profile_problems() -> list[str]:
+    """What the stand-in profile runs differently from trn2's neuron profile is named in
+    DIFFERENCES (its process group and compile backend), and it schedules as trn2 does (cold
+    ranks, no prefetch, the neuron process group's refusals)."""
+    sys.path.insert(0, str(REPO))
+    from harness.device import devices
+
+    saved = os.environ.get(devices.STANDIN_ENV)
+    os.environ[devices.STANDIN_ENV] = "cpu"
+    try:
+        standin = devices.profile_for("neuron")
+    finally:
+        if saved is None:
+            os.environ.pop(devices.STANDIN_ENV)
+        else:
+            os.environ[devices.STANDIN_ENV] = saved
+    trn2 = devices.neuron_profile(64, {})
+    listed = " ".join(" ".join(row) for row in DIFFERENCES).lower()
+    problems = [f"the stand-in's {what} is {getattr(standin, what)!r} (trn2: {getattr(trn2, what)!r}), "
+                f"a swap DIFFERENCES does not name"
+                for what in ("process_group_backend", "compile_backend")
+                if getattr(standin, what) != getattr(trn2, what)
+                and str(getattr(standin, what)).lower() not in listed]
+    problems += [f"the stand-in's {what} is {getattr(standin, what)!r}: trn2's is {getattr(trn2, what)!r}"
+                 for what in ("warm_start", "prefetch") if getattr(standin, what) != getattr(trn2, what)]
+    if devices.STANDIN_COLLECTIVES not in standin.shims:
+        problems.append("the stand-in's ranks do not refuse what ProcessGroupNeuron refuses "
+                        f"(shim {devices.STANDIN_COLLECTIVES})")
+    return problems
+
+
 def second_night_problems(night: Night) -> list[str]:
     """What the second night must show: it read the first night's report as its baseline."""
     import json
@@ -702,6 +733,11 @@ def main() -> int:
     print("The trn2 night, rehearsed on CPU. What differs from trn2 (and why):")
     for what, trn2, here, why in DIFFERENCES:
         print(f"  - {what}: trn2 {trn2}; here {here} ({why})")
+    kinder = profile_problems()
+    if kinder:
+        for problem in kinder:
+            print(f"rehearsal FAILED: {problem}")
+        return 1
     user = runner_user()
     print(f"the night runs as {user.name if user else pwd.getpwuid(os.getuid()).pw_name} "
           f"(uid {user.uid if user else os.getuid()})")

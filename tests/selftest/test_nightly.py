@@ -377,3 +377,16 @@ def test_why_both_collective_timeouts_are_set_still_holds_upstream():
     assert "distributed.set_timeout(" in lowers or "_set_pg_timeout(" in lowers
     assert "set_timeout(timeout, group)" in inspect.getsource(c10d._set_pg_timeout)
     assert "leave their timeout unchanged" in " ".join(inspect.getdoc(c10d.set_timeout).split())
+
+
+def test_the_stand_in_profile_is_as_strict_as_trn2s_or_named():
+    """The rehearsal refuses to start when the stand-in runs the neuron tier more kindly than
+    trn2 (warm ranks, prefetch, gloo's acceptance) or swaps something DIFFERENCES does not name."""
+    rehearse = _nightly("rehearse")
+    assert rehearse.profile_problems() == []
+    rows = rehearse.DIFFERENCES
+    try:
+        rehearse.DIFFERENCES = tuple(r for r in rows if r[0] != "compile")
+        assert any("compile_backend" in p for p in rehearse.profile_problems())
+    finally:
+        rehearse.DIFFERENCES = rows
