@@ -275,6 +275,23 @@ print(json.dumps(out))
 """
 
 
+def signature_problem(expected, params) -> str | None:
+    """Why an entry point with parameters ``params`` ((name, has a default) in order) no longer
+    takes the harness's call written for ``expected``, or None. The harness passes the required
+    parameters by position and the optional ones it uses by name: every expected parameter must
+    still exist, the required ones first and in order, and no new required one may appear."""
+    names = [name for name, _ in params]
+    missing = [name for name, _ in expected if name not in names]
+    required = [name for name, has_default in params if not has_default]
+    expected_required = [name for name, has_default in expected if not has_default]
+    new_required = [name for name in required if name not in expected_required]
+    reordered = required[:len(expected_required)] != expected_required
+    problems = ([f"missing {missing}"] if missing else []) + \
+        ([f"new required {new_required}"] if new_required else []) + \
+        (["required parameters reordered"] if reordered and not missing else [])
+    return "; ".join(problems) or None
+
+
 def nkilib_rows(python: str, env: dict[str, str]) -> list[Row]:
     code = f"ENTRY = {json.dumps(list(NKILIB_ENTRY_POINTS))}\n" + textwrap.dedent(NKILIB_PROBE)
     status, out = probe(python, code, env)
@@ -292,19 +309,9 @@ def nkilib_rows(python: str, env: dict[str, str]) -> list[Row]:
                             f"neuronx-cc to the 2.33 release"))
             continue
         params = [tuple(p) for p in got["params"]]
-        required = [p for p in expected if not p[1]]
-        # the harness passes the required parameters by position and the optional ones it uses
-        # by name: every expected parameter must exist, the required ones in order, and no new
-        # required parameter may appear
-        names = [p[0] for p in params]
-        missing = [n for n, _ in expected if n not in names]
-        new_required = [n for n, has_default in params if not has_default
-                        and n not in {e[0] for e in expected}]
-        order = [n for n, has_default in params if not has_default][:len(required)] == [n for n, _ in required]
-        ok = not missing and not new_required and order
-        value = f"{got['package']}: " + ("as written for" if ok else
-                                         f"missing {missing}, new required {new_required}, "
-                                         f"required order {'ok' if order else 'changed'}")
+        problem = signature_problem(expected, params)
+        ok = problem is None
+        value = f"{got['package']}: " + ("as written for" if ok else problem)
         rows.append(Row(f"nki-library {key}", value, ok,
                         "" if ok else f"adapt the harness's call of {key} to this signature "
                                       f"({[p[0] for p in params]}) and record it in "
