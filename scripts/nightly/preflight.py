@@ -227,6 +227,23 @@ print(json.dumps({"version": version, "fork": bool(version and is_fork(version))
 """
 
 
+C4_LOADER_PROBE = """
+from torchtitan.hf_datasets.text_datasets import DATASETS
+print("c4" in DATASETS and callable(DATASETS["c4"].loader))
+"""
+
+
+def c4_loader_row(python: str, env: dict[str, str]) -> Row:
+    """The fork's own C4 loader, where harness/backends/c4.py reads it (before 28 GB are fetched
+    for it, not after)."""
+    status, out = probe(python, C4_LOADER_PROBE, env)
+    ok = status == 0 and out.splitlines()[-1:] == ["True"]
+    return Row("torchtitan's c4 loader", "torchtitan.hf_datasets.text_datasets.DATASETS['c4']"
+               + (": there" if ok else f": {out.splitlines()[-1] if out else 'not found'}"), ok,
+               "the fork moved or renamed torchtitan's dataset registry: update "
+               "harness/backends/c4.py load_as_torchtitan_does to where it is now")
+
+
 def fork_rows(python: str, env: dict[str, str]) -> list[Row]:
     code, out = probe(python, FORK_PROBE, env)
     provision = ("once, as the runner user (no root): `python3 scripts/nightly/provision.py "
@@ -239,8 +256,8 @@ def fork_rows(python: str, env: dict[str, str]) -> list[Row]:
         return [Row("TorchTitan Neuron", f"no torchtitan in {python}", False, provision)]
     if not facts["fork"]:
         return [Row("TorchTitan Neuron", f"torchtitan {facts['version']} (not +neuron)", False,
-                    provision)]
-    rows = [Row("TorchTitan Neuron", f"torchtitan {facts['version']}", True)]
+                    provision), c4_loader_row(python, env)]
+    rows = [Row("TorchTitan Neuron", f"torchtitan {facts['version']}", True), c4_loader_row(python, env)]
     rows.append(Row("fork release known to the harness", f"{facts['version']} (known: "
                     f"{', '.join(facts['known_list'])})", facts["known"],
                     "record the release in harness/registry/generations.py KNOWN_FORK_VERSIONS "
