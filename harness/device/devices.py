@@ -40,6 +40,11 @@ EXCLUSIVE_RUNTIME = ("neuron",)
 # device have no stand-in: the rehearsal deselects them (conftest.py), naming why.
 STANDIN_ENV = "HARNESS_NEURON_STANDIN"
 STANDIN_KINDS = ("cpu",)
+# The shim that makes the stand-in's process group refuse what ProcessGroupNeuron refuses, and
+# the recorded setting naming whose collectives a run's ranks obey (known issues of the neuron
+# process group match on it: harness/registry/known_issues/neuron.py).
+STANDIN_COLLECTIVES = "neuron_collectives"
+COLLECTIVES_RECORD = "collectives"
 
 
 def standin_for(kind: str, environ=None) -> str | None:
@@ -73,11 +78,10 @@ def xdist_workers(device_option: str | None, markexpr: str | None, cpu_count: in
     each run is still launched once per session); a launch leaves about a third of two cores
     idle (rank start-up, rendezvous, shutdown). An accelerator tier (``-m neuron``,
     ``-m cuda``, ``--device neuron|cuda``) gets none: its runs and its in-process tests must not
-    share the devices; but a tier stood in by the cpu (the rehearsal) gets the cpu's two.
-    Neither does a single core."""
+    share the devices; nor does a tier stood in by the cpu (the rehearsal schedules the night
+    as trn2 does: serially). Neither does a single core."""
     accelerator = [m for m in TIER_MARKERS if device_option == m or m in (markexpr or "")]
-    on_device = [m for m in accelerator if standin_for(m) is None]  # a stand-in is the cpu's
-    return 0 if on_device or (cpu_count or 1) < 2 else 2
+    return 0 if accelerator or (cpu_count or 1) < 2 else 2
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -228,7 +232,7 @@ def neuron_rank_env(environ: dict[str, str]) -> tuple[dict[str, str], tuple[str,
         NEFF_CACHE_ENV: environ.get(NEFF_CACHE_ENV, os.path.expanduser(NEFF_CACHE_DEFAULT)),
         "NEURON_CC_FLAGS": flags,
     }
-    recorded = {"neuron-auto-cast": NEURON_AUTO_CAST, "neuron-cc-flags": flags,
+    recorded = {COLLECTIVES_RECORD: "neuron", "neuron-auto-cast": NEURON_AUTO_CAST, "neuron-cc-flags": flags,
                 "neuron-inherited-core-visibility": ",".join(
                     f"{k}={environ[k]}" for k in NEURON_CORE_VISIBILITY if k in environ) or "none"}
     return env, NEURON_CORE_VISIBILITY, recorded
@@ -241,8 +245,13 @@ CPU_SHIMS = ("cpu_device", "flex_attention_cpu", "gloo_reduce_op", "gloo_all_to_
 def profile_for(kind: str) -> DeviceProfile:
     standin = standin_for(kind)
     if standin:
+        # As strict as trn2 where CPU can be: the ranks refuse what ProcessGroupNeuron refuses
+        # (harness/device/neuron_collectives.py), and the runs are scheduled as on trn2: cold
+        # launches, none ahead of need (pytest runs -n 0 there too, ``xdist_workers``).
         stood_in = profile_for(standin)
-        return replace(stood_in, recorded={**stood_in.recorded, "standin-for": kind})
+        return replace(stood_in, shims=(*stood_in.shims, STANDIN_COLLECTIVES), warm_start=False,
+                       prefetch=False, recorded={**stood_in.recorded, "standin-for": kind,
+                                                 COLLECTIVES_RECORD: kind})
     available, reason = device_status(kind)
     if not available:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")

@@ -39,12 +39,14 @@ def _values(x, what: str) -> list[float]:
 
 
 def curve_reports(name, result, ref_name, ref, regime: str, loss: str = "torchrun_loss",
-                  grad_norm: str = "grad_norm") -> list:
+                  grad_norm: str = "grad_norm", device: str | None = None) -> list:
     """Loss, pre-clip grad norm and learning rate, step by step, against ``ref`` (a reference
     TrainRecord or another run's result), within the policy's ``loss`` and ``grad_norm``
-    tolerances of ``regime``."""
-    band = parity_tolerance(loss, regime).atol
-    gn_tol, lr_tol = parity_tolerance(grad_norm, regime), parity_tolerance("lr")
+    tolerances of ``regime`` on the device the run ran on (``device``: another device's bands,
+    e.g. "neuron" to hold a CPU run to the coarse bounds trn2 is held to before it is measured)."""
+    device = device or getattr(result, "device", None) or "cpu"
+    band = parity_tolerance(loss, regime, device).atol
+    gn_tol, lr_tol = parity_tolerance(grad_norm, regime, device), parity_tolerance("lr")
     gn_ref, lr_ref = _values(ref, "grad_norm"), _values(ref, "lr")
     return [
         compare.compare_curves("loss", name, _values(result, "loss"), ref_name, _values(ref, "loss"), band),
@@ -55,12 +57,13 @@ def curve_reports(name, result, ref_name, ref, regime: str, loss: str = "torchru
     ]
 
 
-def saved_weights_problem(name, saved, initial, ref, regime) -> str | None:
+def saved_weights_problem(name, saved, initial, ref, regime, device: str = "cpu") -> str | None:
     """Per tensor: relative error (``torchrun_update``), size ratio and direction
-    (``update_ratio``, ``update_cosine``) of the saved update against the reference's."""
+    (``update_ratio``, ``update_cosine``) of the saved update against the reference's, within
+    the bands of the device the run ran on."""
     agreements = T.update_agreement(saved, initial, ref.params[-1])
     bound = parity_tolerance("torchrun_update", regime).rtol
-    problems = T.update_agreement_problems(agreements, regime)
+    problems = T.update_agreement_problems(agreements, regime, device)
     problems.update({k: f"rel err {a.error:.3e} > {bound:g}" for k, a in agreements.items()
                      if not a.error <= bound and k not in problems})
     if not problems:

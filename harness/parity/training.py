@@ -298,13 +298,13 @@ class UpdateAgreement:
     cosine: float
     error: float
 
-    def problem(self, regime: str = "float32") -> str | None:
+    def problem(self, regime: str = "float32", device: str = "cpu") -> str | None:
         """Why this update is not the reference's (frozen, detached, double-counted, wrong
         direction), or None."""
         from harness.registry.tolerances import parity_tolerance
 
-        r_tol = parity_tolerance("update_ratio", regime).atol
-        c_tol = parity_tolerance("update_cosine", regime).atol
+        r_tol = parity_tolerance("update_ratio", regime, device).atol
+        c_tol = parity_tolerance("update_cosine", regime, device).atol
         reasons = []
         if not abs(self.ratio - 1.0) <= r_tol:
             kind = ("frozen: no update" if self.ratio == 0 else
@@ -347,9 +347,11 @@ def record_update_agreement(a: TrainRecord, b: TrainRecord, step: int) -> dict[s
     return update_agreement(a.params[step - 1], a.initial, b.params[step - 1], b.initial)
 
 
-def update_agreement_problems(agreements: dict[str, UpdateAgreement], regime: str = "float32") -> dict[str, str]:
-    """{tensor: why} for every tensor whose update is not the reference's."""
-    return {k: p for k, a in agreements.items() if (p := a.problem(regime))}
+def update_agreement_problems(agreements: dict[str, UpdateAgreement], regime: str = "float32",
+                              device: str = "cpu") -> dict[str, str]:
+    """{tensor: why} for every tensor whose update is not the reference's, within the bands of
+    ``device`` (harness/registry/tolerances.py: coarse where never measured there)."""
+    return {k: p for k, a in agreements.items() if (p := a.problem(regime, device))}
 
 
 def format_update_agreement(agreements: dict[str, UpdateAgreement], problems: dict[str, str], limit: int = 10) -> list[str]:

@@ -99,6 +99,7 @@ KINDS: tuple[CheckKind, ...] = (
     CheckKind("parity", "same weights give the same logits, gradients, updates and curves; the "
               "main job's report says which of its runs should agree and whether they do",
               (PARITY + "test_forward_parity.py::test_dense_activations_and_logits_match",
+               SELF + "test_device_bands.py::test_each_coarse_bound_catches_its_defect_and_passes_the_cpus_numerics",
                PARITY + "test_moe_routing.py::test_router_matches_reference_on_the_same_input",
                PARITY + "test_hf_backend_parity.py::test_backend_logits_match_reference",
                PARITY + "test_training_parity.py::test_three_steps_losses_grad_norms_and_lrs_match",
@@ -214,6 +215,7 @@ KINDS: tuple[CheckKind, ...] = (
                SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test",
                SELF + "test_doc_links.py::test_every_relative_link_in_the_readme_and_docs_resolves",
                SELF + "test_nightly.py::test_the_2_33_dlami_venv_is_found_by_its_own_name_newest_first",
+               SELF + "test_nightly_preflight.py::test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix",
                SELF + "test_own_process.py::test_marked_tests_run_each_in_a_child_and_report_as_it_saw_them",
                SELF + "test_supported_stack.py::test_a_session_or_command_on_torch_2_11_stops_with_that_line",
                SELF + "test_upstream_pins.py::test_a_mirrored_artifact_is_taken_only_with_the_pins_sha256"),

@@ -185,6 +185,9 @@ class ParityTolerance:
     #        where a few elements may legitimately move a lot (an MoE token whose near-tied
     #        experts swap under bf16 noise) while the bulk must agree.
     metric: str = "max"
+    # "measured" (on the device the comparison runs on) or "coarse" (never measured there:
+    # ``DEVICE_BANDS`` below); the report says which.
+    kind: str = "measured"
 
     def bound(self, scale: float) -> float:
         return self.atol + self.rtol * scale
@@ -374,8 +377,16 @@ EXACT_REGIMES = {"bf16_emulated": "float32", "custom_ops": "float32"}
 
 
 def parity_tolerance(quantity: str, regime: str = "float32", device: str = "cpu") -> ParityTolerance:
+    """The band of ``quantity`` in ``regime`` on ``device``: measured there (``_PARITY``, or a
+    device band recorded from a night, ``device_bands``), else, for a comparison measured on CPU
+    but never on this device, its coarse bound (``coarse_tolerance``)."""
     regime = EXACT_REGIMES.get(regime, regime)
     key = (quantity, regime, device)
+    if key not in _PARITY and key in device_bands():
+        return device_bands()[key]
+    if key not in _PARITY and device != "cpu" and (quantity, regime, "cpu") in _PARITY \
+            and quantity in COARSE_BANDS:
+        return coarse_tolerance(quantity, regime, device)
     if key not in _PARITY:
         measured = sorted({(q, r) for q, r, d in _PARITY if d == device})
         raise KeyError(
@@ -383,6 +394,93 @@ def parity_tolerance(quantity: str, regime: str = "float32", device: str = "cpu"
             f"(python -m harness.parity.measure on that device) and add it to "
             f"harness/registry/tolerances.py. Measured on {device}: {measured}")
     return _PARITY[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2a'. Device bands: one policy for comparisons never measured on the device they run on
+# ---------------------------------------------------------------------------------------------
+# A comparison's band above was measured on CPU. On a device where it was never measured (trn2's
+# first nights), its hardware numerics are unknown: the CPU band would report them as failures,
+# and no band at all would let a defect through. So it is held there to a coarse bound that still
+# catches the defects the harness knows, and records its exact delta; once nights have measured
+# it, ``scripts/record_bands.py --device neuron`` turns a night's report into a measured band
+# (DEVICE_BANDS_FILE), as scripts/record_goldens.py does for curves. The report names the kind
+# of band each check ran on.
+#
+# The coarse bound of a quantity: a third of the smallest effect a known defect has on it (its
+# CPU band's justification, measured on the CPU tier), so every such defect still fails it by
+# 3x, while the device's own numerics (another summation order, other transcendental
+# approximations, bf16 internals) get all the room that leaves: 1.3x (bf16 experts' layout loss)
+# to 1600x (float32 torchrun loss) the CPU band. Never tighter than the CPU band.
+# tests/selftest/test_device_bands.py holds both and shows each coarse bound failing on its
+# defect's delta.
+
+
+@dataclass(frozen=True)
+class DefectEffect:
+    quantity: str
+    effect: float  # the smallest measured effect on the quantity (same units as the band)
+    defect: str
+
+
+DEFECT_EFFECTS = {e.quantity: e for e in (
+    DefectEffect("torchrun_loss", 1.5e-3, "plant tp_partial_sums_unreduced (TP 2, 10 steps) vs the "
+                 "reference trajectory: loss max |d| 1.55e-3 (step 6; step 1 only 3.6e-7), measured "
+                 "2026-12-05 on the CPU tier (tests/parity/test_layouts.py); hf_v5's mask defect "
+                 "moves step 1 by 0.095"),
+    DefectEffect("layout_loss", 1e-2, "a TP partial sum left unreduced, a per-microbatch mean "
+                 "under GA, move step 1 by 1e-2 and more (the layout_loss float32 entry)"),
+    DefectEffect("grad_norm", 0.2, "plant tp_partial_sums_unreduced vs the reference trajectory: "
+                 "pre-clip grad norm rel 0.21-0.26 at every step (0.212 at step 1), measured "
+                 "2026-12-05 on the CPU tier; a double-counted loss doubles it (rel 1.0)"),
+    DefectEffect("layout_grad_norm", 0.3, "expert gradients doubled under EP move the grad norm "
+                 "by tens of percent (the layout_grad_norm bf16_experts entry; plant "
+                 "ep_expert_grads_doubled)"),
+    DefectEffect("update_ratio", 0.9, "a frozen, doubled or detached tensor: |r - 1| >= 0.9 (the "
+                 "update_ratio float32 entry)"),
+    DefectEffect("update_cosine", 0.78, "hf_v5's mask defect: 1 - cos 0.78 worst-case smallest, an "
+                 "ascent step ~1 (the update_cosine float32 entry)"),
+)}
+COARSE_FRACTION = 1 / 3  # of the smallest defect effect
+COARSE_BANDS = tuple(DEFECT_EFFECTS)
+
+
+def coarse_tolerance(quantity: str, regime: str, device: str) -> ParityTolerance:
+    cpu = _PARITY[(quantity, regime, "cpu")]
+    effect = DEFECT_EFFECTS[quantity]
+    value = effect.effect * COARSE_FRACTION
+    atol, rtol = (max(value, cpu.atol), cpu.rtol) if cpu.atol else (cpu.atol, max(value, cpu.rtol))
+    return ParityTolerance(atol=atol, rtol=rtol, metric=cpu.metric, kind="coarse",
+                           why=f"coarse: {quantity} was never measured on {device}; a third of the "
+                               f"smallest known defect's effect ({effect.defect}), at least the CPU "
+                               f"band ({cpu.atol or cpu.rtol:g}). Record a measured band with "
+                               f"scripts/record_bands.py --device {device}.")
+
+
+def band_kind(quantity: str, regime: str = "float32", device: str = "cpu") -> str:
+    """"measured" or "coarse": which kind of band ``parity_tolerance`` gives here."""
+    return parity_tolerance(quantity, regime, device).kind
+
+
+# Bands measured on a device by its nights (scripts/record_bands.py writes them): a TOML table
+# per device, one entry per "quantity/regime" with atol, rtol and why.
+DEVICE_BANDS_FILE = "fixtures/device_bands.toml"
+_device_bands_cache: dict = {}
+
+
+def device_bands() -> dict[tuple[str, str, str], ParityTolerance]:
+    if "bands" not in _device_bands_cache:
+        import tomllib
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parents[2] / DEVICE_BANDS_FILE
+        data = tomllib.loads(path.read_text()) if path.is_file() else {}
+        _device_bands_cache["bands"] = {
+            (key.split("/")[0], key.split("/")[1], device): ParityTolerance(
+                atol=float(entry.get("atol", 0.0)), rtol=float(entry.get("rtol", 0.0)),
+                why=entry["why"], kind="measured")
+            for device, table in data.items() for key, entry in table.items()}
+    return _device_bands_cache["bands"]
 
 
 def parity_regime_for(arch) -> str:

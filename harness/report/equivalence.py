@@ -192,7 +192,8 @@ def compare(kind: str, run: RunResult, reference: RunResult, why: str, quantity:
     if len(regimes) != 1 or name is None:
         return Pair(status="not compared", message=f"no one precision regime: {sorted(map(str, regimes))}", **base)
     try:
-        band = parity_tolerance(quantity, name).atol
+        tolerance = parity_tolerance(quantity, name, run.device)
+        band = tolerance.atol
     except KeyError as error:
         return Pair(status="not compared", message=str(error.args[0]), **base)
     deltas = [d for _, d in common]
@@ -203,8 +204,10 @@ def compare(kind: str, run: RunResult, reference: RunResult, why: str, quantity:
         f"{len(outside)} of {len(common)} step(s), first at step {outside[0][0]} ({outside[0][1]:+.3e}), "
         f"max |delta| {worst:.3e}")
     verdict = known_issues.judge(check, problem, {"deviation": step1}, run.workarounds, **context)
-    measured = dict(tolerance=f"{quantity} {name}", band=band, steps=len(common), step1_delta=step1,
-                    max_delta=worst)
+    # the band's kind: measured on the run's device, or its coarse bound (never measured there)
+    measured = dict(tolerance=f"{quantity} {name}" + ("" if tolerance.kind == "measured" else
+                                                      f" (coarse on {run.device})"),
+                    band=band, steps=len(common), step1_delta=step1, max_delta=worst)
     if verdict.status == "known":
         issue = verdict.issues[0]
         workaround = (f"--workaround {issue.workaround.name} ({issue.workaround.what})"

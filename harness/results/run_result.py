@@ -129,7 +129,7 @@ class RunResult:
         """Where the run happened, in the known-issues registry's terms."""
         return {"backend": self.backend, "size": self.size, "init": self.init, "device": self.device,
                 "attention": self.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", ""),
-                "ranks": str(self.nproc)}
+                "ranks": str(self.nproc), "collectives": self.versions.get("collectives", "")}
 
     def first_error(self) -> str | None:
         """The first exception line any rank logged ("SomeError: message"), if any; for a

@@ -91,6 +91,13 @@ def _install_gloo_all_to_all() -> None:
     after_import("torch.distributed.distributed_c10d", shim.send_uneven_chunks_as_rows)
 
 
+def _install_neuron_collectives() -> None:
+    from harness.device import neuron_collectives as refusals
+
+    after_import("torch.distributed.distributed_c10d", refusals.refuse_in_c10d)
+    after_import("torch.distributed._functional_collectives", refusals.refuse_in_functional)
+
+
 def _install_hf_rope_init() -> None:
     from harness.upstream import hf_rope_init as shim
 
@@ -152,6 +159,8 @@ SHIMS: dict[str, Callable[[], None]] = {
     "flex_attention_cpu": _install_flex_attention_cpu,
     "gloo_reduce_op": _install_gloo_reduce_op,
     "gloo_all_to_all": _install_gloo_all_to_all,
+    # The neuron tier's CPU stand-in refuses what ProcessGroupNeuron refuses (the rehearsal):
+    "neuron_collectives": _install_neuron_collectives,
     # API-generation shims (harness.upstream.titan_api applies them in-process when needed):
     "titan_sdpa_attention": _install_titan_sdpa_attention,  # torchtitan 0.3.0 only
     "hf_config_kw_only": _install_hf_config_kw_only,  # spring-2026 main + transformers 5.x

@@ -16,7 +16,8 @@ of that name) only lifts the anonymous rate limit. Then the copy is opened exact
 opens it (torchtitan's own ``c4`` loader, split as rank 0 of W) and its first document printed:
 a copy that does not load fails here, not in 64 ranks at once.
 
-Env: ASSETS_DIR, C4_DIR (the workflow's; defaults /opt/hf-assets and /opt/hf-data/c4).
+Env: ASSETS_DIR, C4_DIR (scripts/nightly/image_env.sh exports them; defaults ~/hf-assets and
+~/hf-data/c4, the runner user's own: nothing of the night needs root).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def first_document(folder: Path, world: int) -> str:
 
 
 def main() -> int:
-    assets = Path(os.environ.get("ASSETS_DIR") or "/opt/hf-assets")
-    c4_dir = Path(os.environ.get("C4_DIR") or "/opt/hf-data/c4")
+    assets = Path(os.environ.get("ASSETS_DIR") or os.path.expanduser("~/hf-assets"))
+    c4_dir = Path(os.environ.get("C4_DIR") or os.path.expanduser("~/hf-data/c4"))
     fetch_model(assets)
     fetch_c4(c4_dir, ranks())
     return 0

@@ -114,7 +114,7 @@ def test_layout_saved_weights_are_the_reference_trajectorys(layout_case, layout_
     ref = reference_of(layout_case, steps, result)
     saved = load_hf_tensors(sorted(set(result.hf_checkpoint_dirs))[-1])
     problem = curves.saved_weights_problem(layout_case.id, saved, load_hf_tensors(model_dir), ref,
-                                           _regime(layout_case.backend))
+                                           _regime(layout_case.backend), device=result.device)
     _judge("saved_weights_vs_reference", problem and f"{problem}\n{result.describe()}", result,
            result.losses[0] - ref.losses[0])
 
@@ -208,14 +208,23 @@ def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_ru
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     failing = [r.what for r in reports if not r.ok]
     assert "grad norm (pre-clip)" in failing, curves.curves_problem(reports) or "the planted run passed"
+    # trn2's coarse bounds, before its bands are measured, still catch it
+    coarse = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
+                                  loss="layout_loss", grad_norm="layout_grad_norm", device="neuron")
+    assert "grad norm (pre-clip)" in [r.what for r in coarse if not r.ok], curves.curves_problem(coarse)
 
 
 def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, steps):
     case = _case("titan_native", "tp")
     planted = layout_run(case, plants=("tp_partial_sums_unreduced",))
-    reports = curves.curve_reports(case.id, planted, "reference", reference_of(case, steps, planted),
-                                   _regime(case.backend))
+    reference = reference_of(case, steps, planted)
+    reports = curves.curve_reports(case.id, planted, "reference", reference, _regime(case.backend))
     assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"
+    # and at trn2's coarse bounds, before its bands are measured
+    coarse = curves.curve_reports(case.id, planted, "reference", reference, _regime(case.backend),
+                                  device="neuron")
+    assert curves.curves_problem(coarse) is not None, (
+        f"the planted TP run passes the coarse bounds; at the CPU's: {curves.curves_problem(reports)}")
 
 
 def test_routing_counts_added_twice_are_caught(layout_run, steps):

@@ -19,7 +19,7 @@ import pytest
 
 from harness.checks import run_checks as checks
 from harness.registry import known_issues, paths
-from harness.registry.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
+from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 from harness.results.run_result import RunResult, StepRecord
 
@@ -159,7 +159,7 @@ def test_a_name_recorded_twice_is_refused_naming_it():
         known_issues.Registry((known_issues.issue("hf_v5-rope-inv-freq-uninitialised"), other))
 
 
-ENTRY_MODULES = (hf_backend, native_qwen3, kernels, pytorch, spring2026)
+ENTRY_MODULES = (hf_backend, native_qwen3, kernels, pytorch, spring2026, neuron)
 
 
 def unlisted_entries(module: types.ModuleType) -> list[str]:

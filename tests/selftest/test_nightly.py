@@ -5,8 +5,11 @@ Specification:
   newest first), then by the older aws_neuronx_venv_pytorch_*; none, and no python3 importing
   torch_neuronx, fails naming where it looked and the variable that names one;
 - with HARNESS_NEURON_STANDIN=cpu the neuron tier's launches run on the cpu profile: available,
-  recorded as a stand-in, 2 ranks, the full size from the assets twin at CPU timeouts, two
-  xdist workers; anything else is refused naming what is accepted;
+  recorded as a stand-in, 2 ranks, the full size from the assets twin at CPU timeouts, and
+  scheduled as on trn2 (no xdist worker, cold launches, no prefetch); its ranks refuse what
+  ProcessGroupNeuron refuses (uneven all-to-all splits at least), and the known issue that
+  refusal raises on EP is matched by its signature; anything else is refused naming what is
+  accepted;
 - the rehearsal evaluates the workflow's expressions as GitHub does (or refuses one it does not
   know), reads GITHUB_ENV / GITHUB_OUTPUT as the runner does, and uploads artifacts by
   actions/upload-artifact's path rules;
@@ -87,7 +90,9 @@ def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
     profile = devices.profile_for("neuron")
     assert (profile.kind, profile.process_group_backend, profile.ranks_per_node) == ("cpu", "gloo", 2)
     assert profile.recorded["standin-for"] == "neuron"
-    assert devices.xdist_workers(None, "neuron", 2) == 2
+    assert profile.recorded["collectives"] == "neuron" and "neuron_collectives" in profile.shims
+    assert devices.xdist_workers(None, "neuron", 2) == 0
+    assert not profile.warm_start and not profile.prefetch
     neuron = cases(("neuron",))
     full = [c for c in neuron if c.size == "full"]
     assert full and all(c.twin and c.timeout_s == devices.TIMEOUTS_S["cpu"]["full"] for c in full)
@@ -111,6 +116,78 @@ def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
     assert [c.id for c in full if c.layout != "fsdp"] == ["neuron-titan_native-full-pretrained@tp4+fsdp",
                                                          "neuron-nki_moe-full-random@ep64"]
     assert all(c.timeout_s == devices.NEURON_TIMEOUTS_S["full"] for c in full)
+
+
+# -- the stand-in refuses what ProcessGroupNeuron refuses
+
+
+def test_the_refusals_are_process_group_neurons():
+    from harness.device.neuron_collectives import alltoall_base_refusal, alltoall_refusal, barrier_refusal
+
+    for accepted in ((None, None), ([], []), ([1, 1], [1, 1]), (None, [1, 1])):
+        assert alltoall_base_refusal(*accepted, 2) is None, accepted
+    # torch-neuronx's own test_invalid_split_sizes_error: [2, 1] on 2 ranks
+    assert "Only even split sizes are supported. Got input_split_sizes: [2, 1]" in \
+        alltoall_base_refusal(None, [2, 1], 2)
+    # equal splits of more than one row are refused too ("even" there means all 1s); output first
+    assert "Got output_split_sizes: [2, 2]" in alltoall_base_refusal([2, 2], [3, 1], 2)
+    assert "length (3) must match group_size (2)" in alltoall_base_refusal([1, 2, 1], None, 2)
+    assert alltoall_refusal(4, 2) is None and "not divisible" in alltoall_refusal(4, 3)
+    assert barrier_refusal(2, 2) is None and "only for default group" in barrier_refusal(4, 2)
+
+
+REFUSALS_IN_A_RANK = """
+import torch, torch.distributed as dist
+from harness.upstream.install import install
+install(["neuron_collectives"])
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+x = torch.arange(4.0)
+seen = []
+for call in (lambda: dist.all_to_all_single(torch.empty(1), x[:1], [1], [1]),
+             lambda: all_to_all_single_autograd(x[:1], [1], [1], dist.group.WORLD),
+             lambda: dist.all_to_all_single(torch.empty(4), x, [4], [4]),
+             lambda: all_to_all_single_autograd(x, [4], [4], dist.group.WORLD)):
+    try:
+        call(); seen.append("ok")
+    except NotImplementedError as error:
+        seen.append(str(error))
+print(repr(seen))
+dist.destroy_process_group()
+"""
+
+
+def test_a_stand_in_rank_refuses_an_uneven_all_to_all_as_trn2_does():
+    """In a process that installed the shim, every torch entry point of ``alltoall_base``
+    refuses what ProcessGroupNeuron refuses (splits of 1 pass, [4] is refused); without it gloo
+    takes both."""
+    for shims, expected in ((True, ["ok", "ok", "Only even", "Only even"]), (False, ["ok"] * 4)):
+        code = REFUSALS_IN_A_RANK if shims else REFUSALS_IN_A_RANK.replace(
+            'install(["neuron_collectives"])', "")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=paths.REPO_ROOT, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen = eval(done.stdout.strip().splitlines()[-1])
+        assert [s if s == "ok" else "Only even" if "Only even split sizes" in s else s
+                for s in seen] == expected, seen
+
+
+def test_ep_on_neuron_collectives_is_the_named_known_issue_and_nothing_else():
+    from harness.registry import known_issues
+
+    error = ("NotImplementedError: alltoall_base: Only even split sizes are supported. "
+             "Got output_split_sizes: [301, 211]")
+    where = dict(backend="nki_moe", layout="ep", device="cpu", collectives="neuron")
+    verdict = known_issues.judge("completed", f"first error: {error}", {"error": error}, **where)
+    assert verdict.status == "known" and verdict.issues[0].name == "torch-neuronx-alltoall-uneven-splits"
+    # another crash of the same run is a failure, and so is an EP run that completes
+    other = "RuntimeError: connection reset"
+    assert known_issues.judge("completed", other, {"error": other}, **where).status == "fail"
+    assert known_issues.judge("completed", None, {}, **where).status == "fail"
+    # the MoE's FSDP runs, and EP on gloo (cpu, cuda tiers), are untouched
+    assert known_issues.judge("completed", None, {}, **{**where, "layout": "fsdp"}).status == "pass"
+    assert known_issues.judge("completed", None, {}, **{**where, "collectives": ""}).status == "pass"
 
 
 # -- the rehearsal's runner
@@ -189,11 +266,94 @@ def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
     rehearse = _nightly("rehearse")
     listed = " ".join(" ".join(row) for row in rehearse.DIFFERENCES)
     source = (NIGHTLY / "rehearse.py").read_text()
-    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES"):
+    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES",
+                    "GITHUB_API_URL", "HF_ENDPOINT", "RUNNER_USER", "S_IXOTH"):
         assert swapped in source, swapped
     for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
-                 "scripts/nightly/rehearsal/hf", "scripts/nightly/rehearsal/gh"):
+                 "scripts/nightly/rehearsal/hf", "REST", "HF_ENDPOINT", "useradd", "o+x",
+                 "neuron_collectives", "Inductor", "provision.py", "read-only", "NKI emulator"):
         assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
+
+
+def test_the_rehearsal_has_no_gh_and_no_night_step_calls_it():
+    """The DLAMI has no GitHub CLI: nothing of the night may call it, and the rehearsal gives
+    it none to find."""
+    import re
+
+    assert not (NIGHTLY / "rehearsal" / "gh").exists()
+    for script in NIGHTLY.glob("*"):
+        if script.is_file() and script.name != "rehearse.py":
+            calls = [line for line in script.read_text().splitlines()
+                     if re.search(r"(^|[\s;(|&$`])gh\s+(run|api|release)", line) and not line.lstrip().startswith("#")]
+            assert not calls, f"{script.name} calls gh: {calls}"
+
+
+def test_download_artifact_is_emulated_as_strictly_as_v4(tmp_path):
+    """actions/download-artifact v4 downloads another run's artifact only with a github-token;
+    an artifact that is not there fails the step."""
+    rehearse = _nightly("rehearse")
+    store, workspace = tmp_path / "store", tmp_path / "ws"
+    (store / "runs" / "1" / "artifacts" / "reports-trn2" / "run-report").mkdir(parents=True)
+    (store / "runs" / "1" / "artifacts" / "reports-trn2" / "run-report" / "results.json").write_text("{}")
+    workspace.mkdir()
+    contexts = rehearse.Contexts(vars={}, inputs={}, secrets={}, github={"run_id": "2", "token": rehearse.TOKEN},
+                                 runner={"temp": str(tmp_path / "t")})
+    night = rehearse.Night(2, tmp_path, workspace, tmp_path, contexts, {"HOME": str(tmp_path)})
+    step = {"uses": "actions/download-artifact@v4", "with": {
+        "name": "reports-trn2", "path": "${{ runner.temp }}/baseline", "run-id": "1",
+        "github-token": "${{ github.token }}"}}
+    log = tmp_path / "log"
+    assert rehearse.emulate_action(night, step, store, log) == "success"
+    assert (tmp_path / "t" / "baseline" / "run-report" / "results.json").is_file()
+    no_token = {**step, "with": {k: v for k, v in step["with"].items() if k != "github-token"}}
+    assert rehearse.emulate_action(night, no_token, store, log) != "success"
+    assert "Artifact not found" in log.read_text()
+    other = {**step, "with": {**step["with"], "run-id": "7"}}
+    assert rehearse.emulate_action(night, other, store, log) != "success"
+
+
+def test_the_baseline_run_is_asked_of_the_rest_api_with_the_token(tmp_path):
+    """scripts/nightly/baseline_run.py against the rehearsal's REST stand-in: the last
+    successful night with the token; nothing (and no failure) without it."""
+    rehearse = _nightly("rehearse")
+    store = tmp_path / "store"
+    for number, conclusion in ((1, "success"), (2, "failure")):
+        (store / "runs" / str(number)).mkdir(parents=True)
+        (store / "runs" / str(number) / "conclusion").write_text(conclusion)
+    api = rehearse.Api(store)
+    try:
+        base = {**os.environ, "GITHUB_API_URL": api.url, "GITHUB_REPOSITORY": rehearse.REPOSITORY}
+        for token, expected in ((rehearse.TOKEN, "run-id=1"), ("wrong", "run-id=")):
+            done = subprocess.run([sys.executable, str(NIGHTLY / "baseline_run.py")], text=True,
+                                  capture_output=True, env={**base, "GH_TOKEN": token})
+            assert done.returncode == 0 and done.stdout.strip() == expected, (done.stdout, done.stderr)
+    finally:
+        api.close()
+
+
+def test_the_rehearsal_reads_a_kinder_schedule_off_the_night(tmp_path):
+    """A night whose test step used xdist workers, warm ranks or the prefetcher is not a trn2
+    night: the rehearsal fails it."""
+    rehearse = _nightly("rehearse")
+    reports = tmp_path / "reports"
+    (reports / "tmp" / "run" / "torchrun").mkdir(parents=True)
+    (reports / "pytest.log").write_text("== 3 passed ==\n")
+    assert rehearse.schedule_problems(tmp_path) == []
+    (reports / "pytest.log").write_text("[gw0] PASSED tests/e2e/test_runs.py::x\n")
+    (reports / "tmp" / "run" / "torchrun" / "0.log").write_text(rehearse.STARTED_WARM + "\n")
+    (reports / "tmp" / rehearse.PREFETCH_CLAIM).write_text("1")
+    problems = rehearse.schedule_problems(tmp_path)
+    assert len(problems) == 3 and "xdist" in problems[0] and "warm" in problems[1], problems
+
+
+def test_expressions_compare_as_github_does():
+    rehearse = _nightly("rehearse")
+    contexts = rehearse.Contexts(vars={}, inputs={}, secrets={}, github={}, runner={},
+                                 steps={"previous": {"outputs": {"run-id": ""}}})
+    assert contexts.condition("${{ steps.previous.outputs.run-id != '' }}") is False
+    contexts.steps["previous"]["outputs"]["run-id"] = "12"
+    assert contexts.condition("${{ steps.previous.outputs.run-id != '' }}") is True
+    assert contexts.condition("${{ steps.previous.outputs.run-id == '12' }}") is True
 
 
 def test_why_both_collective_timeouts_are_set_still_holds_upstream():
@@ -217,3 +377,16 @@ def test_why_both_collective_timeouts_are_set_still_holds_upstream():
     assert "distributed.set_timeout(" in lowers or "_set_pg_timeout(" in lowers
     assert "set_timeout(timeout, group)" in inspect.getsource(c10d._set_pg_timeout)
     assert "leave their timeout unchanged" in " ".join(inspect.getdoc(c10d.set_timeout).split())
+
+
+def test_the_stand_in_profile_is_as_strict_as_trn2s_or_named():
+    """The rehearsal refuses to start when the stand-in runs the neuron tier more kindly than
+    trn2 (warm ranks, prefetch, gloo's acceptance) or swaps something DIFFERENCES does not name."""
+    rehearse = _nightly("rehearse")
+    assert rehearse.profile_problems() == []
+    rows = rehearse.DIFFERENCES
+    try:
+        rehearse.DIFFERENCES = tuple(r for r in rows if r[0] != "compile")
+        assert any("compile_backend" in p for p in rehearse.profile_problems())
+    finally:
+        rehearse.DIFFERENCES = rows

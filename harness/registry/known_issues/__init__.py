@@ -14,13 +14,15 @@ concern, one module each:
 | ``kernels``       | the kernels under conformance (check ``kernel``)                       |
 | ``pytorch``       | torch itself: grouped GEMM, DTensor random init on a CPU mesh          |
 | ``spring2026``    | torchtitan ``main`` of spring 2026, inherited by its fork              |
+| ``neuron``        | the Neuron stack (torch-neuronx's process group): what trn2 cannot run |
 
 A new entry goes into the module of what it concerns, and into that module's ``ISSUES``.
 """
 
 from __future__ import annotations
 
-from harness.registry.known_issues import hf_backend, kernels, native_qwen3, pytorch, spring2026
+from harness.registry.known_issues import (hf_backend, kernels, native_qwen3, neuron, pytorch,
+                                           spring2026)
 from harness.registry.known_issues.mechanism import (KnownIssue, Registry, Signature, Verdict, Where,
                                             Workaround, inherited, settle)
 
@@ -29,7 +31,7 @@ __all__ = ["ISSUES", "KnownIssue", "REGISTRY", "Signature", "Verdict", "WORKAROU
            "judge", "settle", "workaround"]
 
 ISSUES: tuple[KnownIssue, ...] = (*hf_backend.ISSUES, *native_qwen3.ISSUES, *kernels.ISSUES,
-                                  *pytorch.ISSUES, *spring2026.ISSUES)
+                                  *pytorch.ISSUES, *spring2026.ISSUES, *neuron.ISSUES)
 REGISTRY = Registry(ISSUES)
 
 applicable = REGISTRY.applicable

@@ -38,7 +38,7 @@ from typing import Any, Iterable
 from harness.registry.generations import base_of
 
 WHERE_FIELDS = ("backend", "size", "init", "device", "attention", "layout", "generation", "subject",
-                "op", "impl", "case", "dtype", "property", "ranks")
+                "op", "impl", "case", "dtype", "property", "ranks", "collectives")
 ENTRIES = "harness/registry/known_issues/"  # where the entries live, for the messages that send there
 
 
@@ -80,6 +80,9 @@ class Where:
     dtype: tuple[str, ...] = ()
     property: tuple[str, ...] = ()  # the one property of a kernel cell excused (e.g. "dtype:scores")
     ranks: tuple[str, ...] = ()  # a run's world sizes, as text (a dimension that splits unevenly)
+    # Whose refusals the ranks' process group obeys ("neuron": ProcessGroupNeuron's, on trn2 and
+    # in its strict CPU stand-in; harness/device/neuron_collectives.py).
+    collectives: tuple[str, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
 
     def matches(self, check: str, context: dict[str, str]) -> bool:
