@@ -40,8 +40,16 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TARBALL = REPO.parent / "shared" / "nki-library" / "nki-library-d2ad3a5-tests.tar.gz"
-SHA256 = "184141b8ab41c51eb5d57d4b1f8ac91f8145bc41e4f966781f405053324877f0"
+SHARED = REPO.parent / "shared" / "nki-library"
+# (tarball, sha256, where it extracts): the first holds nki-library/ (src/, test/utils/, ten test
+# files); the second, test/ only: every test file under core/ attention, mlp, qkv,
+# output_projection, rmsnorm, subkernels, moe and moe_block, extracted over the first's tree
+TARBALLS = (
+    (SHARED / "nki-library-d2ad3a5-tests.tar.gz", "184141b8ab41c51eb5d57d4b1f8ac91f8145bc41e4f966781f405053324877f0", ""),
+    (SHARED / "nki-library-d2ad3a5-tests-core.tar.gz",
+     "42fff35bee9cc77b49e8690d2e0250da1ef6d3d5e1f4e5b7b69034cc0aa78d89", "nki-library"),
+)
+TARBALL = TARBALLS[0][0]  # the source tree (src/, test/utils/) and the first ten test files
 WORK = REPO / "build" / "nkilib-tests"
 TREE = WORK / "nki-library"
 VENV = WORK / "venv"
@@ -59,6 +67,45 @@ FILES = (
     "experimental/moe/test_bwmm_bwd.py",
     "experimental/loss/test_cross_entropy_forward.py",
     "experimental/loss/test_cross_entropy_backward.py",
+    # the second tarball (core/moe/moe_cte/test_moe_cte.py is in both)
+    "core/attention/test_attention_bwd.py",
+    "core/attention/test_attention_cte.py",
+    "core/attention/test_attention_cte_model_config.py",
+    "core/attention/test_attention_tkg.py",
+    "core/attention/test_attention_tkg_model_config.py",
+    "core/attention/test_attention_tkg_utils.py",
+    "core/attention/test_gen_mask_tkg.py",
+    "core/mlp/test_mlp_common.py",
+    "core/mlp/test_mlp_cte.py",
+    "core/mlp/test_mlp_cte_model_config.py",
+    "core/mlp/test_mlp_proj_mxfp4.py",
+    "core/mlp/test_mlp_tkg.py",
+    "core/mlp/test_mlp_tkg_model_config.py",
+    "core/moe/moe_cte/test_moe_bwmm_mx_cte.py",
+    "core/moe/moe_cte/test_moe_bwmm_mx_cte_model_config.py",
+    "core/moe/moe_cte/test_moe_cte_common.py",
+    "core/moe/moe_cte/test_moe_cte_model_config.py",
+    "core/moe/moe_cte/test_moe_cte_unified.py",
+    "core/moe/moe_cte/test_utils.py",
+    "core/moe/moe_tkg/test_moe_tkg.py",
+    "core/moe/moe_tkg/test_moe_tkg_model_config.py",
+    "core/moe/moe_tkg/test_moe_tkg_utils.py",
+    "core/moe/moe_tkg/test_moe_tkg_wrapper.py",
+    "core/moe_block/test_moe_block_tkg.py",
+    "core/moe_block/test_moe_block_tkg_model_config.py",
+    "core/output_projection/test_output_proj_cte.py",
+    "core/output_projection/test_output_proj_cte_model_config.py",
+    "core/output_projection/test_output_proj_tkg.py",
+    "core/qkv/test_qkv_common.py",
+    "core/qkv/test_qkv_cte.py",
+    "core/qkv/test_qkv_cte_model_config.py",
+    "core/qkv/test_qkv_tkg.py",
+    "core/rmsnorm/test_rmsnorm_quant.py",
+    "core/subkernels/test_find_nonzero_indices.py",
+    "core/subkernels/test_indexed_flatten.py",
+    "core/subkernels/test_layernorm_tkg.py",
+    "core/subkernels/test_rmsnorm_mx_quantize_tkg.py",
+    "core/subkernels/test_rmsnorm_tkg.py",
 )
 MAX_ELEMENTS = 2**26  # the largest input of a case run here: 67M elements, ~1 GiB of the copies a case makes
 
@@ -67,19 +114,21 @@ MISSING = 2  # exit status: no tarball, nothing to test with (.ci/run warns and 
 
 
 def extract() -> None:
-    if not TARBALL.is_file():
-        print(f"nkilib_tests: SKIP: {TARBALL} is missing: it holds nki-library's source and tests "
-              "(../shared/nki-library/README.md)", file=sys.stderr)
-        raise SystemExit(MISSING)
-    digest = hashlib.sha256(TARBALL.read_bytes()).hexdigest()
-    if digest != SHA256:
-        sys.exit(f"nkilib_tests: {TARBALL} has sha256 {digest}, not {SHA256} (the d2ad3a5 tree the emulator "
-                 "is checked against); restore it or update SHA256 here with the reason")
+    for TARBALL, SHA256, _ in TARBALLS:
+        if not TARBALL.is_file():
+            print(f"nkilib_tests: SKIP: {TARBALL} is missing: it holds nki-library's source and tests "
+                  "(../shared/nki-library/README.md)", file=sys.stderr)
+            raise SystemExit(MISSING)
+        digest = hashlib.sha256(TARBALL.read_bytes()).hexdigest()
+        if digest != SHA256:
+            sys.exit(f"nkilib_tests: {TARBALL} has sha256 {digest}, not {SHA256} (the d2ad3a5 tree the emulator "
+                     "is checked against); restore it or update its SHA256 here with the reason")
     if TREE.exists():
         subprocess.run(["rm", "-rf", str(TREE)], check=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(TARBALL) as tar:
-        tar.extractall(WORK, filter="data")
+    for tarball, _, into in TARBALLS:
+        with tarfile.open(tarball) as tar:
+            tar.extractall(WORK / into, filter="data")
 
 
 def venv_python() -> Path:

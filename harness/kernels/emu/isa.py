@@ -523,6 +523,58 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     dst.write_raw(torch.where(mask, new.to(old.dtype), old))
 
 
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=OPS["maximum"], range_start=0, on_false_value=0.0, name=None):
+    """Vector Engine (NeuronCore-v3 and newer): an element of on_true_tile is kept where its free
+    index + range_start passes comp_op0 against bound0 and comp_op1 against bound1 (one value per
+    partition), else on_false_value; reduce_op over the result accumulates in the Vector
+    Engine's registers (reduce_cmd) and lands in reduce_res."""
+    comp0, comp1 = _alu(comp_op0, "range_select", 2), _alu(comp_op1, "range_select", 2)
+    reduce_op = _alu(reduce_op, "range_select", 2, table="reduction")
+    dst = _on_chip(dst, "range_select", "dst")
+    on_true = _on_chip(on_true_tile, "range_select", "on_true_tile")
+    _same_size(dst, on_true, "range_select", "dst and on_true_tile")
+    low = _column(bound0, on_true, "range_select", "bound0")
+    high = _column(bound1, on_true, "range_select", "bound1")
+    if reduce_res is not None:
+        reduce_res = _on_chip(reduce_res, "range_select", "reduce_res")
+        check(reduce_res.partitions == on_true.partitions and reduce_res.free_size == 1, "scalar-operand",
+              lambda: f"nki.isa.range_select: reduce_res is {reduce_res.shape}, on_true_tile is {on_true.shape}")
+    program = cost.active()
+    program.instruction("range_select", "vector", dst.size)
+    _clear_matmul_marks(dst)
+    if _shape_only(dst, on_true, *(b for b in (bound0, bound1) if isinstance(b, NkiTensor))):
+        if reduce_res is not None:
+            reduce_res.write(None)
+        return
+    p = on_true.partitions
+    values = _free(_read(on_true), p)
+    position = torch.arange(values.shape[1], dtype=torch.float32) + float(range_start)
+    low = _scalar(low).reshape(-1, 1) if isinstance(low, torch.Tensor) else _scalar(low)
+    high = _scalar(high).reshape(-1, 1) if isinstance(high, torch.Tensor) else _scalar(high)
+    keep = (comp0.apply(position, low) != 0) & (comp1.apply(position, high) != 0)
+    result = torch.where(keep, values, torch.tensor(float(on_false_value), dtype=torch.float32))
+    dst.write(result.reshape(dst.shape))
+    _vector_registers(program, result, p, reduce_op, reduce_res, reduce_cmd)
+
+
+def _vector_registers(program, values, partitions, reduce_op, reduce_res, command) -> None:
+    """The Vector Engine's accumulator registers (nki.isa.reduce_cmd: reset clears them, reduce
+    accumulates this instruction's row reduction onto them, reset_reduce both)."""
+    name = command.value if isinstance(command, Enum) else str(command)
+    registers = getattr(program, "vector_regs", None)
+    if name in ("reset", "reset_reduce"):
+        registers = None
+    if name in ("reduce", "reset_reduce", "load_reduce"):
+        rows = REDUCTIONS[reduce_op.name](_free(values, partitions), dim=1)
+        registers = rows if registers is None or registers.shape != rows.shape else reduce_op.apply(registers, rows)
+    program.vector_regs = registers
+    if reduce_res is not None:
+        check(registers is not None, "reduce-axes", "nki.isa.range_select: reduce_res read from registers nothing "
+              "reduced into (reduce_cmd idle or reset)")
+        reduce_res.write(registers.clone())
+
+
 def _converted(dst: NkiTensor, values: torch.Tensor) -> torch.Tensor:
     """float32 values as ``dst``'s storage would hold them after a write."""
     if dst.storage.is_float:
@@ -993,7 +1045,7 @@ def register_store(dst, src):
 DOCUMENTED_UNIMPLEMENTED = (
     "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative activation_reduce "
     "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
-    "exponential sequence_bounds tensor_scalar_reduce quantize_mx range_select select_reduce "
+    "exponential sequence_bounds tensor_scalar_reduce quantize_mx select_reduce "
     "nonzero_with_count topk").split()
 
 

@@ -151,6 +151,15 @@ SEMANTICS = {
                      f"{DOCS}/{_ISA}.sendrecv.html"),
     "reordering": ("the compiler's scheduler may reorder independent instructions (so a PSUM eviction can run right "
                    "after its last matmul)", f"{DOCS}/api/generated/nki.language.no_reorder.html"),
+    "nki-object-fields": ("an nl.NKIObject class (a dataclass or not) takes each field by keyword, defaulting to its "
+                          "class value, then runs __post_init__; a field is an annotated name or a plain class "
+                          "attribute", f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
+                          f"{DOCS}/api/generated/nki.language.NKIObject.html (__init__(**kwargs)); nki-library's "
+                          "attention_cte.SectionParams(section_idx=...)"),
+    "range-select": ("range_select keeps on_true_tile where free index + range_start passes comp_op0 against bound0 "
+                     "and comp_op1 against bound1 (one value per partition), else on_false_value; reduce_op through "
+                     "the Vector Engine's accumulator registers (reduce_cmd) into reduce_res; NeuronCore-v3 (trn2) "
+                     "and newer", f"{DOCS}/{_ISA}.range_select.html; {DOCS}/{_ISA}.reduce_cmd.html"),
 }
 
 
