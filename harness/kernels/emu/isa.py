@@ -915,8 +915,13 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
           lambda: f"nki.isa.dma_transpose from {src.buffer!r} to {dst.buffer!r}")
     if oob_mode is not globals()["oob_mode"].error:
         raise NotImplementedError("nki emulator: nki.isa.dma_transpose(oob_mode=skip) is not implemented")
-    check(src.dtype.itemsize == 2, "dma-size", lambda: f"nki.isa.dma_transpose: src is {dtypes.name_of(src.dtype)} "
-          "(the DMA transpose moves 2-byte elements)")
+    # the docs' 2-byte limit is the hardware DGE transpose's (dge_mode=hwdge) and the indirect
+    # (software DGE) transpose's; at dge_mode=unknown the compiler picks a mode for a direct one
+    two_byte_mode = "hardware DGE (dge_mode=hwdge)" if dge_mode is globals()["dge_mode"].hwdge else \
+        "indirect (vector_offset)" if src.dynamic is not None else None
+    check(two_byte_mode is None or src.dtype.itemsize == 2, "dma-size",
+          lambda: f"nki.isa.dma_transpose: src is {dtypes.name_of(src.dtype)} (a {two_byte_mode} transpose moves "
+          "2-byte elements)")
     order = _transposed_order(src.ndim, axes)
     shape = tuple(src.shape[a] for a in order)
     check(dst.size == src.size, "dma-size", lambda: f"nki.isa.dma_transpose: dst {dst.shape} for src {src.shape}")

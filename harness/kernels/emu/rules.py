@@ -83,7 +83,10 @@ RULES = {
               "what is left", f"{_ISA}.tensor_reduce.html (Layout, Tile size)"),
         _rule("iota-memory", "iota writes an SBUF tile and the pattern's element count matches dst's per-partition "
               "count", f"{_ISA}.iota.html"),
-        _rule("dma-size", "dma_copy src and dst hold the same number of elements", f"{_ISA}.dma_copy.html (Tile size)"),
+        _rule("dma-size", "dma_copy (and dma_transpose) src and dst hold the same number of elements; a "
+              "dma_transpose lowered to the hardware DGE (dge_mode=hwdge) or an indirect one moves 2-byte elements "
+              "(at dge_mode=unknown a direct one has no dtype limit)", f"{_ISA}.dma_copy.html (Tile size); "
+              f"{_ISA}.dma_transpose.html (DMA Direct / Indirect Transpose Constraints)"),
         _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)", f"{_ISA}.dma_copy.html (Memory types)"),
         _rule("bounds", "an access stays inside its tensor (out-of-bounds DMA raises by default: oob_mode.error)",
               f"{_ISA}.dma_copy.html (oob_mode)"),
