@@ -13,6 +13,9 @@ Specification:
   ``on_false_value``; ``reduce_op`` over the result goes through the Vector Engine's accumulator
   registers (``reduce_cmd``) into ``reduce_res``. A float32 minimum written to bfloat16 is -inf
   (the docs' numerical-stability note).
+- ``nki.isa.tensor_scalar_reduce``: ``tensor_scalar`` with one arithmetic operator (no bitvec),
+  and ``reduce_op`` (add, multiply, maximum, minimum) of its result along the free axes into
+  ``reduce_res``.
 """
 
 from __future__ import annotations
@@ -129,3 +132,37 @@ def test_range_select_refuses_bounds_that_are_not_one_column():
 
     with pytest.raises(RuleViolation, match="scalar-operand"):
         nki_emu.run(kernel)(torch.ones(2, 4))
+
+
+def _scalar_reduce(op0, operand0, reduce_op):
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        reduced = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(dst=out, data=tile, op0=op0, operand0=operand0, reduce_op=reduce_op,
+                                  reduce_res=reduced)
+        result = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=result, src=out)
+        per_row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=per_row, src=reduced)
+        return result, per_row
+
+    return kernel
+
+
+def test_tensor_scalar_reduce_reduces_the_tensor_scalar_result_along_the_free_axis():
+    """attention_cte's scaled row max (multiply, then maximum) and rmsnorm_quant's absolute max
+    (abs with operand 0.0, then maximum)."""
+    x = torch.tensor([[1.0, -4.0, 2.0], [-0.5, 0.25, -3.0]])
+    out, row_max = nki_emu.run(_scalar_reduce(nl.multiply, 0.5, nl.maximum))(x)
+    assert torch.equal(out, x * 0.5) and row_max.flatten().tolist() == [1.0, 0.125]
+    out, abs_max = nki_emu.run(_scalar_reduce(nl.abs, 0.0, nl.maximum))(x)
+    assert torch.equal(out, x.abs()) and abs_max.flatten().tolist() == [4.0, 3.0]
+    _, row_sum = nki_emu.run(_scalar_reduce(nl.add, 1.0, nl.add))(x)
+    assert row_sum.flatten().tolist() == [2.0, -0.25]
+
+
+def test_tensor_scalar_reduce_refuses_a_bitvec_operator():
+    with pytest.raises(RuleViolation, match="alu-op"):
+        nki_emu.run(_scalar_reduce(nl.bitwise_and, 1, nl.maximum))(torch.ones(2, 3))

@@ -353,6 +353,43 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst.write(values)
 
 
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, reduce_cmd=reduce_cmd.idle,
+                         reduce_init=None, name=None):
+    """tensor_scalar with one arithmetic operator (bitvec ones are refused), and reduce_op (add,
+    multiply, maximum, minimum) of the result along the free axes into reduce_res ([P, 1])."""
+    op = _alu(op0, "tensor_scalar_reduce")
+    check(not op.bitvec, "alu-op", lambda: f"nki.isa.tensor_scalar_reduce: {op!r} is a bitvec operator (arithmetic only)")
+    reduce_op = _alu(reduce_op, "tensor_scalar_reduce", 2, table="reduction")
+    check(reduce_op.name in ("add", "multiply", "maximum", "minimum"), "alu-op",
+          lambda: f"nki.isa.tensor_scalar_reduce: reduce_op {reduce_op!r} (nl.add, nl.multiply, nl.maximum, nl.minimum)")
+    if reduce_init is not None:
+        raise NotImplementedError("nki emulator: nki.isa.tensor_scalar_reduce(reduce_init=...) is not implemented")
+    dst, data = _on_chip(dst, "tensor_scalar_reduce", "dst"), _on_chip(data, "tensor_scalar_reduce", "data")
+    _same_size(dst, data, "tensor_scalar_reduce", "dst and data")
+    reduce_res = _on_chip(reduce_res, "tensor_scalar_reduce", "reduce_res")
+    check(reduce_res.partitions == data.partitions and reduce_res.free_size == 1, "scalar-operand",
+          lambda: f"nki.isa.tensor_scalar_reduce: reduce_res is {reduce_res.shape}, data is {data.shape}")
+    if op.arity == 1:
+        check(operand0 is None or operand0 == 0, "alu-op", lambda: f"nki.isa.tensor_scalar_reduce: unary {op!r} takes "
+              f"operand0 None or 0, got {operand0!r}")
+        operand = None
+    else:
+        operand = _column(operand0, data, "tensor_scalar_reduce", "operand0", True)
+    program = cost.active()
+    program.instruction("tensor_scalar_reduce", "vector", dst.size)
+    _clear_matmul_marks(dst)
+    if _shape_only(dst, data):
+        reduce_res.write(None)
+        return
+    values = _apply_stage(_read(data), op, operand, reverse0)
+    dst.write(values)
+    name_of_command = reduce_cmd.value if isinstance(reduce_cmd, Enum) else str(reduce_cmd)
+    if name_of_command == "idle":  # no accumulator registers: this instruction's reduction
+        reduce_res.write(REDUCTIONS[reduce_op.name](_free(values, data.partitions), dim=1))
+    else:
+        _vector_registers(program, values, data.partitions, reduce_op, reduce_res, reduce_cmd)
+
+
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
     dst, data = _on_chip(dst, "scalar_tensor_tensor", "dst"), _on_chip(data, "scalar_tensor_tensor", "data")
     operand1 = _on_chip(operand1, "scalar_tensor_tensor", "operand1")
@@ -570,8 +607,8 @@ def _vector_registers(program, values, partitions, reduce_op, reduce_res, comman
         registers = rows if registers is None or registers.shape != rows.shape else reduce_op.apply(registers, rows)
     program.vector_regs = registers
     if reduce_res is not None:
-        check(registers is not None, "reduce-axes", "nki.isa.range_select: reduce_res read from registers nothing "
-              "reduced into (reduce_cmd idle or reset)")
+        check(registers is not None, "reduce-axes", "nki.isa (Vector Engine): reduce_res read from accumulator "
+              "registers nothing reduced into (reduce_cmd idle or reset)")
         reduce_res.write(registers.clone())
 
 
@@ -1050,7 +1087,7 @@ def register_store(dst, src):
 DOCUMENTED_UNIMPLEMENTED = (
     "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative activation_reduce "
     "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
-    "exponential sequence_bounds tensor_scalar_reduce quantize_mx select_reduce "
+    "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()
 
 

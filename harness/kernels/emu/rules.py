@@ -163,6 +163,9 @@ SEMANTICS = {
                      "and comp_op1 against bound1 (one value per partition), else on_false_value; reduce_op through "
                      "the Vector Engine's accumulator registers (reduce_cmd) into reduce_res; NeuronCore-v3 (trn2) "
                      "and newer", f"{DOCS}/{_ISA}.range_select.html; {DOCS}/{_ISA}.reduce_cmd.html"),
+    "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
+                             "multiply, maximum, minimum) of the result along the free axes into reduce_res",
+                             f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
 }
 
 
