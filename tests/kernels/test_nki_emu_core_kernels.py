@@ -16,6 +16,8 @@ Specification:
 - ``nki.isa.tensor_scalar_reduce``: ``tensor_scalar`` with one arithmetic operator (no bitvec),
   and ``reduce_op`` (add, multiply, maximum, minimum) of its result along the free axes into
   ``reduce_res``.
+- ``nki.isa.activation_reduce``: ``activation`` with ``reduce_cmd=reset_reduce`` into
+  ``reduce_res``; ``reduce_op`` must be ``nl.add``.
 """
 
 from __future__ import annotations
@@ -166,3 +168,29 @@ def test_tensor_scalar_reduce_reduces_the_tensor_scalar_result_along_the_free_ax
 def test_tensor_scalar_reduce_refuses_a_bitvec_operator():
     with pytest.raises(RuleViolation, match="alu-op"):
         nki_emu.run(_scalar_reduce(nl.bitwise_and, 1, nl.maximum))(torch.ones(2, 3))
+
+
+def _activation_reduce(reduce_op):
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        summed = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=out, op=nl.exp, data=tile, reduce_op=reduce_op, reduce_res=summed, scale=2.0)
+        result = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=result, src=out)
+        per_row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=per_row, src=summed)
+        return result, per_row
+
+    return kernel
+
+
+def test_activation_reduce_is_activation_with_reset_reduce():
+    """attention_cte's exp row sums: f(data * scale + bias), and its sum per row (the Scalar
+    Engine's reduce_regs, reset first); the docs allow only nl.add."""
+    x = torch.tensor([[0.0, 0.5], [-1.0, 1.0]])
+    out, sums = nki_emu.run(_activation_reduce(nl.add))(x)
+    assert torch.allclose(out, torch.exp(2 * x)) and torch.allclose(sums.flatten(), torch.exp(2 * x).sum(1))
+    with pytest.raises(RuleViolation, match="alu-op"):
+        nki_emu.run(_activation_reduce(nl.maximum))(x)

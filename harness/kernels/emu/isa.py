@@ -441,6 +441,13 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     _reduce_registers(program, values, data.partitions, reduce_op, reduce_res, reduce_cmd)
 
 
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """activation with reduce_cmd=reset_reduce into reduce_res (reduce_op must be nl.add)."""
+    check(reduce_op is not None, "alu-op", "nki.isa.activation_reduce: reduce_op is required (nl.add)")
+    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd=globals()["reduce_cmd"].reset_reduce, name=name)
+
+
 def _reduce_registers(program, values, partitions, reduce_op, reduce_res, command) -> None:
     """The Scalar Engine's reduce_regs (one float32 per lane), as nki.isa.activation's pseudo code."""
     registers = getattr(program, "reduce_regs", None)
@@ -1085,7 +1092,7 @@ def register_store(dst, src):
 # Documented NKI 0.7 instructions the emulator does not implement: importable (nki-library
 # imports some at module level), raising when called.
 DOCUMENTED_UNIMPLEMENTED = (
-    "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative activation_reduce "
+    "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative "
     "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
     "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()

@@ -166,6 +166,8 @@ SEMANTICS = {
     "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
                              "multiply, maximum, minimum) of the result along the free axes into reduce_res",
                              f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
+    "activation-reduce": ("activation_reduce is activation with reduce_cmd=reset_reduce into reduce_res (reduce_op "
+                          "nl.add)", f"{DOCS}/{_ISA}.activation_reduce.html"),
 }
 
 
