@@ -183,3 +183,26 @@ def test_a_pinned_tile_outside_the_memory_is_refused(address, shape):
 def test_reading_a_pinned_tile_another_pinned_tile_overwrote_is_refused():
     with pytest.raises(nki_emu.RuleViolation, match="pinned-address"):
         _pinned((0, 2048), overwrite=True)
+
+
+def _int32_transpose(dge_mode: str):
+    nl, isa = _nl_isa()
+
+    def body(src):
+        tile = nl.ndarray((src.shape[1], src.shape[0]), nl.int32, buffer=nl.sbuf)
+        isa.dma_transpose(dst=tile, src=src, dge_mode=getattr(isa.dge_mode, dge_mode))
+        out = nl.ndarray(tile.shape, nl.int32, buffer=nl.shared_hbm)
+        isa.dma_copy(dst=out, src=tile)
+        return out
+
+    return body
+
+
+def test_dma_transpose_moves_4_byte_elements_unless_hardware_dge_is_asked_for():
+    """The docs' 2-byte limit is the hardware DGE's (dge_mode=hwdge) and the indirect transpose's:
+    at dge_mode=unknown the compiler picks a mode that moves int32 (nki-library's moe_cte_utils
+    transposes int32 token indices so)."""
+    src = torch.arange(-6, 6, dtype=torch.int32).reshape(3, 4) * 1000003
+    assert torch.equal(nki_emu.run(_int32_transpose("unknown"))(src), src.T)
+    with pytest.raises(nki_emu.RuleViolation, match="dma-size"):
+        nki_emu.run(_int32_transpose("hwdge"))(src)

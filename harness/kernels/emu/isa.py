@@ -353,6 +353,43 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst.write(values)
 
 
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, reduce_cmd=reduce_cmd.idle,
+                         reduce_init=None, name=None):
+    """tensor_scalar with one arithmetic operator (bitvec ones are refused), and reduce_op (add,
+    multiply, maximum, minimum) of the result along the free axes into reduce_res ([P, 1])."""
+    op = _alu(op0, "tensor_scalar_reduce")
+    check(not op.bitvec, "alu-op", lambda: f"nki.isa.tensor_scalar_reduce: {op!r} is a bitvec operator (arithmetic only)")
+    reduce_op = _alu(reduce_op, "tensor_scalar_reduce", 2, table="reduction")
+    check(reduce_op.name in ("add", "multiply", "maximum", "minimum"), "alu-op",
+          lambda: f"nki.isa.tensor_scalar_reduce: reduce_op {reduce_op!r} (nl.add, nl.multiply, nl.maximum, nl.minimum)")
+    if reduce_init is not None:
+        raise NotImplementedError("nki emulator: nki.isa.tensor_scalar_reduce(reduce_init=...) is not implemented")
+    dst, data = _on_chip(dst, "tensor_scalar_reduce", "dst"), _on_chip(data, "tensor_scalar_reduce", "data")
+    _same_size(dst, data, "tensor_scalar_reduce", "dst and data")
+    reduce_res = _on_chip(reduce_res, "tensor_scalar_reduce", "reduce_res")
+    check(reduce_res.partitions == data.partitions and reduce_res.free_size == 1, "scalar-operand",
+          lambda: f"nki.isa.tensor_scalar_reduce: reduce_res is {reduce_res.shape}, data is {data.shape}")
+    if op.arity == 1:
+        check(operand0 is None or operand0 == 0, "alu-op", lambda: f"nki.isa.tensor_scalar_reduce: unary {op!r} takes "
+              f"operand0 None or 0, got {operand0!r}")
+        operand = None
+    else:
+        operand = _column(operand0, data, "tensor_scalar_reduce", "operand0", True)
+    program = cost.active()
+    program.instruction("tensor_scalar_reduce", "vector", dst.size)
+    _clear_matmul_marks(dst)
+    if _shape_only(dst, data):
+        reduce_res.write(None)
+        return
+    values = _apply_stage(_read(data), op, operand, reverse0)
+    dst.write(values)
+    name_of_command = reduce_cmd.value if isinstance(reduce_cmd, Enum) else str(reduce_cmd)
+    if name_of_command == "idle":  # no accumulator registers: this instruction's reduction
+        reduce_res.write(REDUCTIONS[reduce_op.name](_free(values, data.partitions), dim=1))
+    else:
+        _vector_registers(program, values, data.partitions, reduce_op, reduce_res, reduce_cmd)
+
+
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
     dst, data = _on_chip(dst, "scalar_tensor_tensor", "dst"), _on_chip(data, "scalar_tensor_tensor", "data")
     operand1 = _on_chip(operand1, "scalar_tensor_tensor", "operand1")
@@ -402,6 +439,13 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     values = op.apply(values)
     dst.write(values)
     _reduce_registers(program, values, data.partitions, reduce_op, reduce_res, reduce_cmd)
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """activation with reduce_cmd=reset_reduce into reduce_res (reduce_op must be nl.add)."""
+    check(reduce_op is not None, "alu-op", "nki.isa.activation_reduce: reduce_op is required (nl.add)")
+    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd=globals()["reduce_cmd"].reset_reduce, name=name)
 
 
 def _reduce_registers(program, values, partitions, reduce_op, reduce_res, command) -> None:
@@ -521,6 +565,58 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     else:  # a scalar, converted as a write to dst would
         new = _converted(dst, torch.full(dst.shape, float(src), dtype=torch.float32))
     dst.write_raw(torch.where(mask, new.to(old.dtype), old))
+
+
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=OPS["maximum"], range_start=0, on_false_value=0.0, name=None):
+    """Vector Engine (NeuronCore-v3 and newer): an element of on_true_tile is kept where its free
+    index + range_start passes comp_op0 against bound0 and comp_op1 against bound1 (one value per
+    partition), else on_false_value; reduce_op over the result accumulates in the Vector
+    Engine's registers (reduce_cmd) and lands in reduce_res."""
+    comp0, comp1 = _alu(comp_op0, "range_select", 2), _alu(comp_op1, "range_select", 2)
+    reduce_op = _alu(reduce_op, "range_select", 2, table="reduction")
+    dst = _on_chip(dst, "range_select", "dst")
+    on_true = _on_chip(on_true_tile, "range_select", "on_true_tile")
+    _same_size(dst, on_true, "range_select", "dst and on_true_tile")
+    low = _column(bound0, on_true, "range_select", "bound0")
+    high = _column(bound1, on_true, "range_select", "bound1")
+    if reduce_res is not None:
+        reduce_res = _on_chip(reduce_res, "range_select", "reduce_res")
+        check(reduce_res.partitions == on_true.partitions and reduce_res.free_size == 1, "scalar-operand",
+              lambda: f"nki.isa.range_select: reduce_res is {reduce_res.shape}, on_true_tile is {on_true.shape}")
+    program = cost.active()
+    program.instruction("range_select", "vector", dst.size)
+    _clear_matmul_marks(dst)
+    if _shape_only(dst, on_true, *(b for b in (bound0, bound1) if isinstance(b, NkiTensor))):
+        if reduce_res is not None:
+            reduce_res.write(None)
+        return
+    p = on_true.partitions
+    values = _free(_read(on_true), p)
+    position = torch.arange(values.shape[1], dtype=torch.float32) + float(range_start)
+    low = _scalar(low).reshape(-1, 1) if isinstance(low, torch.Tensor) else _scalar(low)
+    high = _scalar(high).reshape(-1, 1) if isinstance(high, torch.Tensor) else _scalar(high)
+    keep = (comp0.apply(position, low) != 0) & (comp1.apply(position, high) != 0)
+    result = torch.where(keep, values, torch.tensor(float(on_false_value), dtype=torch.float32))
+    dst.write(result.reshape(dst.shape))
+    _vector_registers(program, result, p, reduce_op, reduce_res, reduce_cmd)
+
+
+def _vector_registers(program, values, partitions, reduce_op, reduce_res, command) -> None:
+    """The Vector Engine's accumulator registers (nki.isa.reduce_cmd: reset clears them, reduce
+    accumulates this instruction's row reduction onto them, reset_reduce both)."""
+    name = command.value if isinstance(command, Enum) else str(command)
+    registers = getattr(program, "vector_regs", None)
+    if name in ("reset", "reset_reduce"):
+        registers = None
+    if name in ("reduce", "reset_reduce", "load_reduce"):
+        rows = REDUCTIONS[reduce_op.name](_free(values, partitions), dim=1)
+        registers = rows if registers is None or registers.shape != rows.shape else reduce_op.apply(registers, rows)
+    program.vector_regs = registers
+    if reduce_res is not None:
+        check(registers is not None, "reduce-axes", "nki.isa (Vector Engine): reduce_res read from accumulator "
+              "registers nothing reduced into (reduce_cmd idle or reset)")
+        reduce_res.write(registers.clone())
 
 
 def _converted(dst: NkiTensor, values: torch.Tensor) -> torch.Tensor:
@@ -863,8 +959,13 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
           lambda: f"nki.isa.dma_transpose from {src.buffer!r} to {dst.buffer!r}")
     if oob_mode is not globals()["oob_mode"].error:
         raise NotImplementedError("nki emulator: nki.isa.dma_transpose(oob_mode=skip) is not implemented")
-    check(src.dtype.itemsize == 2, "dma-size", lambda: f"nki.isa.dma_transpose: src is {dtypes.name_of(src.dtype)} "
-          "(the DMA transpose moves 2-byte elements)")
+    # the docs' 2-byte limit is the hardware DGE transpose's (dge_mode=hwdge) and the indirect
+    # (software DGE) transpose's; at dge_mode=unknown the compiler picks a mode for a direct one
+    two_byte_mode = "hardware DGE (dge_mode=hwdge)" if dge_mode is globals()["dge_mode"].hwdge else \
+        "indirect (vector_offset)" if src.dynamic is not None else None
+    check(two_byte_mode is None or src.dtype.itemsize == 2, "dma-size",
+          lambda: f"nki.isa.dma_transpose: src is {dtypes.name_of(src.dtype)} (a {two_byte_mode} transpose moves "
+          "2-byte elements)")
     order = _transposed_order(src.ndim, axes)
     shape = tuple(src.shape[a] for a in order)
     check(dst.size == src.size, "dma-size", lambda: f"nki.isa.dma_transpose: dst {dst.shape} for src {src.shape}")
@@ -991,9 +1092,9 @@ def register_store(dst, src):
 # Documented NKI 0.7 instructions the emulator does not implement: importable (nki-library
 # imports some at module level), raising when called.
 DOCUMENTED_UNIMPLEMENTED = (
-    "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative activation_reduce "
+    "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative "
     "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
-    "exponential sequence_bounds tensor_scalar_reduce quantize_mx range_select select_reduce "
+    "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()
 
 

@@ -6,6 +6,8 @@ dtypes (``harness.kernels.emu.dtypes``). A documented name outside the implement
 
 from __future__ import annotations
 
+import inspect as _inspect
+
 import numpy as np
 import torch
 
@@ -25,11 +27,33 @@ sbuf, psum, hbm, private_hbm, shared_hbm = SBUF, PSUM, HBM, PRIVATE_HBM, SHARED_
 dtype = np.dtype  # nl.dtype: the type of every NKI dtype
 
 
+def _is_field_value(name: str, value) -> bool:
+    """A plain class attribute of an NKIObject class that is one of its fields: not a dunder,
+    method, property, class or other descriptor."""
+    return not (name.startswith("__") and name.endswith("__")) and not callable(value) \
+        and not hasattr(value, "__get__") and not isinstance(value, type)
+
+
 class NKIObject:
     """Base class of NKI kernel dataclasses and configuration objects: fields are the class
-    annotations, set from positional or keyword arguments (class attributes are defaults; a
-    field given no value stays unset, for ``__post_init__`` or a later method to derive), then
-    ``__post_init__`` if defined -- a dataclass at trace time."""
+    annotations and the plain class attributes, set from positional or keyword arguments (class
+    attributes are defaults; a field given no value stays unset, for ``__post_init__`` or a later
+    method to derive), then ``__post_init__`` if defined -- a dataclass at trace time.
+
+    The NKI language guide's classes take every field by keyword, defaulting to its class value,
+    and nki-library builds ``@dataclass`` subclasses whose fields are plain class attributes
+    (``attention_cte.SectionParams(section_idx=...)``): so each subclass, when it is created and
+    before a ``@dataclass`` decorator reads it, gets its plain class attributes annotated, and
+    Python's dataclass generates an ``__init__`` that takes them."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = dict(_inspect.get_annotations(cls))
+        for name, value in vars(cls).items():
+            # a mutable value (a dataclass refuses it as a default) stays a shared class attribute
+            if name not in own and _is_field_value(name, value) and not isinstance(value, (list, dict, set)):
+                own[name] = object
+        cls.__annotations__ = own
 
     def __init__(self, *args, **kwargs):
         names = list(dict.fromkeys(n for klass in reversed(type(self).__mro__)

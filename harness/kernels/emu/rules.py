@@ -83,7 +83,10 @@ RULES = {
               "what is left", f"{_ISA}.tensor_reduce.html (Layout, Tile size)"),
         _rule("iota-memory", "iota writes an SBUF tile and the pattern's element count matches dst's per-partition "
               "count", f"{_ISA}.iota.html"),
-        _rule("dma-size", "dma_copy src and dst hold the same number of elements", f"{_ISA}.dma_copy.html (Tile size)"),
+        _rule("dma-size", "dma_copy (and dma_transpose) src and dst hold the same number of elements; a "
+              "dma_transpose lowered to the hardware DGE (dge_mode=hwdge) or an indirect one moves 2-byte elements "
+              "(at dge_mode=unknown a direct one has no dtype limit)", f"{_ISA}.dma_copy.html (Tile size); "
+              f"{_ISA}.dma_transpose.html (DMA Direct / Indirect Transpose Constraints)"),
         _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)", f"{_ISA}.dma_copy.html (Memory types)"),
         _rule("bounds", "an access stays inside its tensor (out-of-bounds DMA raises by default: oob_mode.error)",
               f"{_ISA}.dma_copy.html (oob_mode)"),
@@ -151,6 +154,20 @@ SEMANTICS = {
                      f"{DOCS}/{_ISA}.sendrecv.html"),
     "reordering": ("the compiler's scheduler may reorder independent instructions (so a PSUM eviction can run right "
                    "after its last matmul)", f"{DOCS}/api/generated/nki.language.no_reorder.html"),
+    "nki-object-fields": ("an nl.NKIObject class (a dataclass or not) takes each field by keyword, defaulting to its "
+                          "class value, then runs __post_init__; a field is an annotated name or a plain class "
+                          "attribute", f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
+                          f"{DOCS}/api/generated/nki.language.NKIObject.html (__init__(**kwargs)); nki-library's "
+                          "attention_cte.SectionParams(section_idx=...)"),
+    "range-select": ("range_select keeps on_true_tile where free index + range_start passes comp_op0 against bound0 "
+                     "and comp_op1 against bound1 (one value per partition), else on_false_value; reduce_op through "
+                     "the Vector Engine's accumulator registers (reduce_cmd) into reduce_res; NeuronCore-v3 (trn2) "
+                     "and newer", f"{DOCS}/{_ISA}.range_select.html; {DOCS}/{_ISA}.reduce_cmd.html"),
+    "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
+                             "multiply, maximum, minimum) of the result along the free axes into reduce_res",
+                             f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
+    "activation-reduce": ("activation_reduce is activation with reduce_cmd=reset_reduce into reduce_res (reduce_op "
+                          "nl.add)", f"{DOCS}/{_ISA}.activation_reduce.html"),
 }
 
 

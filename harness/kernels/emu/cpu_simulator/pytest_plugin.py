@@ -26,11 +26,28 @@ input has more than N elements, read from the test id: the cross-entropy cases'
 gate-and-up weights E*H*2I. A small machine holds those neither in memory nor in time (the
 test's inputs, its float32 golden and the emulator's copy: about 16 bytes an element);
 ``--nki-emu-deselected=PATH`` records their ids and sizes.
+
+The other files' cases carry no such size in their ids, and their runnable cases (those
+nki-library's default selection does not skip) are more than a 2-core CI stage runs: the
+integration tests of attention, QKV, output projection, norms and MoE hold about 2300. So, for
+every file not named by ``--nki-emu-whole``:
+
+- a case whose work, the product of its integer parameters (batch x sequence x heads x head
+  size, ...), exceeds ``--nki-emu-max-work`` is deselected by size;
+- of the rest, ``--nki-emu-sample=N`` keeps N runnable cases per file, drawn with
+  ``random.Random(--nki-emu-seed)`` from the file's case ids in sorted order (the same draw on
+  every xdist worker and every run), and deselects the others as not sampled.
+
+Every deselected case is recorded with its reason (``size``, ``sample``, or ``platform``: the
+cases nki-library's own ``-m trn2`` marker expression drops, its trn3-only tests), so the
+runner's table counts each.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
+import random
 import re
 import sys
 import types
@@ -98,6 +115,17 @@ def pytest_addoption(parser) -> None:
                     help="deselect the cross-entropy and blockwise-MoE cases whose largest input (logits B*T*V; "
                          "gate-and-up weights E*H*2I) has more elements")
     group.addoption("--nki-emu-deselected", default=None, help="write the deselected test ids and sizes to this file")
+    group.addoption("--nki-emu-max-work", type=int, default=None,
+                    help="deselect a case (of a file not named by --nki-emu-whole) whose integer parameters multiply "
+                         "to more")
+    group.addoption("--nki-emu-sample", type=int, default=None,
+                    help="keep this many runnable cases per file (not named by --nki-emu-whole), drawn with the seed")
+    group.addoption("--nki-emu-seed", type=int, default=0, help="the seed of --nki-emu-sample's draw")
+    group.addoption("--nki-emu-max-data-gib", type=float, default=None,
+                    help="cap each pytest process's data segment (RLIMIT_DATA): a case that outgrows it fails with "
+                         "MemoryError in its own process instead of the machine's OOM killer ending another")
+    group.addoption("--nki-emu-whole", action="append", default=[],
+                    help="a test file (path under test/integration/nkilib) kept whole: no work limit, no sample")
 
 
 # the largest input of a case, from its test id
@@ -116,22 +144,96 @@ def largest_input(nodeid: str) -> int | None:
     return None
 
 
+def work(item) -> int:
+    """The product of a case's integer parameters (walking tuples, lists and parameter objects):
+    a shape's elements, the measure of an emulated case's time and memory. 0 without any."""
+    numbers: list[int] = []
+
+    def walk(value, depth=0) -> None:
+        if depth > 3 or isinstance(value, (bool, type)):
+            return
+        if isinstance(value, int):
+            numbers.append(abs(value))
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v, depth + 1)
+        elif hasattr(value, "__dict__") and not callable(value):
+            for v in vars(value).values():
+                walk(v, depth + 1)
+
+    callspec = getattr(item, "callspec", None)
+    for value in (callspec.params.values() if callspec else ()):
+        walk(value)
+    return math.prod(numbers) if numbers else 0
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0].split("integration/nkilib/")[-1]
+
+
+def _skipped(item) -> bool:
+    return any(mark.name == "skip" for mark in item.iter_markers())
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    limit = config.getoption("--nki-emu-max-elements")
-    if limit is None:
-        return
-    too_big = [item for item in items if (largest_input(item.nodeid) or 0) > limit]
-    if not too_big:
-        return
-    items[:] = [item for item in items if item not in too_big]
-    config.hook.pytest_deselected(items=too_big)
+    """After nki-library's own selection (its skips, its -m trn2): deselect by size, then sample."""
+    limit, max_work = config.getoption("--nki-emu-max-elements"), config.getoption("--nki-emu-max-work")
+    sample, whole = config.getoption("--nki-emu-sample"), set(config.getoption("--nki-emu-whole"))
+    reasons: dict[str, tuple[str, int | None]] = {}
+    for item in items:
+        if limit is not None and (largest_input(item.nodeid) or 0) > limit:
+            reasons[item.nodeid] = ("size", largest_input(item.nodeid))
+        elif max_work is not None and _file(item.nodeid) not in whole and not _skipped(item) \
+                and work(item) > max_work:
+            reasons[item.nodeid] = ("size", work(item))
+    if sample is not None:
+        by_file: dict[str, list[str]] = {}
+        for item in items:
+            if item.nodeid not in reasons and not _skipped(item) and _file(item.nodeid) not in whole:
+                by_file.setdefault(_file(item.nodeid), []).append(item.nodeid)
+        draw = random.Random(config.getoption("--nki-emu-seed"))
+        for path in sorted(by_file):
+            ids = sorted(by_file[path])
+            kept = set(draw.sample(ids, min(sample, len(ids))))
+            reasons.update({nodeid: ("sample", None) for nodeid in ids if nodeid not in kept})
+    dropped = [item for item in items if item.nodeid in reasons]
+    if dropped:
+        items[:] = [item for item in items if item.nodeid not in reasons]
+        config.hook.pytest_deselected(items=dropped)
+    config._nki_emu_reasons = reasons
+
+
+def pytest_deselected(items) -> None:
+    _DESELECTED.extend(items)
+
+
+_DESELECTED: list = []
+
+
+def pytest_collection_finish(session) -> None:
+    """Record every deselected case with its reason (on the first xdist worker, or alone)."""
+    config = session.config
     record = config.getoption("--nki-emu-deselected")
     worker = getattr(config, "workerinput", {}).get("workerid", "gw0")
-    if record and worker == "gw0":
-        Path(record).write_text("".join(f"{item.nodeid}\t{largest_input(item.nodeid)}\n" for item in too_big))
+    if not record or worker != "gw0":
+        return
+    reasons = getattr(config, "_nki_emu_reasons", {})
+    lines = []
+    for item in dict.fromkeys(_DESELECTED):
+        reason, size = reasons.get(item.nodeid, ("platform", None))
+        lines.append(f"{item.nodeid}\t{size if size is not None else ''}\t{reason}\n")
+    Path(record).write_text("".join(lines))
 
 
 def pytest_configure(config) -> None:
+    cap = config.getoption("--nki-emu-max-data-gib", None)
+    if cap:
+        import resource
+
+        limit = int(cap * 2**30)
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     orchestrator = sys.modules.get("test.utils.test_orchestrator")
     if orchestrator is not None and not hasattr(orchestrator.Orchestrator, "_compiled_kernel"):
         orchestrator.Orchestrator._compiled_kernel = None

@@ -1,0 +1,196 @@
+"""The NKI emulator's semantics that nki-library's training kernels (attention, MLP, QKV,
+output projection, norms, MoE; issue 42) use, each checked against its NKI 0.7 docs page
+(harness/kernels/emu/rules.py SEMANTICS) by a cheap kernel or object of its own.
+
+Specification:
+- ``nl.NKIObject`` subclasses, ``@dataclass`` or not, take every field by keyword, where a field
+  is an annotated name or a plain class attribute (the NKI language guide's classes: the default
+  ``__init__`` takes each field, defaulting to its class value, then calls ``__post_init__``);
+  a name that is no field is refused; methods, properties and dunders are not fields.
+- ``nki.isa.range_select`` (Vector Engine; NeuronCore-v3, so trn2, and newer): an element of
+  ``on_true_tile`` is kept where its free index + ``range_start`` passes ``comp_op0`` against
+  ``bound0`` and ``comp_op1`` against ``bound1`` (both one value per partition), else
+  ``on_false_value``; ``reduce_op`` over the result goes through the Vector Engine's accumulator
+  registers (``reduce_cmd``) into ``reduce_res``. A float32 minimum written to bfloat16 is -inf
+  (the docs' numerical-stability note).
+- ``nki.isa.tensor_scalar_reduce``: ``tensor_scalar`` with one arithmetic operator (no bitvec),
+  and ``reduce_op`` (add, multiply, maximum, minimum) of its result along the free axes into
+  ``reduce_res``.
+- ``nki.isa.activation_reduce``: ``activation`` with ``reduce_cmd=reset_reduce`` into
+  ``reduce_res``; ``reduce_op`` must be ``nl.add``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from harness.kernels import emu as nki_emu
+from harness.kernels.emu import isa as nisa
+from harness.kernels.emu import language as nl
+from harness.kernels.emu.rules import RuleViolation
+
+
+@dataclass
+class _Section(nl.NKIObject):
+    """As nki-library's attention_cte.SectionParams: plain class attributes, no annotations."""
+
+    index = None
+    offset = 0
+
+    def end(self):
+        return self.offset + 1
+
+
+@dataclass
+class _Mixed(nl.NKIObject):
+    rows: int
+    scale: float = 1.0
+    tag = "t"
+
+    def __post_init__(self):
+        self.derived = self.rows * self.scale
+
+
+def test_nki_object_dataclasses_take_plain_class_attributes_by_keyword():
+    section = _Section(index=3, offset=7)
+    assert (section.index, section.offset, section.end()) == (3, 7, 8)
+    assert (_Section().index, _Section().offset) == (None, 0)
+    mixed = _Mixed(rows=2, scale=3.0, tag="u")
+    assert (mixed.rows, mixed.scale, mixed.tag, mixed.derived) == (2, 3.0, "u", 6.0)
+    assert _Mixed(4).tag == "t"
+    with pytest.raises(TypeError, match="colour"):
+        _Section(index=1, colour=2)
+    with pytest.raises(TypeError):
+        _Section(end=1)  # a method is no field
+
+
+def test_plain_nki_objects_take_plain_class_attributes_by_keyword():
+    class Config(nl.NKIObject):
+        block = 128
+        rows: int
+
+    assert (Config(block=64, rows=2).block, Config(rows=1).block) == (64, 128)
+    with pytest.raises(TypeError, match="no field 'colour'"):
+        Config(colour=1)
+
+
+FLOAT32_MIN = -3.4028234663852886e38
+
+
+def _range_select(range_start, lower, upper, dtype, command="reset_reduce"):
+    """attention_bwd's sliding-window mask: keep column j of row p where
+    lower[p] <= j + range_start < upper[p], else FLOAT32_MIN; the row max into reduce_res."""
+    def kernel(x, lo, hi):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        bounds = nl.ndarray((x.shape[0], 2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bounds[:, 0:1], src=lo)
+        nisa.dma_copy(dst=bounds[:, 1:2], src=hi)
+        out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.sbuf)
+        row_max = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.range_select(dst=out, on_true_tile=tile, comp_op0=nl.greater_equal, comp_op1=nl.less,
+                          bound0=bounds[:, 0:1], bound1=bounds[:, 1:2], reduce_op=nl.maximum, reduce_res=row_max,
+                          reduce_cmd=getattr(nisa.reduce_cmd, command), range_start=range_start,
+                          on_false_value=FLOAT32_MIN)
+        result = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=result, src=out)
+        maxima = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=maxima, src=row_max)
+        return result, maxima
+
+    return kernel
+
+
+def test_range_select_keeps_the_columns_inside_the_bounds_and_reduces_the_rows():
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    lower, upper = torch.tensor([[10.0], [11.0], [0.0]]), torch.tensor([[12.0], [14.0], [1.0]])
+    out, row_max = nki_emu.run(_range_select(10, lower, upper, nl.float32))(x, lower, upper)
+    # column j is position j + 10: row 0 keeps 10, 11; row 1 keeps 11..13; row 2 keeps none
+    kept = torch.tensor([[True, True, False, False], [False, True, True, True], [False] * 4])
+    assert torch.equal(out, torch.where(kept, x, torch.tensor(FLOAT32_MIN)))
+    assert row_max.flatten().tolist() == [1.0, 7.0, FLOAT32_MIN]
+
+
+def test_range_select_into_bfloat16_writes_minus_infinity_where_it_fills():
+    """The docs' numerical-stability note: FP32_MIN downcast to bfloat16 is -inf."""
+    x = torch.ones(2, 4)
+    lower, upper = torch.tensor([[0.0], [0.0]]), torch.tensor([[2.0], [0.0]])
+    out, row_max = nki_emu.run(_range_select(0, lower, upper, nl.bfloat16))(x, lower, upper)
+    assert out.dtype == torch.bfloat16 and out[0].tolist() == [1.0, 1.0, float("-inf"), float("-inf")]
+    assert row_max.flatten().tolist() == [1.0, FLOAT32_MIN]
+
+
+def test_range_select_refuses_bounds_that_are_not_one_column():
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.range_select(dst=out, on_true_tile=tile, comp_op0=nl.greater_equal, comp_op1=nl.less,
+                          bound0=tile[:, 0:2], bound1=tile[:, 0:1])
+        return out
+
+    with pytest.raises(RuleViolation, match="scalar-operand"):
+        nki_emu.run(kernel)(torch.ones(2, 4))
+
+
+def _scalar_reduce(op0, operand0, reduce_op):
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        reduced = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(dst=out, data=tile, op0=op0, operand0=operand0, reduce_op=reduce_op,
+                                  reduce_res=reduced)
+        result = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=result, src=out)
+        per_row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=per_row, src=reduced)
+        return result, per_row
+
+    return kernel
+
+
+def test_tensor_scalar_reduce_reduces_the_tensor_scalar_result_along_the_free_axis():
+    """attention_cte's scaled row max (multiply, then maximum) and rmsnorm_quant's absolute max
+    (abs with operand 0.0, then maximum)."""
+    x = torch.tensor([[1.0, -4.0, 2.0], [-0.5, 0.25, -3.0]])
+    out, row_max = nki_emu.run(_scalar_reduce(nl.multiply, 0.5, nl.maximum))(x)
+    assert torch.equal(out, x * 0.5) and row_max.flatten().tolist() == [1.0, 0.125]
+    out, abs_max = nki_emu.run(_scalar_reduce(nl.abs, 0.0, nl.maximum))(x)
+    assert torch.equal(out, x.abs()) and abs_max.flatten().tolist() == [4.0, 3.0]
+    _, row_sum = nki_emu.run(_scalar_reduce(nl.add, 1.0, nl.add))(x)
+    assert row_sum.flatten().tolist() == [2.0, -0.25]
+
+
+def test_tensor_scalar_reduce_refuses_a_bitvec_operator():
+    with pytest.raises(RuleViolation, match="alu-op"):
+        nki_emu.run(_scalar_reduce(nl.bitwise_and, 1, nl.maximum))(torch.ones(2, 3))
+
+
+def _activation_reduce(reduce_op):
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        summed = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=out, op=nl.exp, data=tile, reduce_op=reduce_op, reduce_res=summed, scale=2.0)
+        result = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=result, src=out)
+        per_row = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=per_row, src=summed)
+        return result, per_row
+
+    return kernel
+
+
+def test_activation_reduce_is_activation_with_reset_reduce():
+    """attention_cte's exp row sums: f(data * scale + bias), and its sum per row (the Scalar
+    Engine's reduce_regs, reset first); the docs allow only nl.add."""
+    x = torch.tensor([[0.0, 0.5], [-1.0, 1.0]])
+    out, sums = nki_emu.run(_activation_reduce(nl.add))(x)
+    assert torch.allclose(out, torch.exp(2 * x)) and torch.allclose(sums.flatten(), torch.exp(2 * x).sum(1))
+    with pytest.raises(RuleViolation, match="alu-op"):
+        nki_emu.run(_activation_reduce(nl.maximum))(x)
