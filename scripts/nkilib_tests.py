@@ -2,13 +2,15 @@
 emulator: the emulator's acceptance test (issue 29).
 
     python3 scripts/nkilib_tests.py             # every file below, prints the table, exits 1 on a failure
-                                                # (2: no tarball in ../shared/nki-library)
+                                                # (2: a test tarball is not installed: get_upstream.py)
     python3 scripts/nkilib_tests.py core/cumsum/test_cumsum.py   # some files (paths under test/integration/nkilib)
 
 What it does, each run:
 
-1. extracts ``../shared/nki-library/nki-library-d2ad3a5-tests.tar.gz`` (checked against its
-   sha256; its files are never changed) into ``build/nkilib-tests/`` (git-ignored);
+1. extracts the pinned test tarballs (constraints/upstream.toml ``nki-library-tests`` and
+   ``nki-library-tests-core``, put under ``build/upstream/`` by ``scripts/get_upstream.py``, which
+   checks the commit: a mirrored tarball by its sha256, a source one by its checkout; their files
+   are never changed) into ``build/nkilib-tests/`` (git-ignored);
 2. builds, or reuses, ``build/nkilib-tests/venv``: a venv on top of the system packages with
    the packages nki-library's test tree imports, pinned in ``constraints/nkilib_tests.txt``;
 3. runs pytest in the extracted tree as nki-library's README says (``--test-mode simulation``),
@@ -29,7 +31,6 @@ element) nor in the CI budget, so the plugin deselects the cases whose largest i
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -41,16 +42,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this tree's harness (its known issues), not an installed one
-SHARED = REPO.parent / "shared" / "nki-library"
-# (tarball, sha256, where it extracts): the first holds nki-library/ (src/, test/utils/, ten test
-# files); the second, test/ only: every test file under core/ attention, mlp, qkv,
-# output_projection, rmsnorm, subkernels, moe and moe_block, extracted over the first's tree
-TARBALLS = (
-    (SHARED / "nki-library-d2ad3a5-tests.tar.gz", "184141b8ab41c51eb5d57d4b1f8ac91f8145bc41e4f966781f405053324877f0", ""),
-    (SHARED / "nki-library-d2ad3a5-tests-core.tar.gz",
-     "42fff35bee9cc77b49e8690d2e0250da1ef6d3d5e1f4e5b7b69034cc0aa78d89", "nki-library"),
-)
-TARBALL = TARBALLS[0][0]  # the source tree (src/, test/utils/) and the first ten test files
+from harness.registry import upstream  # noqa: E402  (this tree's, after the path insert)
+
+# The pinned tarballs, in extraction order: the first holds nki-library/ (src/, test/utils/, ten
+# test files); the second, every test file under core/ attention, mlp, qkv, output_projection,
+# rmsnorm, subkernels, moe and moe_block, extracted over the first's tree.
+PINS = (upstream.pin("nki-library-tests"), upstream.pin("nki-library-tests-core"))
+TARBALLS = tuple(entry.fetched for entry in PINS)
+TARBALL = TARBALLS[0]  # the source tree (src/, test/utils/) and the first ten test files
 WORK = REPO / "build" / "nkilib-tests"
 TREE = WORK / "nki-library"
 VENV = WORK / "venv"
@@ -123,21 +122,19 @@ MISSING = 2  # exit status: no tarball, nothing to test with (.ci/run warns and 
 
 
 def extract() -> None:
-    for TARBALL, SHA256, _ in TARBALLS:
-        if not TARBALL.is_file():
-            print(f"nkilib_tests: SKIP: {TARBALL} is missing: it holds nki-library's source and tests "
-                  "(../shared/nki-library/README.md)", file=sys.stderr)
+    for entry in PINS:
+        if not entry.fetched.is_file():
+            print(f"nkilib_tests: SKIP: {entry.fetched} is missing: it holds nki-library's source and tests at "
+                  f"{entry.commit}; `{entry.install}` installs it", file=sys.stderr)
             raise SystemExit(MISSING)
-        digest = hashlib.sha256(TARBALL.read_bytes()).hexdigest()
-        if digest != SHA256:
-            sys.exit(f"nkilib_tests: {TARBALL} has sha256 {digest}, not {SHA256} (the d2ad3a5 tree the emulator "
-                     "is checked against); restore it or update its SHA256 here with the reason")
     if TREE.exists():
         subprocess.run(["rm", "-rf", str(TREE)], check=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    for tarball, _, into in TARBALLS:
+    for tarball in TARBALLS:
+        # A mirrored core tarball holds test/ only; one archived from the source, nki-library/ whole.
         with tarfile.open(tarball) as tar:
-            tar.extractall(WORK / into, filter="data")
+            into = WORK if tar.getnames()[0].split("/")[0] == "nki-library" else TREE
+            tar.extractall(into, filter="data")
 
 
 def venv_python() -> Path:

@@ -154,11 +154,16 @@ class DeviceProfile:
         )
 
 
+# What makes the neuron tier runnable: no pip command installs the Neuron SDK's device stack.
+NEURON_FIX = ("the neuron tier runs on a trn2 host in the Neuron SDK 2.33 image's venv "
+              "(README.md, 'On a Neuron image')")
+
+
 def neuron_status() -> tuple[bool, str]:
     """(available, reason). PyPI's torch-neuronx is a placeholder: it counts as absent."""
     importable, reason = probe_module("torch_neuronx")
     if not importable:
-        return False, reason
+        return False, f"{reason}; {NEURON_FIX}"
     import torch
 
     if torch._C._get_privateuse1_backend_name() != "neuron":

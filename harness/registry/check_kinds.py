@@ -167,6 +167,7 @@ KINDS: tuple[CheckKind, ...] = (
                KERNELS + "test_moe_blockwise_cost.py::test_the_kernel_at_the_source_shape_keeps_every_bound",
                KERNELS + "test_moe_backward.py::test_nki_backward_on_the_emulator_matches_float64_and_torchtitan",
                KERNELS + "test_emu_gaps.py::test_programs_meet_at_the_barrier_and_read_what_the_other_wrote",
+               KERNELS + "test_nki_emu_core_kernels.py::test_nki_object_dataclasses_take_plain_class_attributes_by_keyword",
                KERNELS + "test_lnc2_split.py::test_rope_splits_its_tiles_across_the_two_programs",
                KERNELS + "test_trn2_session.py::test_a_rehearsal_writes_the_report_with_every_kernel_compared_and_timed"),
               (KERNELS + "test_moe_backward.py::test_nki_backward_at_the_30b_a3b_cut_matches_float64_and_torchtitan",

@@ -91,7 +91,7 @@ DIFFERENCES = (
      "after", "this machine's python lives under /root"),
     ("torchtitan", "TorchTitan Neuron 0.2.2+neuron.1 (aws-neuron/torchtitan-neuron), installed "
      "once by the documented provisioning step (scripts/nightly/provision.py) into the runner's "
-     "venv", f"the same step, as the runner user, installing spring-2026 main (../shared/wheels) "
+     "venv", f"the same step, as the runner user, installing spring-2026 main (the pinned wheel, scripts/get_upstream.py) "
      f"repacked as {FORK_VERSION} (--no-deps: the image venv already holds its requirements)",
      "the fork is not reachable here; its public base is, with every defect the base has"),
     ("torch stack", "torch 2.14.0 + torch-neuronx 2.14.3.x + nki + neuronx-cc in the venv",
@@ -430,7 +430,8 @@ def build_image(root: Path) -> Path:
                           "TITAN_VENV": str(venv)}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RehearsalError(f"building the image's venv failed (exit {done.returncode}; exit 2: "
-                             f"no spring wheel in ../shared/wheels):\n{done.stderr}")
+                             f"no spring wheel: `python3 scripts/get_upstream.py torchtitan-spring2026` puts it in "
+                             f"build/upstream/wheels):\n{done.stderr}")
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y",
                     "torchtitan"], check=True, capture_output=True)
     (root / "opt" / "aws" / "neuron" / "bin").mkdir(parents=True, exist_ok=True)
@@ -448,11 +449,13 @@ def lock_image(root: Path) -> None:
 
 
 def fork_wheel(out: Path, version: str) -> Path:
-    """The spring-2026 wheel of ../shared/wheels repacked as TorchTitan Neuron ``version``."""
-    wheel_dir = Path(os.environ.get("TITAN_WHEEL_DIR") or REPO.parent / "shared" / "wheels")
+    """The pinned spring-2026 wheel (build/upstream/wheels, scripts/get_upstream.py) repacked as
+    TorchTitan Neuron ``version``."""
+    wheel_dir = Path(os.environ.get("TITAN_WHEEL_DIR") or REPO / "build" / "upstream" / "wheels")
     wheels = sorted(wheel_dir.glob("torchtitan-0.2.2+*-py3-none-any.whl"))
     if len(wheels) != 1:
-        raise RehearsalError(f"expected one spring torchtitan wheel in ../shared/wheels, found {wheels}")
+        raise RehearsalError(f"expected one spring torchtitan wheel in {wheel_dir}, found {wheels}: "
+                             "`python3 scripts/get_upstream.py torchtitan-spring2026` puts it there")
     old = wheels[0].name.removeprefix("torchtitan-").removesuffix("-py3-none-any.whl")
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"torchtitan-{version}-py3-none-any.whl"

@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.registry import paths
+from harness.registry import paths, upstream
 from harness.kernels.emu import cpu_simulator
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
@@ -50,7 +50,7 @@ def _script():
 def _simulation_setup_imports() -> list[str]:
     script = _script()
     if not script.TARBALL.is_file():
-        pytest.skip(f"{script.TARBALL} is missing (../shared/nki-library): nothing to read the imports from")
+        pytest.skip(upstream.missing("nki-library-tests") + ": nothing to read the imports from")
     with tarfile.open(script.TARBALL) as tar:
         source = tar.extractfile("nki-library/test/utils/simulation_setup.py").read().decode()
     return sorted({alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
@@ -198,7 +198,7 @@ def test_nki_librarys_rope_hf_tests_pass_on_the_emulator():
     """nki-library's test_rope_hf.py, unchanged, in its simulation mode on the emulator
     (minutes: the venv with the test tree's packages is built once, build/nkilib-tests)."""
     if not _script().TARBALL.is_file():
-        pytest.skip("../shared/nki-library's tarball is missing")
+        pytest.skip(upstream.missing("nki-library-tests"))
     run = subprocess.run([sys.executable, str(SCRIPT), "core/embeddings/test_rope_hf.py"], capture_output=True,
                          text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

@@ -88,3 +88,16 @@ def test_a_missing_pin_skips_naming_the_command_that_installs_it(monkeypatch):
     reason = upstream.missing("nki-library")
     assert reason == (f"nki-library ({pin.repo} at {pin.commit}) is not installed here: "
                       f"`python3 scripts/get_upstream.py nki-library` installs it")
+
+
+def test_only_ci_speaks_of_its_offline_mirror():
+    """Users have no sibling folder of artifacts: only .ci/ names the mirror CI installs from;
+    everything else speaks of the pins (constraints/upstream.toml, scripts/get_upstream.py)."""
+    mirror = "../" + "shared"  # spelled apart so this file is not a hit itself
+    tracked = subprocess.run(["git", "-C", str(paths.REPO_ROOT), "ls-files"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    hits = [f"{name}:{number}" for name in tracked if not name.startswith(".ci/")
+            and (paths.REPO_ROOT / name).is_file()
+            for number, line in enumerate((paths.REPO_ROOT / name).read_text(errors="ignore").splitlines(), 1)
+            if mirror in line]
+    assert not hits, hits
