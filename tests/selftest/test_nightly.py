@@ -394,3 +394,22 @@ def test_the_stand_in_profile_is_as_strict_as_trn2s_or_named():
         assert any("compile_backend" in p for p in rehearse.profile_problems())
     finally:
         rehearse.DIFFERENCES = rows
+
+
+def test_the_rehearsal_never_runs_the_night_as_root(monkeypatch):
+    """GitHub's runner refuses root: a rehearsal started as root runs the night as another user
+    (made with useradd when missing), never as root itself."""
+    import pwd
+    import subprocess
+
+    rehearse = _nightly("rehearse")
+    made = []
+    entry = pwd.struct_passwd((rehearse.RUNNER_USER, "x", 4242, 4242, "", "/nonexistent", "/usr/sbin/nologin"))
+    monkeypatch.setattr(rehearse.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(rehearse.pwd, "getpwnam", lambda name: entry if made else (_ for _ in ()).throw(KeyError(name)))
+    monkeypatch.setattr(rehearse.subprocess, "run", lambda command, **kw: made.append(command)
+                        or subprocess.CompletedProcess(command, 0))
+    user = rehearse.runner_user()
+    assert user is not None and (user.name, user.uid) == (rehearse.RUNNER_USER, 4242)
+    assert made and made[0][0] == "useradd" and made[0][-1] == rehearse.RUNNER_USER
+    assert rehearse.as_runner(user)[:2] == ["setpriv", "--reuid=4242"]
