@@ -53,6 +53,9 @@ def test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix(t
     rows = _rows(done.stdout)
     assert rows["neuron device"][0] == "FAIL" and "neuron-ls" in rows["neuron device"][2]
     assert rows["Neuron venv"][0] == "FAIL" and "TRN2_NEURON_VENV" in rows["Neuron venv"][2]
+    # no neuronx-cc here: nki-library does not import, which is not an entry point that moved
+    assert rows["nki-library"][0] == "FAIL" and "neuronx-cc" in rows["nki-library"][2], rows
+    assert not [name for name in rows if name.startswith("nki-library ")], rows
     for name, (status, value, *fix) in rows.items():
         if status == "FAIL":
             assert fix and fix[0], f"{name} fails with no fix"
