@@ -413,3 +413,23 @@ def test_the_rehearsal_never_runs_the_night_as_root(monkeypatch):
     assert user is not None and (user.name, user.uid) == (rehearse.RUNNER_USER, 4242)
     assert made and made[0][0] == "useradd" and made[0][-1] == rehearse.RUNNER_USER
     assert rehearse.as_runner(user)[:2] == ["setpriv", "--reuid=4242"]
+
+
+def test_the_rehearsal_gets_the_fork_only_through_the_provisioning_step(monkeypatch, tmp_path):
+    """The image's venv has no torchtitan (the DLAMI ships none); the fork reaches the night only
+    through scripts/nightly/provision.py, run as the runner user with the fork's wheel."""
+    import subprocess
+
+    rehearse = _nightly("rehearse")
+    calls = []
+    monkeypatch.setattr(rehearse.subprocess, "run", lambda command, **kw: calls.append(command)
+                        or subprocess.CompletedProcess(command, 0, "", ""))
+    venv = rehearse.build_image(tmp_path / "image")
+    assert [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", "torchtitan"] in calls
+    user = rehearse.Runner("night-runner", 4242, 4242)
+    monkeypatch.setattr(rehearse, "give", lambda *a, **k: None)
+    calls.clear()
+    rehearse.provision(tmp_path / "image", user, tmp_path / "torchtitan-0.2.2+neuron.rehearsal-py3-none-any.whl")
+    (command,) = [c for c in calls if any(str(part).endswith("provision.py") for part in c)]
+    assert command[:2] == ["setpriv", "--reuid=4242"]
+    assert command[-3:] == ["--fork", str(tmp_path / "torchtitan-0.2.2+neuron.rehearsal-py3-none-any.whl"), "--no-deps"]
