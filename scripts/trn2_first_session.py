@@ -2,11 +2,18 @@
 
     python3 scripts/trn2_first_session.py                 # trn2: the kernels at the 30B-A3B cut, LNC=2
     python3 scripts/trn2_first_session.py --stand-in      # rehearsal on CPU: the emulator on both sides
+    python3 scripts/trn2_first_session.py --stand-in --runs  # and the runs on the cpu profile (the twin)
 
 It runs the harness's RoPE kernel, our MoE forward and backward and nki-library's MoE forward at
 the 30B-A3B cut on an LNC=2 NeuronCore, compares every output with the NKI emulator's on the same
 inputs, records each kernel's first-call (compile) time, steady time and NEFF bytes, times our
-MoE forward against nki-library's, and writes ``report.json`` and ``report.md`` (default
+MoE forward against nki-library's; then what the night's limits and its published-loss check
+assume (``first_runs``): a tiny run's first step, cold (native Qwen3, 2 ranks: its wall time and
+the NEFF bytes it compiled, against the night's 15 min for a tiny run), and the night's own
+full-size pretrained C4 run of Qwen3-4B-Instruct-2507 for one step (its wall time, NEFF bytes,
+step-1 loss) with the independent HF forward (float32, host CPU) of the same weights on that
+step's batches, each held to the published 6.54 in its band: the published check is known to
+be satisfiable before it gates a night. It writes ``report.json`` and ``report.md`` (default
 ``reports/trn2_first_session/<UTC time>/``). Exit status: 0 when every kernel ran and matched,
 1 when any failed, 2 when there is no usable Neuron device (the reason is printed; --stand-in
 rehearses the session on CPU). The logic is harness/kernels/checks/trn2_session.py.
@@ -21,6 +28,7 @@ import datetime
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # Before torch loads (it autoloads torch_neuronx): LNC=2 for the runtime and the kernels, and a
@@ -37,6 +45,67 @@ sys.path.insert(0, str(ROOT))
 from harness.kernels.checks import trn2_session  # noqa: E402
 
 
+def _neff_bytes(folder: str | None) -> int:
+    return sum(f.stat().st_size for f in Path(folder).expanduser().rglob("*.neff")) if folder else 0
+
+
+def _run(case, profile, out: Path, assets_root: str | None, c4_path: str | None) -> tuple:
+    """``case``'s run as the night launches it (``RunCase.run_spec``), one step, cold: its
+    result and the facts the night's limits assume."""
+    from dataclasses import replace
+
+    from harness.launch.run import launch
+
+    spec = replace(case.run_spec(1, assets_root, workdir=str(out / "derived"), data_path=c4_path),
+                   start="cold", label="first-session")
+    cache = profile.compile_cache_dir
+    before, started, first = _neff_bytes(cache), time.monotonic(), []
+    result = launch(spec, profile, out / case.id, on_step=lambda s: first or first.append(time.monotonic()))
+    return result, {"run": case.id, "ok": result.ok, "error": result.first_error(),
+                    "first_step_s": round(first[0] - started, 1) if first else None,
+                    "limit_s": case.timeout_s, "wall_s": round(result.duration_s, 1),
+                    "neff_bytes": _neff_bytes(cache) - before, "compile_cache": result.compile_cache,
+                    "step1_loss": result.losses[0] if result.steps else None}
+
+
+def published_verdict(run_loss: float | None, forward: float | None, expectation) -> dict:
+    """The published number against the run's step-1 loss and against the independent forward
+    of the same weights on the same batches, each in the published band: the forward outside it
+    means the published check cannot pass on this data, whatever the run does."""
+    def held(value):
+        return None if value is None else {"value": value, "deviation": expectation.deviation(value),
+                                           "problem": expectation.check(value)}
+    return {"published": expectation.value, "band": expectation.tolerance, "source": expectation.source,
+            "run": held(run_loss), "forward": held(forward),
+            "satisfiable": forward is not None and expectation.check(forward) is None}
+
+
+def first_runs(out: Path, assets_root: str | None, c4_path: str | None) -> dict:
+    from harness.backends import BACKENDS
+    from harness.checks.reference_forward import hf_forward
+    from harness.device.devices import profile_for
+    from harness.launch.run_matrix import RunCase
+    from harness.registry.assets_twin import build_twin
+    from harness.registry.expectations import ExpectationRegistry
+
+    profile = profile_for("neuron")  # trn2's, or its cpu stand-in (HARNESS_NEURON_STANDIN=cpu)
+    default = BACKENDS["titan_native"].default_attention
+    tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", default)
+    full = RunCase("neuron", "titan_native", "full", "pretrained", default)
+    if full.twin:  # the cpu stand-in: the assets twin on fixtures/c4, as the rehearsed night
+        assets_root, c4_path = str(build_twin(out / "assets_twin")), None
+    report = {"profile": profile.describe(), "tiny": _run(tiny, profile, out, None, None)[1]}
+    result, report["full"] = _run(full, profile, out, assets_root, c4_path)
+    forward = source = None
+    if result.steps:
+        forward, source = hf_forward(result)
+    report["full"]["independent_forward"] = {"value": forward, "source": source}
+    expectation = ExpectationRegistry().published(result)
+    report["full"]["published"] = None if expectation is None else published_verdict(
+        report["full"]["step1_loss"], forward, expectation)
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", type=Path, help="where report.json / report.md go")
@@ -44,6 +113,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cut", choices=("source", "tiny"), help="source: the 30B-A3B cut (default on trn2); "
                         "tiny: a small cut (default with --stand-in)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls after the first (default 5)")
+    parser.add_argument("--runs", action=argparse.BooleanOptionalAction, default=None,
+                        help="the first runs (default: on trn2; with --stand-in only when asked: "
+                        "the cpu profile runs them from the assets twin)")
+    parser.add_argument("--assets-dir", default=os.environ.get("ASSETS_DIR") or str(Path.home() / "hf-assets"),
+                        help="the night's assets root (default $ASSETS_DIR, else ~/hf-assets)")
+    parser.add_argument("--c4-path", default=os.environ.get("C4_DIR") or str(Path.home() / "hf-data" / "c4"),
+                        help="the night's local C4 copy (default $C4_DIR, else ~/hf-data/c4)")
     args = parser.parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     output_dir = args.output_dir or ROOT / "reports" / "trn2_first_session" / stamp
@@ -59,6 +135,20 @@ def main(argv=None) -> int:
     cut = trn2_session.TINY_CUT if cut_name == "tiny" else trn2_session.SOURCE_CUT
     report = trn2_session.run_session(device, cut, repeats=args.repeats)
     report["environment"]["TORCH_NEURONX_NEFF_CACHE_DIR before the session"] = ORIGINAL_NEFF_CACHE
+    if args.runs if args.runs is not None else not args.stand_in:
+        if args.stand_in:
+            os.environ["HARNESS_NEURON_STANDIN"] = "cpu"
+        report["runs"] = runs = first_runs(output_dir, args.assets_dir, args.c4_path)
+        published = runs["full"]["published"]
+        failures = [f"run {runs[k]['run']} failed: {runs[k]['error']}" for k in ("tiny", "full")
+                    if not runs[k]["ok"]]
+        if published is None:
+            failures.append(f"no published number for {runs['full']['run']}")
+        elif not published["satisfiable"]:
+            failures.append("the independent forward misses the published number, so the night's "
+                            f"published check cannot pass: {published['forward'] and published['forward']['problem']}")
+        report["failures"] += failures
+        report["status"] = "fail" if failures else report["status"]
     json_path, md_path = trn2_session.write_report(report, output_dir)
     print(trn2_session.markdown(report))
     print(f"report: {json_path} and {md_path}")

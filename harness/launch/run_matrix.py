@@ -50,7 +50,8 @@ FULL_OVERRIDES = ("--checkpoint.export_dtype", FULL_EXPORT_DTYPE)
 
 
 def collective_timeout_overrides(timeout_s: float) -> tuple[str, ...]:
-    """Every collective of a full-size run may wait as long as the run itself may last.
+    """Every collective of a full-size run, and of any neuron run, may wait as long as the run
+    itself may last.
 
     torchtitan creates the process group with ``comm.init_timeout_seconds`` (300 s) and, after
     step 1, lowers it to ``comm.train_timeout_seconds`` (100 s) through ``set_pg_timeouts``
@@ -165,10 +166,11 @@ class RunCase:
                 raise ValueError(f"{self.id}: a full-size run needs the assets root (--assets-dir)")
             assets = str(full_size_assets_dir(size.assets, assets_root, size.derive_assets_from,
                                               workdir or assets_root))
-        overrides = ()
+        # A neuron run's timeout is sized for a cold compile (tiny ones too: 15 min), so every
+        # neuron run, and every full-size run, may wait on a collective as long as it may run.
+        overrides = collective_timeout_overrides(self.timeout_s) if full or self.device == "neuron" else ()
         if full:
-            overrides = (*FULL_OVERRIDES, *collective_timeout_overrides(self.timeout_s),
-                         *(TWIN_OVERRIDES if self.twin else ()))
+            overrides = (*FULL_OVERRIDES, *overrides, *(TWIN_OVERRIDES if self.twin else ()))
             data_path = data_path or (str(C4_FIXTURE) if self.twin else None)
         return RunSpec(backend=self.backend, size=self.size, init=self.init, steps=steps,
                        attention=self.attention, save_hf=can_save_hf(self.backend),

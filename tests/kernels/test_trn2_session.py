@@ -9,7 +9,10 @@ Specification:
   (none off the device), and per output the comparison with the emulator; the timing of our MoE
   forward against nki-library's; the environment; the failures;
 - a device output that differs from the emulator's beyond the kernel tolerance, a kernel that
-  raises, and a wrong output count are each reported as failures, and the script exits 1.
+  raises, and a wrong output count are each reported as failures, and the script exits 1;
+- the first runs (``--runs``; on CPU from the assets twin): a tiny run's first step and the full-size
+  C4 run's, with the independent forward of its weights on its batches; the published check is
+  satisfiable only when that forward meets the published number in its band.
 """
 
 from __future__ import annotations
@@ -153,7 +156,32 @@ def test_the_script_without_a_neuron_device_says_why_and_how_to_rehearse(capsys,
 
 @pytest.mark.slow
 def test_the_script_rehearses_on_cpu_and_exits_zero(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--stand-in", "--repeats", "1", "--output-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--stand-in", "--runs", "--repeats", "1", "--output-dir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert report_structure_problems(json.loads((tmp_path / "report.json").read_text())) == []
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report_structure_problems(report) == []
+    # the first runs on the cpu profile, from the assets twin: a tiny run's first step and the
+    # full-size C4 run's, with the independent forward of its weights meeting the published stand-in
+    runs = report["runs"]
+    assert runs["tiny"]["ok"] and runs["tiny"]["first_step_s"] and runs["full"]["ok"], runs
+    assert runs["full"]["independent_forward"]["value"] is not None and runs["full"]["published"]["satisfiable"], runs
+
+
+def test_the_published_check_is_satisfiable_only_when_the_independent_forward_meets_it(monkeypatch):
+    """The first session holds the published number to the independent forward of the same
+    weights on the same batches: a forward outside the band means no run can pass the check."""
+    from harness.registry.expectations import Expectation
+
+    script = _script(monkeypatch)
+    published = Expectation(("titan_native", "qwen3_4b", "pretrained", "neuron", "c4"), 6.54, 0.05,
+                            "published", "the source's published value")
+    met = script.published_verdict(6.56, 6.53, published)
+    assert met["satisfiable"] and met["run"]["problem"] is None and met["forward"]["problem"] is None
+    # the broken inputs: a forward outside the band (the run inside it is no comfort), none at all
+    missed = script.published_verdict(6.56, 6.70, published)
+    assert not missed["satisfiable"] and "6.700000" in missed["forward"]["problem"]
+    assert not script.published_verdict(6.56, None, published)["satisfiable"]
+    # and a run outside the band is reported as such while the check stays satisfiable
+    run_off = script.published_verdict(6.80, 6.53, published)
+    assert run_off["satisfiable"] and run_off["run"]["problem"] is not None

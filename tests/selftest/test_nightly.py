@@ -246,7 +246,7 @@ def test_a_night_whose_tests_passed_has_no_failing_verdict_in_its_report(tmp_pat
         "checkpoint under .../dump/checkpoint), though pytest passed"]
 
 
-def test_a_full_size_run_may_wait_on_a_collective_as_long_as_it_may_run():
+def test_a_full_size_or_neuron_run_may_wait_on_a_collective_as_long_as_it_may_run():
     """torchtitan lowers the collective timeout after step 1 through torch's set_timeout, which
     a backend may ignore (then the init timeout stays): both are the run's own timeout."""
     from harness.launch.run_matrix import RunCase
@@ -258,8 +258,12 @@ def test_a_full_size_run_may_wait_on_a_collective_as_long_as_it_may_run():
         for flag in ("--comm.init_timeout_seconds", "--comm.train_timeout_seconds"):
             assert overrides[overrides.index(flag) + 1] == seconds, (case.id, overrides)
         assert overrides[overrides.index("--checkpoint.export_dtype") + 1] == "bfloat16"
-    tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", "sdpa").run_spec(10)
-    assert "--comm.init_timeout_seconds" not in tiny.overrides
+    # a tiny neuron run's cold compile may outlast torchtitan's 300 s too; a tiny CPU run's not
+    tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", "sdpa")
+    overrides = list(tiny.run_spec(10).overrides)
+    assert overrides[overrides.index("--comm.init_timeout_seconds") + 1] == str(int(tiny.timeout_s))
+    assert "--comm.init_timeout_seconds" not in RunCase("cpu", "titan_native", "tiny", "pretrained",
+                                                        "sdpa").run_spec(10).overrides
 
 
 def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
@@ -390,3 +394,42 @@ def test_the_stand_in_profile_is_as_strict_as_trn2s_or_named():
         assert any("compile_backend" in p for p in rehearse.profile_problems())
     finally:
         rehearse.DIFFERENCES = rows
+
+
+def test_the_rehearsal_never_runs_the_night_as_root(monkeypatch):
+    """GitHub's runner refuses root: a rehearsal started as root runs the night as another user
+    (made with useradd when missing), never as root itself."""
+    import pwd
+    import subprocess
+
+    rehearse = _nightly("rehearse")
+    made = []
+    entry = pwd.struct_passwd((rehearse.RUNNER_USER, "x", 4242, 4242, "", "/nonexistent", "/usr/sbin/nologin"))
+    monkeypatch.setattr(rehearse.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(rehearse.pwd, "getpwnam", lambda name: entry if made else (_ for _ in ()).throw(KeyError(name)))
+    monkeypatch.setattr(rehearse.subprocess, "run", lambda command, **kw: made.append(command)
+                        or subprocess.CompletedProcess(command, 0))
+    user = rehearse.runner_user()
+    assert user is not None and (user.name, user.uid) == (rehearse.RUNNER_USER, 4242)
+    assert made and made[0][0] == "useradd" and made[0][-1] == rehearse.RUNNER_USER
+    assert rehearse.as_runner(user)[:2] == ["setpriv", "--reuid=4242"]
+
+
+def test_the_rehearsal_gets_the_fork_only_through_the_provisioning_step(monkeypatch, tmp_path):
+    """The image's venv has no torchtitan (the DLAMI ships none); the fork reaches the night only
+    through scripts/nightly/provision.py, run as the runner user with the fork's wheel."""
+    import subprocess
+
+    rehearse = _nightly("rehearse")
+    calls = []
+    monkeypatch.setattr(rehearse.subprocess, "run", lambda command, **kw: calls.append(command)
+                        or subprocess.CompletedProcess(command, 0, "", ""))
+    venv = rehearse.build_image(tmp_path / "image")
+    assert [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", "torchtitan"] in calls
+    user = rehearse.Runner("night-runner", 4242, 4242)
+    monkeypatch.setattr(rehearse, "give", lambda *a, **k: None)
+    calls.clear()
+    rehearse.provision(tmp_path / "image", user, tmp_path / "torchtitan-0.2.2+neuron.rehearsal-py3-none-any.whl")
+    (command,) = [c for c in calls if any(str(part).endswith("provision.py") for part in c)]
+    assert command[:2] == ["setpriv", "--reuid=4242"]
+    assert command[-3:] == ["--fork", str(tmp_path / "torchtitan-0.2.2+neuron.rehearsal-py3-none-any.whl"), "--no-deps"]

@@ -53,6 +53,9 @@ def test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix(t
     rows = _rows(done.stdout)
     assert rows["neuron device"][0] == "FAIL" and "neuron-ls" in rows["neuron device"][2]
     assert rows["Neuron venv"][0] == "FAIL" and "TRN2_NEURON_VENV" in rows["Neuron venv"][2]
+    # no neuronx-cc here: nki-library does not import, which is not an entry point that moved
+    assert rows["nki-library"][0] == "FAIL" and "neuronx-cc" in rows["nki-library"][2], rows
+    assert not [name for name in rows if name.startswith("nki-library ")], rows
     for name, (status, value, *fix) in rows.items():
         if status == "FAIL":
             assert fix and fix[0], f"{name} fails with no fix"
@@ -109,3 +112,18 @@ def test_the_nights_folders_default_to_the_runners_home_alike_everywhere():
         assert default.startswith("$HOME/") and default in image_env, default
     workflow = (paths.REPO_ROOT / ".github" / "workflows" / "nightly-trn2.yml").read_text()
     assert "/opt/hf" not in workflow.split("jobs:")[1], "a night folder under /opt needs root"
+
+
+def test_the_entry_points_the_harness_calls_are_the_installed_nki_librarys():
+    """NKILIB_ENTRY_POINTS is what the harness was written for: the nki-library the harness is
+    tested with (the standalone wheel, on the NKI emulator, as the rehearsed night checks it)
+    has each of them, by signature. An entry point recorded where the library no longer has it
+    (cross entropy back in core.loss) fails here, before a night."""
+    import pytest
+
+    if importlib.util.find_spec("nkilib_src") is None:
+        pytest.skip("nki-library's wheel is not installed (package nkilib_src)")
+    preflight = _preflight()
+    rows = preflight.nkilib_rows(sys.executable, {**os.environ, "HARNESS_NEURON_STANDIN": "cpu"})
+    assert len(rows) == len(preflight.NKILIB_ENTRY_POINTS), rows
+    assert [(r.name, r.value) for r in rows if not r.ok] == []

@@ -356,6 +356,9 @@ def markdown(report: dict) -> str:
     lines.append("not measured (a kernel failed)" if t is None else
                  f"ours {t['ours_moe_forward_s']:.4f} s, nki-library {t['nkilib_moe_forward_s']:.4f} s: "
                  f"ours / nki-library = {t['ours_over_nkilib']:.2f}")
+    if report.get("runs"):
+        lines += ["", "## First runs (what the night's limits and its published check assume)", "",
+                  "```json", json.dumps(report["runs"], indent=2, default=str), "```"]
     if report["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in report["failures"]]
     lines += ["", "## Environment", "", "```json", json.dumps(report["environment"], indent=2, default=str), "```"]
