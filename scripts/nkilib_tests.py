@@ -117,6 +117,10 @@ MAX_WORK = 2**27
 SAMPLE = 12
 SEED = 0
 MAX_DATA_GIB = 8  # per pytest process: a case that outgrows it fails alone, not the machine
+# A case past CASE_SECONDS ends its worker, its stacks appended to hangs.txt: a process at the data cap
+# can hang (a thread whose first allocation fails dies inside Thread.start), and the stage must fail
+# that case by name, not stall (pytest-xdist reports it and starts a new worker).
+CASE_SECONDS = 300
 
 
 MISSING = 2  # exit status: no tarball, nothing to test with (.ci/run warns and goes on)
@@ -156,7 +160,7 @@ def venv_python() -> Path:
 def run(files, workers: int = 2) -> tuple[int, Path, float]:
     python = venv_python()
     junit = WORK / "junit.xml"
-    for stale in (junit, junit.with_name("deselected.txt")):
+    for stale in (junit, junit.with_name("deselected.txt"), junit.with_name("hangs.txt")):
         stale.unlink(missing_ok=True)
     env = {**os.environ, "NEURON_PYTHONHASHSEED": "0", "PYTHONPATH": str(REPO),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -166,6 +170,7 @@ def run(files, workers: int = 2) -> tuple[int, Path, float]:
                f"--nki-emu-max-elements={MAX_ELEMENTS}", f"--nki-emu-deselected={junit.with_name('deselected.txt')}",
                f"--nki-emu-max-work={MAX_WORK}", f"--nki-emu-sample={SAMPLE}", f"--nki-emu-seed={SEED}",
                f"--nki-emu-max-data-gib={MAX_DATA_GIB}", *(f"--nki-emu-whole={f}" for f in WHOLE),
+               f"--nki-emu-case-seconds={CASE_SECONDS}", f"--nki-emu-hang-log={junit.with_name('hangs.txt')}",
                "--continue-on-collection-errors", f"--junitxml={junit}", "--durations=15"]
     start = time.monotonic()
     status = subprocess.run(command, cwd=TREE, env=env).returncode
@@ -177,13 +182,19 @@ COLUMNS = ("collected", "passed", "failed", "known", "skipped", "size", "sample"
 
 def _path_of(case) -> str | None:
     """integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel -> core/cumsum/test_cumsum.py; a
-    collection error's case is named by its file."""
+    collection error's case is named by its file (test/integration/nkilib/core/mlp/test_mlp_cte.py),
+    or under pytest-xdist by its module (integration.nkilib.core.mlp.test_mlp_cte)."""
     parts = case.get("classname", "").split(".")
     module = next((i for i, part in enumerate(parts) if part.startswith("test_")), None)
     if module is not None and "nkilib" in parts:
         return "/".join(parts[parts.index("nkilib") + 1:module + 1]) + ".py"
     name = case.get("name", "")
-    return name.split("integration/nkilib/")[-1] if "integration/nkilib/" in name else None
+    if "integration/nkilib/" in name:
+        return name.split("integration/nkilib/")[-1]
+    parts = name.split(".")
+    if not case.get("classname") and "nkilib" in parts and parts[-1].startswith("test_"):
+        return "/".join(parts[parts.index("nkilib") + 1:]) + ".py"
+    return None
 
 
 def _problem(case) -> str | None:
@@ -200,11 +211,12 @@ def outcomes(junit: Path) -> list[tuple[str, str, str, str]]:
     ``known``, its detail the issue's name."""
     from harness.registry import known_issues
 
-    rows = []
+    rows, seen = [], set()
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = _path_of(case)
-        if path is None:
+        if path is None or (path, case.get("name", "")) in seen:  # every xdist worker reports a collection error
             continue
+        seen.add((path, case.get("name", "")))
         problem = _problem(case)
         if problem is None:
             outcome, detail = ("skipped", "") if case.find("skipped") is not None else ("passed", "")
@@ -272,6 +284,9 @@ def main(argv: list[str]) -> int:
     (WORK / "summary.md").write_text(summary + ("\nFailures and known issues by cause:\n\n" + causes + "\n"
                                                 if causes else ""))
     print(summary)
+    hangs = WORK / "hangs.txt"
+    if hangs.is_file() and hangs.stat().st_size:
+        print(f"Cases past {CASE_SECONDS} s, their stacks ({hangs}):\n{hangs.read_text()[-20000:]}")
     if causes:
         print("Failures and known issues by cause:\n" + causes)
     # a failure the emulator owns fails the stage; a known issue of nki-library does not

@@ -203,3 +203,43 @@ def test_nki_librarys_rope_hf_tests_pass_on_the_emulator():
                          text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "| core/embeddings/test_rope_hf.py | 21 | 21 | 0 | 0 | 0 |" in run.stdout
+
+
+class _Options:
+    def __init__(self, **options):
+        self.options = options
+
+    def getoption(self, name, default=None):
+        return self.options.get(name, default)
+
+
+def test_the_plugin_arms_each_cases_watchdog_and_disarms_it_after(monkeypatch, tmp_path):
+    """--nki-emu-case-seconds: faulthandler ends a case's process past the limit (its stacks to
+    --nki-emu-hang-log), so a hung case fails by name instead of stalling the run; a case that
+    ends in time disarms it."""
+    calls = []
+    monkeypatch.setattr(pytest_plugin.faulthandler, "dump_traceback_later",
+                        lambda seconds, exit=False, file=None: calls.append(("arm", seconds, exit, file.name)))
+    monkeypatch.setattr(pytest_plugin.faulthandler, "cancel_dump_traceback_later", lambda: calls.append(("disarm",)))
+    log = tmp_path / "hangs.txt"
+    item = type("Item", (), {"config": _Options(**{"--nki-emu-case-seconds": 300.0, "--nki-emu-hang-log": str(log)})})
+    call = pytest_plugin.pytest_runtest_call(item)
+    next(call)
+    assert calls == [("arm", 300.0, True, str(log))]
+    with pytest.raises(StopIteration):
+        call.send(None)
+    assert calls[-1] == ("disarm",)
+    calls.clear()
+    unarmed = pytest_plugin.pytest_runtest_call(type("Item", (), {"config": _Options()}))
+    next(unarmed)
+    assert calls == []
+
+
+def test_the_table_counts_a_collection_error_once_as_pytest_xdist_names_it(tmp_path):
+    """Under -n 2 each worker reports a file's collection error, named by its module."""
+    junit = tmp_path / "junit.xml"
+    error = ('<testcase classname="" name="integration.nkilib.core.mlp.test_mlp_cte"><error message="collection '
+             'failure">E   IndentationError: unexpected indent</error></testcase>')
+    junit.write_text(f"<testsuites><testsuite>{error}{error}</testsuite></testsuites>")
+    lines = _script().table(junit, ("core/mlp/test_mlp_cte.py",), 1.0).splitlines()
+    assert lines[2] == "| core/mlp/test_mlp_cte.py | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |"
