@@ -102,7 +102,8 @@ RULES = {
         _rule("dma-rmw", "nki.isa.dma_copy has no dst_rmw_op in NKI 0.7 (removed in NKI 0.3): a read-modify-write "
               "DMA is not an NKI 0.7 instruction", f"{_ISA}.dma_copy.html (signature)"),
         _rule("core-barrier", "nki.isa.core_barrier synchronizes cores=(0, 1): every program of the launch named in "
-              "cores reaches the same sequence of barriers", f"{_ISA}.core_barrier.html"),
+              "cores reaches the same sequence of barriers, and its data is a shared HBM tensor (the docs: 'This "
+              "must be data in shared HBM that multiple cores are accessing')", f"{_ISA}.core_barrier.html"),
         _rule("lnc-race", "programs of an LNC=2 launch that read what the other wrote, or write different values to "
               "the same HBM element, are ordered by an nki.isa.core_barrier between the accesses",
               f"{_ISA}.core_barrier.html (the use case: disjoint writes, a barrier, then reads)"),

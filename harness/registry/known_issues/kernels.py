@@ -103,10 +103,30 @@ NKILIB_QKV_TKG_PLATFORMS_UNDEFINED = KnownIssue(
     signature=Signature(quantity="error", contains=("NameError: name 'Platforms' is not defined",)),
 )
 
+NKILIB_CORE_BARRIER_ON_SBUF = KnownIssue(
+    name="nkilib-core-barrier-on-sbuf-tile",
+    upstream="nki-library d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_cte/bwmm_shard_on_I.py, line 577 "
+             "(blockwise_mm_baseline_shard_intermediate_hybrid, MoECTEImplementation.shard_on_i_hybrid); "
+             "bwmm_shard_on_I_mx.py line 756 does the same",
+    summary="the dynamic loop over padded blocks increments its SBUF block index and then calls "
+            "nisa.core_barrier(block_idx, (0, 1)) with that SBUF tile as data; nki.isa.core_barrier's docs (NKI "
+            "0.7, Neuron 2.33): 'The data parameter represents the shared data that all cores need to "
+            "synchronize on. This must be data in shared HBM that multiple cores are accessing.' The kernel "
+            "breaks the documented contract (the emulator refuses it, rule core-barrier); what trn2's compiler "
+            "does with it the docs do not say. No workaround: the tree's files are not edited.",
+    evidence="scripts/nkilib_tests.py: core/moe/moe_cte/test_moe_cte_unified.py case impl-2 (shard_on_i_hybrid), "
+             "vnc-2, fails with \"trn2 rule 'core-barrier' violated: nki.isa.core_barrier: data is in nl.sbuf\"; "
+             "tests/kernels/test_nki_emu_lnc.py::test_a_barrier_on_an_sbuf_tile_is_refused.",
+    where=(Where(check="nkilib_suite", case=("core/moe/moe_cte/test_moe_cte_unified.py",
+                                             "core/moe/moe_cte/test_moe_bwmm_mx_cte.py")),),
+    signature=Signature(quantity="error", contains=("nki.isa.core_barrier: data is in nl.sbuf",)),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     KERNEL_ROPE_FLOAT32_ANGLES,
     KERNEL_TITAN_ROUTER_CPU_AUTOCAST,
     NKILIB_BWD_EA_GRAD_RACE,
     NKILIB_MLP_DOCSTRING_INDENT,
+    NKILIB_CORE_BARRIER_ON_SBUF,
     NKILIB_QKV_TKG_PLATFORMS_UNDEFINED,
 )
