@@ -243,3 +243,15 @@ def test_the_table_counts_a_collection_error_once_as_pytest_xdist_names_it(tmp_p
     junit.write_text(f"<testsuites><testsuite>{error}{error}</testsuite></testsuites>")
     lines = _script().table(junit, ("core/mlp/test_mlp_cte.py",), 1.0).splitlines()
     assert lines[2] == "| core/mlp/test_mlp_cte.py | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |"
+
+
+def test_the_work_of_a_ranged_case_is_its_tensors_shape():
+    """nki-library's ranged tests (qkv_cte's sweep) pass one RangeTestCase: its tensors dict holds
+    the shape; a 0 is a flag; the range config it refers to is no size of this case."""
+    config = type("TensorRangeConfig", (), {})()
+    config.__dict__.update(batch=(1, 4), seqlen=(1, 8192))
+    case = type("RangeTestCase", (), {})()
+    case.__dict__.update(test_type="monotonic", additional_params={}, test_config_ref=config,
+                         tensors={"_monotonic_dummy_": {"batch": 4, "seqlen": 7508, "hidden_dim": 16000,
+                                                        "fused_add": 0, "output_layout": 1}})
+    assert pytest_plugin.work(_Item("x", {"range_test_options": case})) == 4 * 7508 * 16000

@@ -157,21 +157,28 @@ def largest_input(nodeid: str) -> int | None:
 
 
 def work(item) -> int:
-    """The product of a case's integer parameters (walking tuples, lists and parameter objects):
-    a shape's elements, the measure of an emulated case's time and memory. 0 without any."""
+    """The product of a case's positive integer parameters (walking tuples, lists, dicts and a
+    parameter object's own attributes, not the objects it refers to): a shape's elements, the
+    measure of an emulated case's time and memory. A 0 is a flag, not a size (``fused_add-0``).
+    nki-library's ranged tests pass one ``RangeTestCase`` whose shape is its ``tensors`` dict
+    (``{"_monotonic_dummy_": {"batch": 4, "seqlen": 7508, ...}}``). 0 without any."""
     numbers: list[int] = []
 
-    def walk(value, depth=0) -> None:
+    def walk(value, depth=0, inside_object=False) -> None:
         if depth > 3 or isinstance(value, (bool, type)):
             return
         if isinstance(value, int):
-            numbers.append(abs(value))
+            if value:
+                numbers.append(abs(value))
         elif isinstance(value, (tuple, list)):
             for v in value:
-                walk(v, depth + 1)
-        elif hasattr(value, "__dict__") and not callable(value):
+                walk(v, depth + 1, inside_object)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth + 1, inside_object)
+        elif hasattr(value, "__dict__") and not callable(value) and not inside_object:
             for v in vars(value).values():
-                walk(v, depth + 1)
+                walk(v, depth + 1, True)
 
     callspec = getattr(item, "callspec", None)
     for value in (callspec.params.values() if callspec else ()):
