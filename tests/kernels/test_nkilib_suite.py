@@ -110,6 +110,9 @@ def test_neuron_dtypes_casts_as_numpy_and_ml_dtypes_round():
     x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, 300.7], dtype=np.float64)
     assert neuron_dtypes.static_cast(x, ml_dtypes.bfloat16).astype(np.float64).tolist() == [1.0, 1.015625, 300.0]
     assert neuron_dtypes.is_float_type(nl.bfloat16) and not neuron_dtypes.is_float_type(np.int32)
+    # bytes per element, as nki-library's own allocator.sizeinbytes (rmsnorm_quant's packing ratio)
+    assert [neuron_dtypes.sizeinbytes(d) for d in (np.float32, nl.bfloat16, np.int16, ml_dtypes.float8_e4m3fn,
+                                                   np.int8)] == [4, 2, 2, 1, 1]
 
 
 def test_the_table_counts_each_files_outcomes(tmp_path):
