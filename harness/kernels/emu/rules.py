@@ -167,6 +167,9 @@ SEMANTICS = {
     "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
                              "multiply, maximum, minimum) of the result along the free axes into reduce_res",
                              f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
+    "tensor-partition-reduce": ("tensor_partition_reduce (GpSimd): dst [1, free...] = op over data's partitions, at most "
+                                "four free dimensions; op add, mean, max, bitwise_or/and/xor (add and max implemented)",
+                                f"{DOCS}/{_ISA}.tensor_partition_reduce.html"),
     "activation-reduce": ("activation_reduce is activation with reduce_cmd=reset_reduce into reduce_res (reduce_op "
                           "nl.add)", f"{DOCS}/{_ISA}.activation_reduce.html"),
 }
