@@ -258,3 +258,18 @@ def test_the_work_of_a_ranged_case_is_its_tensors_shape():
                          tensors={"_monotonic_dummy_": {"batch": 4, "seqlen": 7508, "hidden_dim": 16000,
                                                         "fused_add": 0, "output_layout": 1}})
     assert pytest_plugin.work(_Item("x", {"range_test_options": case})) == 4 * 7508 * 16000
+
+
+@pytest.mark.parametrize("case, error, issue", [
+    ("core/attention/test_gen_mask_tkg.py", "KeyError: 'mask_out_hbm'", "nkilib-gen-mask-tkg-test-output-key"),
+    ("core/moe/moe_cte/test_moe_cte_unified.py", "nki emulator: trn2 rule 'core-barrier' violated: "
+     "nki.isa.core_barrier: data is in nl.sbuf (the shared HBM ...)", "nkilib-core-barrier-on-sbuf-tile"),
+])
+def test_nki_librarys_own_defects_are_known_only_in_their_files_and_by_their_signatures(case, error, issue):
+    from harness.registry import known_issues
+
+    verdict = known_issues.judge("nkilib_suite", error, {"error": error}, case=case)
+    assert verdict.status == "known" and [i.name for i in verdict.issues] == [issue]
+    elsewhere = known_issues.judge("nkilib_suite", error, {"error": error}, case="core/cumsum/test_cumsum.py")
+    other = known_issues.judge("nkilib_suite", "KeyError: 'other'", {"error": "KeyError: 'other'"}, case=case)
+    assert elsewhere.status != "known" and other.status != "known"

@@ -122,11 +122,27 @@ NKILIB_CORE_BARRIER_ON_SBUF = KnownIssue(
     signature=Signature(quantity="error", contains=("nki.isa.core_barrier: data is in nl.sbuf",)),
 )
 
+NKILIB_GEN_MASK_TEST_OUTPUT_KEY = KnownIssue(
+    name="nkilib-gen-mask-tkg-test-output-key",
+    upstream="nki-library d2ad3a5 test/integration/nkilib/core/attention/test_gen_mask_tkg.py, lines 363 and 422",
+    summary="the input generator names the output buffer 'mask_out_hbm.must_alias_input' (line 363), and the "
+            "test's output_tensors(kernel_input) reads kernel_input['mask_out_hbm'] (line 422); "
+            "test/utils/unit_test_framework.py line 177 passes it the unfiltered kernel_input, so the cases "
+            "that build that buffer raise KeyError before any kernel runs, on any simulator or on trn2. No "
+            "workaround: the tree's files are not edited.",
+    evidence="scripts/nkilib_tests.py: 8 of core/attention/test_gen_mask_tkg.py's 12 sampled cases fail with "
+             "\"KeyError: 'mask_out_hbm'\" at test_gen_mask_tkg.py:422, called from unit_test_framework.py:177, "
+             "before the emulator is called.",
+    where=(Where(check="nkilib_suite", case=("core/attention/test_gen_mask_tkg.py",)),),
+    signature=Signature(quantity="error", contains=("KeyError: 'mask_out_hbm'",)),
+)
+
 ISSUES: tuple[KnownIssue, ...] = (
     KERNEL_ROPE_FLOAT32_ANGLES,
     KERNEL_TITAN_ROUTER_CPU_AUTOCAST,
     NKILIB_BWD_EA_GRAD_RACE,
     NKILIB_MLP_DOCSTRING_INDENT,
     NKILIB_CORE_BARRIER_ON_SBUF,
+    NKILIB_GEN_MASK_TEST_OUTPUT_KEY,
     NKILIB_QKV_TKG_PLATFORMS_UNDEFINED,
 )
