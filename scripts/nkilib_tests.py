@@ -117,7 +117,9 @@ WHOLE = FILES[:10]
 MAX_WORK = 2**27
 SAMPLE = 12
 SEED = 0
-MAX_DATA_GIB = 12  # per pytest process: a case that outgrows it fails alone; topk_sweep and cumsum_sweep of the first ten peak at 11 GiB (8 failed 8 of their cases)
+# per pytest process: a case that outgrows it fails alone. The first ten files' own topk and cumsum
+# sweeps peak at 11 GiB a worker (measured); at 8 GiB, 8 of their cases failed on allocation.
+MAX_DATA_GIB = 12
 # A case past CASE_SECONDS ends its worker, its stacks appended to hangs.txt: a process at the data cap
 # can hang (a thread whose first allocation fails dies inside Thread.start), and the stage must fail
 # that case by name, not stall (pytest-xdist reports it and starts a new worker).
