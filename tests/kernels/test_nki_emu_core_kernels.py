@@ -16,6 +16,9 @@ Specification:
 - ``nki.isa.tensor_scalar_reduce``: ``tensor_scalar`` with one arithmetic operator (no bitvec),
   and ``reduce_op`` (add, multiply, maximum, minimum) of its result along the free axes into
   ``reduce_res``.
+- ``nki.isa.tensor_partition_reduce`` (GpSimd, so no PSUM): ``dst[0, f]`` = ``op`` over the
+  partitions of ``data[:, f]`` (attention_bwd's dsinks); its operators are add, mean, max and the
+  bitvec three (add and max implemented), any other is refused.
 - ``nki.isa.activation_reduce``: ``activation`` with ``reduce_cmd=reset_reduce`` into
   ``reduce_res``; ``reduce_op`` must be ``nl.add``.
 """
@@ -194,3 +197,34 @@ def test_activation_reduce_is_activation_with_reset_reduce():
     assert torch.allclose(out, torch.exp(2 * x)) and torch.allclose(sums.flatten(), torch.exp(2 * x).sum(1))
     with pytest.raises(RuleViolation, match="alu-op"):
         nki_emu.run(_activation_reduce(nl.maximum))(x)
+
+
+def _partition_reduce(op, buffer=nl.sbuf):
+    """attention_bwd's dsinks: [partitions, heads, sinks] reduced over the partitions."""
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        if buffer is nl.psum:
+            held = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.psum)
+            nisa.tensor_copy(dst=held, src=tile)
+            tile = held
+        reduced = nl.ndarray((1, *x.shape[1:]), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_partition_reduce(reduced, op, tile)
+        out = nl.ndarray((1, *x.shape[1:]), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=reduced)
+        return out
+
+    return kernel
+
+
+def test_tensor_partition_reduce_reduces_across_the_partitions():
+    x = torch.tensor([[[1.0, -4.0], [2.0, 0.5]], [[-0.5, 0.25], [-3.0, 7.0]], [[2.0, 1.0], [0.0, -1.0]]])
+    assert torch.equal(nki_emu.run(_partition_reduce(nl.add))(x), x.sum(0, keepdim=True))
+    assert torch.equal(nki_emu.run(_partition_reduce(nl.maximum))(x), x.amax(0, keepdim=True))
+
+
+def test_tensor_partition_reduce_refuses_psum_and_an_operator_it_does_not_list():
+    with pytest.raises(RuleViolation, match="gpsimd-psum"):
+        nki_emu.run(_partition_reduce(nl.add, nl.psum))(torch.ones(2, 2, 2))
+    with pytest.raises(RuleViolation, match="alu-op"):
+        nki_emu.run(_partition_reduce(nl.minimum))(torch.ones(2, 2, 2))

@@ -104,3 +104,20 @@ def test_sendrecv_exchanges_tiles_between_the_programs():
 
     x = _x()
     assert torch.equal(nki_emu.run(kernel, grid=(2,))(x), torch.cat([x[4:], x[:4]]))
+
+
+def test_a_barrier_on_an_sbuf_tile_is_refused():
+    """nki.isa.core_barrier's docs: "The data parameter represents the shared data that all cores
+    need to synchronize on. This must be data in shared HBM that multiple cores are accessing."
+    (nki-library's moe_cte shard_on_i_hybrid passes its SBUF block index; known issue
+    nkilib-core-barrier-on-sbuf-tile.) The same kernel on a shared HBM tensor passes."""
+    def kernel(x, on_sbuf: bool):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        index = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(index, value=0)
+        nisa.core_barrier(index if on_sbuf else out, (0, 1))
+        return out
+
+    nki_emu.run(lambda x: kernel(x, False), grid=(2,))(_x())
+    with pytest.raises(RuleViolation, match=r"'core-barrier'.*data is in nl.sbuf"):
+        nki_emu.run(lambda x: kernel(x, True), grid=(2,))(_x())

@@ -110,6 +110,9 @@ def test_neuron_dtypes_casts_as_numpy_and_ml_dtypes_round():
     x = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, 300.7], dtype=np.float64)
     assert neuron_dtypes.static_cast(x, ml_dtypes.bfloat16).astype(np.float64).tolist() == [1.0, 1.015625, 300.0]
     assert neuron_dtypes.is_float_type(nl.bfloat16) and not neuron_dtypes.is_float_type(np.int32)
+    # bytes per element, as nki-library's own allocator.sizeinbytes (rmsnorm_quant's packing ratio)
+    assert [neuron_dtypes.sizeinbytes(d) for d in (np.float32, nl.bfloat16, np.int16, ml_dtypes.float8_e4m3fn,
+                                                   np.int8)] == [4, 2, 2, 1, 1]
 
 
 def test_the_table_counts_each_files_outcomes(tmp_path):
@@ -203,3 +206,70 @@ def test_nki_librarys_rope_hf_tests_pass_on_the_emulator():
                          text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "| core/embeddings/test_rope_hf.py | 21 | 21 | 0 | 0 | 0 |" in run.stdout
+
+
+class _Options:
+    def __init__(self, **options):
+        self.options = options
+
+    def getoption(self, name, default=None):
+        return self.options.get(name, default)
+
+
+def test_the_plugin_arms_each_cases_watchdog_and_disarms_it_after(monkeypatch, tmp_path):
+    """--nki-emu-case-seconds: faulthandler ends a case's process past the limit (its stacks to
+    --nki-emu-hang-log), so a hung case fails by name instead of stalling the run; a case that
+    ends in time disarms it."""
+    calls = []
+    monkeypatch.setattr(pytest_plugin.faulthandler, "dump_traceback_later",
+                        lambda seconds, exit=False, file=None: calls.append(("arm", seconds, exit, file.name)))
+    monkeypatch.setattr(pytest_plugin.faulthandler, "cancel_dump_traceback_later", lambda: calls.append(("disarm",)))
+    log = tmp_path / "hangs.txt"
+    item = type("Item", (), {"config": _Options(**{"--nki-emu-case-seconds": 300.0, "--nki-emu-hang-log": str(log)})})
+    call = pytest_plugin.pytest_runtest_call(item)
+    next(call)
+    assert calls == [("arm", 300.0, True, str(log))]
+    with pytest.raises(StopIteration):
+        call.send(None)
+    assert calls[-1] == ("disarm",)
+    calls.clear()
+    unarmed = pytest_plugin.pytest_runtest_call(type("Item", (), {"config": _Options()}))
+    next(unarmed)
+    assert calls == []
+
+
+def test_the_table_counts_a_collection_error_once_as_pytest_xdist_names_it(tmp_path):
+    """Under -n 2 each worker reports a file's collection error, named by its module."""
+    junit = tmp_path / "junit.xml"
+    error = ('<testcase classname="" name="integration.nkilib.core.mlp.test_mlp_cte"><error message="collection '
+             'failure">E   IndentationError: unexpected indent</error></testcase>')
+    junit.write_text(f"<testsuites><testsuite>{error}{error}</testsuite></testsuites>")
+    lines = _script().table(junit, ("core/mlp/test_mlp_cte.py",), 1.0).splitlines()
+    assert lines[2] == "| core/mlp/test_mlp_cte.py | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0 |"
+
+
+def test_the_work_of_a_ranged_case_is_its_tensors_shape():
+    """nki-library's ranged tests (qkv_cte's sweep) pass one RangeTestCase: its tensors dict holds
+    the shape; a 0 is a flag; the range config it refers to is no size of this case."""
+    config = type("TensorRangeConfig", (), {})()
+    config.__dict__.update(batch=(1, 4), seqlen=(1, 8192))
+    case = type("RangeTestCase", (), {})()
+    case.__dict__.update(test_type="monotonic", additional_params={}, test_config_ref=config,
+                         tensors={"_monotonic_dummy_": {"batch": 4, "seqlen": 7508, "hidden_dim": 16000,
+                                                        "fused_add": 0, "output_layout": 1}})
+    assert pytest_plugin.work(_Item("x", {"range_test_options": case})) == 4 * 7508 * 16000
+
+
+@pytest.mark.parametrize("case, error, issue", [
+    ("core/attention/test_gen_mask_tkg.py", "KeyError: 'mask_out_hbm'", "nkilib-gen-mask-tkg-test-output-key"),
+    ("core/moe/moe_cte/test_moe_cte_unified.py", "nki emulator: trn2 rule 'core-barrier' violated: "
+     "nki.isa.core_barrier: data is in nl.sbuf (the shared HBM ...)", "nkilib-core-barrier-on-sbuf-tile"),
+])
+def test_nki_librarys_own_defects_are_known_only_in_their_files_and_by_their_signatures(case, error, issue):
+    from harness.registry import known_issues
+
+    verdict = known_issues.judge("nkilib_suite", error, {"error": error}, case=case)
+    assert verdict.status == "known" and [i.name for i in verdict.issues] == [issue]
+    elsewhere = known_issues.judge("nkilib_suite", error, {"error": error}, case="core/cumsum/test_cumsum.py")
+    other = known_issues.judge("nkilib_suite", "KeyError: 'other'", {"error": "KeyError: 'other'"}, case=case)
+    assert elsewhere.status != "known" and other.status != "known"

@@ -493,6 +493,34 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     dst.write(-result if negate else result)
 
 
+# nki.isa.tensor_partition_reduce's operators (its 2.33 docs: add, mean, max, bitwise_or, bitwise_and, bitwise_xor)
+PARTITION_REDUCE_OPS = {"add", "mean", "maximum", "bitwise_or", "bitwise_and", "bitwise_xor"}
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    """GpSimd: dst[0, f...] = op over the partitions of data[:, f...]; data and dst have at most
+    four free dimensions. add and max are implemented (in float32, cast at dst); mean and the
+    bitvec operators raise NotImplementedError."""
+    op = _op(op, "tensor_partition_reduce")
+    check(op.name in PARTITION_REDUCE_OPS, "alu-op", lambda: f"nki.isa.tensor_partition_reduce: {op!r} is not one of "
+          "its operators (add, mean, max, bitwise_or, bitwise_and, bitwise_xor)")
+    if op.name not in ("add", "maximum"):
+        raise NotImplementedError(f"nki emulator: nki.isa.tensor_partition_reduce with {op!r} is not implemented")
+    dst = _on_chip(dst, "tensor_partition_reduce", "dst", "gpsimd")
+    data = _on_chip(data, "tensor_partition_reduce", "data", "gpsimd")
+    check(data.ndim <= 5 and dst.ndim <= 5, "reduce-axes", lambda: f"nki.isa.tensor_partition_reduce: data "
+          f"{data.shape}, dst {dst.shape} (at most four free dimensions)")
+    check(dst.partitions == 1 and dst.free_size == data.free_size, "reduce-axes",
+          lambda: f"nki.isa.tensor_partition_reduce: dst {dst.shape} for data {data.shape} (one partition, data's "
+          "free size)")
+    cost.active().instruction("tensor_partition_reduce", "gpsimd", data.size)
+    _clear_matmul_marks(dst)
+    if _shape_only(dst, data):
+        return
+    values = _free(_read(data), data.partitions)
+    dst.write(REDUCTIONS[op.name](values, dim=0, keepdim=True))
+
+
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
     op0, op1 = _alu(op0, "tensor_tensor_scan", 2), _alu(op1, "tensor_tensor_scan", 2)
     dst = _on_chip(dst, "tensor_tensor_scan", "dst")
@@ -1092,7 +1120,7 @@ def register_store(dst, src):
 # Documented NKI 0.7 instructions the emulator does not implement: importable (nki-library
 # imports some at module level), raising when called.
 DOCUMENTED_UNIMPLEMENTED = (
-    "get_nc_sub_version nc_matmul_mx tensor_partition_reduce tensor_scalar_cumulative "
+    "get_nc_sub_version nc_matmul_mx tensor_scalar_cumulative "
     "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
     "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()

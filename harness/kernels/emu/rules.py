@@ -102,7 +102,8 @@ RULES = {
         _rule("dma-rmw", "nki.isa.dma_copy has no dst_rmw_op in NKI 0.7 (removed in NKI 0.3): a read-modify-write "
               "DMA is not an NKI 0.7 instruction", f"{_ISA}.dma_copy.html (signature)"),
         _rule("core-barrier", "nki.isa.core_barrier synchronizes cores=(0, 1): every program of the launch named in "
-              "cores reaches the same sequence of barriers", f"{_ISA}.core_barrier.html"),
+              "cores reaches the same sequence of barriers, and its data is a shared HBM tensor (the docs: 'This "
+              "must be data in shared HBM that multiple cores are accessing')", f"{_ISA}.core_barrier.html"),
         _rule("lnc-race", "programs of an LNC=2 launch that read what the other wrote, or write different values to "
               "the same HBM element, are ordered by an nki.isa.core_barrier between the accesses",
               f"{_ISA}.core_barrier.html (the use case: disjoint writes, a barrier, then reads)"),
@@ -166,6 +167,9 @@ SEMANTICS = {
     "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
                              "multiply, maximum, minimum) of the result along the free axes into reduce_res",
                              f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
+    "tensor-partition-reduce": ("tensor_partition_reduce (GpSimd): dst [1, free...] = op over data's partitions, at most "
+                                "four free dimensions; op add, mean, max, bitwise_or/and/xor (add and max implemented)",
+                                f"{DOCS}/{_ISA}.tensor_partition_reduce.html"),
     "activation-reduce": ("activation_reduce is activation with reduce_cmd=reset_reduce into reduce_res (reduce_op "
                           "nl.add)", f"{DOCS}/{_ISA}.activation_reduce.html"),
 }

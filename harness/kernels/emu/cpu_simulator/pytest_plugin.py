@@ -38,6 +38,12 @@ every file not named by ``--nki-emu-whole``:
   ``random.Random(--nki-emu-seed)`` from the file's case ids in sorted order (the same draw on
   every xdist worker and every run), and deselects the others as not sampled.
 
+``--nki-emu-case-seconds=S`` arms a watchdog (faulthandler) per case: past S seconds the case's
+process dumps its stacks (to ``--nki-emu-hang-log``) and ends, and pytest-xdist reports that case
+as failed. Under the data cap (``--nki-emu-max-data-gib``) a process can hang instead of raising:
+a new thread whose first allocation fails dies inside ``Thread.start``, which then waits forever
+(seen at an LNC=2 launch of attention_cte with its worker at 8 GiB).
+
 Every deselected case is recorded with its reason (``size``, ``sample``, or ``platform``: the
 cases nki-library's own ``-m trn2`` marker expression drops, its trn3-only tests), so the
 runner's table counts each.
@@ -45,6 +51,7 @@ runner's table counts each.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import math
 import random
@@ -124,6 +131,11 @@ def pytest_addoption(parser) -> None:
     group.addoption("--nki-emu-max-data-gib", type=float, default=None,
                     help="cap each pytest process's data segment (RLIMIT_DATA): a case that outgrows it fails with "
                          "MemoryError in its own process instead of the machine's OOM killer ending another")
+    group.addoption("--nki-emu-case-seconds", type=float, default=None,
+                    help="a case still running after this many seconds dumps every thread's stack and ends its "
+                         "process (faulthandler): a hang fails that case, by name, instead of stalling the run")
+    group.addoption("--nki-emu-hang-log", default=None,
+                    help="append the stacks of a case past --nki-emu-case-seconds to this file (pytest captures stderr)")
     group.addoption("--nki-emu-whole", action="append", default=[],
                     help="a test file (path under test/integration/nkilib) kept whole: no work limit, no sample")
 
@@ -145,21 +157,28 @@ def largest_input(nodeid: str) -> int | None:
 
 
 def work(item) -> int:
-    """The product of a case's integer parameters (walking tuples, lists and parameter objects):
-    a shape's elements, the measure of an emulated case's time and memory. 0 without any."""
+    """The product of a case's positive integer parameters (walking tuples, lists, dicts and a
+    parameter object's own attributes, not the objects it refers to): a shape's elements, the
+    measure of an emulated case's time and memory. A 0 is a flag, not a size (``fused_add-0``).
+    nki-library's ranged tests pass one ``RangeTestCase`` whose shape is its ``tensors`` dict
+    (``{"_monotonic_dummy_": {"batch": 4, "seqlen": 7508, ...}}``). 0 without any."""
     numbers: list[int] = []
 
-    def walk(value, depth=0) -> None:
+    def walk(value, depth=0, inside_object=False) -> None:
         if depth > 3 or isinstance(value, (bool, type)):
             return
         if isinstance(value, int):
-            numbers.append(abs(value))
+            if value:
+                numbers.append(abs(value))
         elif isinstance(value, (tuple, list)):
             for v in value:
-                walk(v, depth + 1)
-        elif hasattr(value, "__dict__") and not callable(value):
+                walk(v, depth + 1, inside_object)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth + 1, inside_object)
+        elif hasattr(value, "__dict__") and not callable(value) and not inside_object:
             for v in vars(value).values():
-                walk(v, depth + 1)
+                walk(v, depth + 1, True)
 
     callspec = getattr(item, "callspec", None)
     for value in (callspec.params.values() if callspec else ()):
@@ -224,6 +243,27 @@ def pytest_collection_finish(session) -> None:
         reason, size = reasons.get(item.nodeid, ("platform", None))
         lines.append(f"{item.nodeid}\t{size if size is not None else ''}\t{reason}\n")
     Path(record).write_text("".join(lines))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """``--nki-emu-case-seconds``: the case's watchdog. A process at its data cap can hang
+    instead of raising (a thread whose first allocation fails dies before ``Thread.start``
+    returns); pytest-xdist then reports the case as failed (its worker crashed while running it)
+    and goes on with a new worker."""
+    seconds = item.config.getoption("--nki-emu-case-seconds", None)
+    log = None
+    if seconds:
+        path = item.config.getoption("--nki-emu-hang-log", None)
+        log = open(path, "a") if path else sys.stderr
+        faulthandler.dump_traceback_later(seconds, exit=True, file=log)
+    try:
+        yield
+    finally:
+        if seconds:
+            faulthandler.cancel_dump_traceback_later()
+            if log is not sys.stderr:
+                log.close()
 
 
 def pytest_configure(config) -> None:
