@@ -2,6 +2,7 @@
 emulator: the emulator's acceptance test (issue 29).
 
     python3 scripts/nkilib_tests.py             # every file below, prints the table, exits 1 on a failure
+    python3 scripts/nkilib_tests.py --whole     # the ten files kept whole; --core: the core files after them
                                                 # (2: a test tarball is not installed: get_upstream.py)
     python3 scripts/nkilib_tests.py core/cumsum/test_cumsum.py   # some files (paths under test/integration/nkilib)
 
@@ -293,8 +294,14 @@ def _deselected(junit: Path) -> dict[tuple[str, str], int]:
     return counts
 
 
+# Named selections: the ten files the emulator passes whole (CI gates on them), and the core
+# files it is being brought up on (CI runs them for their table; what still fails there is listed
+# in docs/nki_emulator.md).
+SELECTIONS = {"--whole": WHOLE, "--core": FILES[len(WHOLE):]}
+
+
 def main(argv: list[str]) -> int:
-    files = tuple(argv) or FILES
+    files = SELECTIONS[argv[0]] if argv[:1] and argv[0] in SELECTIONS else (tuple(argv) or FILES)
     extract()
     status, junit, seconds = run(files)
     if not junit.is_file():
