@@ -397,13 +397,12 @@ def pretrain(name: str, rows):
 
 def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int, seq_len: int,
                        dataset: str = "c4_test"):
-    """The (inputs, positions, labels) each dp rank gets as its first batch, from torchtitan's
-    own tokenizer and dataloader as its trainer builds them (harness.parity.models
-    ``load_batches``; "c4" reads ``corpus_dir`` as a local C4 copy)."""
-    from harness.parity.models import load_batches
+    """The batch each dp rank gets first, from torchtitan's own tokenizer and dataloader as its
+    trainer builds them (harness.parity.models ``dataloader_batches``; "c4" reads
+    ``corpus_dir`` as a local C4 copy)."""
+    from harness.parity.models import dataloader_batches
 
-    first = load_batches(tokenizer_dir, 1, dp, lbs, seq_len, dataset, corpus_dir)[0]
-    return [(b.inputs, b.positions, b.labels) for b in first]
+    return dataloader_batches(tokenizer_dir, 1, dp, lbs, seq_len, dataset, corpus_dir)[0]
 
 
 def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,

@@ -514,7 +514,7 @@ def random_init_problems(result: dict, backend: str, published) -> tuple[list[st
     std the backend is configured with, the loss vs ``ln V + s^2/2`` at that configured std
     (never the measured one: a wrong init scale must not move its own expectation), the
     sampled vs the label-averaged loss, and the published value. Returns (problems, summary)."""
-    from harness.registry.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std
     from harness.registry.tolerances import INIT_STD_RTOL, loss_band
 
     tolerance = loss_band("analytic_random_init").value

@@ -14,25 +14,29 @@ rank's step-1 batch, with a run's masking of packed rows, reduced by torchtitan'
   sequence (native qwen3 ``attn_backend="sdpa"``).
 
 On a launched run (harness/results/run_result.py RunResult), from the rank dumps (read through
-harness/registry/dump_layout.py):
+harness/references/batch.py and harness/registry/dump_layout.py):
 ``hf_forward`` (a full-size run's HF weights on its own step-1 batches) and
 ``initial_weights_forward`` (a random-init run's dumped step-0 weights, converted to HF by the
-harness): ``FORWARDS``, which the caller passes to the expectations registry
-(harness/registry/expectations.py ``ExpectationRegistry.for_run``), which reads data only.
+harness). ``expectation_for_run``: the run's expected first-step loss, the rule the
+expectations registry states for it (harness/registry/expectations.py, data only) computed
+with these forwards or the analytic references (harness/references/expected_loss.py).
 ``hf_loss_parts``: the same forward's parts of the contract, for checks of the normalisation.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from harness.upstream import hf_masking
 from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
-from harness.registry.dump_layout import initial_weights_dir, load_batches
-from harness.registry.expectations import MissingExpectation, RunForwards
-from harness.registry.tolerances import initial_weights_forward_band, LossBand
+from harness.references.batch import Batch, load_batches
+from harness.registry.dump_layout import initial_weights_dir
+from harness.references.expected_loss import expectation_of
+from harness.registry.expectations import Expectation, ExpectationRegistry, MissingExpectation
+from harness.registry.tolerances import RANDOM_INIT_DRAW, initial_weights_forward_band, LossBand
 
 MASKINGS = ("document", "causal", "row_causal")
 
@@ -50,36 +54,37 @@ def _known(mask: str) -> str:
     return mask
 
 
-def rank_ce_sums(model, batches, mask: str) -> list[torch.Tensor]:
-    """Each rank's summed token CE under ``model`` on its ``(inputs, positions, labels)`` with
-    ``mask`` (positions None: the row's)."""
+def rank_ce_sums(model, batches: list[Batch], mask: str) -> list[torch.Tensor]:
+    """Each rank's summed token CE under ``model`` on its batch with ``mask`` (positions None:
+    the row's)."""
     _known(mask)
     sums = []
     with torch.no_grad():
-        for inputs, positions, labels in batches:
-            if mask == "row_causal" or positions is None:
-                positions = torch.arange(inputs.shape[1]).expand_as(inputs)
-            logits = model(input_ids=inputs, position_ids=positions,
-                           attention_mask=hf_masking.attention_mask(inputs, mask),
+        for batch in batches:
+            if mask == "row_causal" or batch.positions is None:
+                batch = batch.masked_as("row_causal")
+            logits = model(input_ids=batch.inputs, position_ids=batch.positions,
+                           attention_mask=hf_masking.attention_mask(batch.inputs, mask),
                            use_cache=False).logits
-            sums.append(rank_ce_sum(logits, labels))
+            sums.append(rank_ce_sum(logits, batch.labels))
     return sums
 
 
-def first_step_loss(model, batches, mask: str, *, dtype: torch.dtype = torch.float32) -> float:
+def first_step_loss(model, batches: list[Batch], mask: str, *,
+                    dtype: torch.dtype = torch.float32) -> float:
     """torchtitan's logged step-1 ``global_avg_loss`` recomputed with ``model`` on every rank's
-    ``(inputs, positions, labels)``, masked as ``mask``, accumulated in ``dtype``."""
+    batch, masked as ``mask``, accumulated in ``dtype``."""
     sums = rank_ce_sums(model, batches, mask)
-    return global_avg_loss(sums, valid_labels(labels for _, _, labels in batches), dtype=dtype)
+    return global_avg_loss(sums, valid_labels(b.labels for b in batches), dtype=dtype)
 
 
-def _as_fed(batch: dict) -> tuple:
+def _as_fed(batch: Batch) -> Batch:
     """A rank's dumped batch as the model and the loss were fed it, at the dataloader's
     positions."""
-    return batch["model_input"], batch.get("positions"), batch["model_labels"]
+    return replace(batch.fed, positions=batch.positions)
 
 
-def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], mask: str) -> float:
+def independent_first_step_loss(weights_dir: str | Path, batches: list[Batch], mask: str) -> float:
     """The step-1 loss of the HF model in ``weights_dir`` on every rank's dumped step-1 batch
     (harness/rank/step0.py), masked as the run's model masks. Holds on any data, so on C4 as on
     the fixture corpus."""
@@ -88,11 +93,11 @@ def independent_first_step_loss(weights_dir: str | Path, batches: list[dict], ma
                            dtype=torch.float64)
 
 
-def hf_loss_parts(model_dir: str | Path, batches: list[dict]) -> LossParts:
+def hf_loss_parts(model_dir: str | Path, batches: list[Batch]) -> LossParts:
     """The parts of the contract under the HF model in ``model_dir`` on every rank's dumped
     batch at the positions the model was fed, each document attended to on its own."""
-    fed = [(b["model_input"], b.get("model_positions"), b["model_labels"]) for b in batches]
-    return LossParts.of(rank_ce_sums(hf_model(model_dir), fed, "document"), [b["model_labels"] for b in batches])
+    fed = [b.fed for b in batches]
+    return LossParts.of(rank_ce_sums(hf_model(model_dir), fed, "document"), [b.labels for b in fed])
 
 
 def hf_forward(run) -> tuple[float, str]:
@@ -172,5 +177,25 @@ def run_model_dir(run) -> Path | None:
     return Path(run.model_dir)
 
 
-FORWARDS = RunForwards(hf_forward=hf_forward, initial_weights_forward=initial_weights_forward,
-                       model_dir=run_model_dir)
+def expectation_for_run(run) -> Expectation:
+    """The expected first-step loss of a launched run: the rule the registry states for its key,
+    computed. A random-init run that dumped its step-0 weights is held to their forward
+    (``initial_weights_forward``), and that forward to ln V + s^2/2 in the draw band (``init``;
+    harness/registry/tolerances.py RANDOM_INIT_DRAW)."""
+    if run.model is None:
+        raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
+                                 f"knows, so it has no expectation")
+    model_dir = run_model_dir(run)
+    rule = ExpectationRegistry().rule(run.backend, run.model, run.init, run.device, run.mask,
+                                      run.nproc, run.versions.get("torchtitan-generation"),
+                                      own_config=model_dir is not None)
+    if rule.hf_forward:
+        return rule.expectation(*hf_forward(run))
+    expected = expectation_of(rule, run.model, model_dir)
+    forward = initial_weights_forward(run) if rule.initial_weights_forward else None
+    if forward is None:
+        return expected
+    value, source, band = forward
+    init = replace(expected, tolerance=RANDOM_INIT_DRAW.value, tolerance_name=RANDOM_INIT_DRAW.name,
+                   what="step-0 weights' forward")
+    return Expectation(rule.key, value, band.value, band.name, source, init=init)

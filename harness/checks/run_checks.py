@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.references.batch import load_batches
 from harness.registry import dump_layout, known_issues
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
-from harness.checks.reference_forward import FORWARDS
+from harness.checks.reference_forward import expectation_for_run
 from harness.results.run_result import RunResult
 
 
@@ -61,7 +62,7 @@ def first_step_loss(run: RunResult, steps: int) -> Outcome:
     if not run.steps:
         return Outcome("no step was logged")
     try:
-        expectation = ExpectationRegistry().for_run(run, FORWARDS)
+        expectation = expectation_for_run(run)
     except MissingExpectation as error:
         observed = run.steps[0].loss
         return Outcome(f"{error}. Observed step-1 loss {observed:.6f}: record it in "
@@ -183,12 +184,12 @@ def moe_routing_counts(run: RunResult, steps: int) -> Outcome:
         if first is None:
             return Outcome(f"rank {rank} recorded no load balancing at step 1")
         try:
-            batch = dump_layout.load_batches(run.run_dir, 1)[rank]
+            batch = load_batches(run.run_dir, 1)[rank]
         except (FileNotFoundError, IndexError):
             return Outcome(f"rank {rank}'s step-1 batch was not dumped "
                            f"({dump_layout.dump_folder(run.run_dir) / dump_layout.BATCHES})")
-        fed = batch["model_input"].numel()
-        if batch["model_input"].shape[-1] == batch["input"].shape[-1]:
+        fed = batch.fed.inputs.numel()
+        if batch.fed.inputs.shape[-1] == batch.inputs.shape[-1]:
             fed /= cp  # the dump holds the whole rows; context parallel feeds each rank its share
 
         for name, layer in first["layers"].items():

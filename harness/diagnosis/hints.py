@@ -2,8 +2,8 @@
 
 For a failing pretrained run's step-1 loss, each signature the harness can compute is tried:
 
-- the random-init loss of its config, ``ln V + s^2/2`` (harness/registry/expectations.py): a pretrained
-  run that starts there did not load its weights;
+- the random-init loss of its config, ``ln V + s^2/2`` (harness/references/expected_loss.py): a
+  pretrained run that starts there did not load its weights;
 - every known issue's recorded first-step signature (harness/registry/known_issues/) that is recorded
   for another backend, generation, device or size: the same failure may have moved here.
 
@@ -22,7 +22,7 @@ CHECK = "first_step_loss"
 
 def random_init_hint(observed: float, vocab: int, hidden: int, lm_head_std: float,
                      read_from: str | Path) -> str | None:
-    from harness.registry.expectations import analytic_random_init_loss
+    from harness.references.expected_loss import analytic_random_init_loss
     from harness.registry.tolerances import loss_band
 
     analytic = analytic_random_init_loss(vocab, hidden, lm_head_std)
@@ -65,7 +65,7 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
     """Every hint for a failing pretrained ``run`` (harness.results.run_result.RunResult)."""
     if run.init != "pretrained":
         return []
-    from harness.registry.expectations import configured_lm_head_std
+    from harness.references.expected_loss import configured_lm_head_std
 
     weights = run.weights_dir
     arch = Qwen3Arch.from_dir(run.model_dir)

@@ -34,6 +34,7 @@ from harness.parity.conformance.native_to_hf import module_of_weight
 from harness.diagnosis.live_bytes import LiveBytes
 from harness.registry.hf_config import Qwen3Arch
 from harness.references import model as reference_trace
+from harness.references.loss import avg_loss
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.registry.tolerances import diagnosis_tolerance
 
@@ -350,7 +351,10 @@ class Walk:
             self.live.track(x, leaves, steps)
             self.live.sample()  # the unit's graph, before its backward frees it
             if unit == "lm_head":
-                run_loss(out, self.labels).backward()
+                # the run's loss on its one rank's batch: the trainer divides by the global
+                # count of valid labels, which differs from this rank's by a constant factor
+                # that scales both sides alike
+                avg_loss(out, self.labels).backward()
             else:
                 out.backward(self.grad)
         del out
@@ -427,19 +431,6 @@ class Walk:
 
 def _summed(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else a + b
-
-
-def run_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The trainer's loss: cross entropy summed over the valid labels (not -100), divided by
-    their count, in float32 or better (torchtitan upcasts the logits). The trainer divides by
-    the global count over every data-parallel rank; the diagnosis has one rank's batch, whose
-    own count differs from it by a constant factor that scales both sides alike."""
-    flat = logits.flatten(0, 1)
-    flat = flat if flat.dtype == torch.float64 else flat.float()
-    labels = labels.flatten().to(flat.device)
-    valid = int((labels != -100).sum())
-    return torch.nn.functional.cross_entropy(flat, labels, ignore_index=-100,
-                                             reduction="sum") / max(valid, 1)
 
 
 def _output_tensors(want) -> list[torch.Tensor]:

@@ -88,7 +88,8 @@ class _Streamed:
         {HF name: parameter gradient}, the gradient w.r.t. the unit's input or None)``. A tied
         weight's gradient is visited once per use (the lm_head's, then the embedding's): the
         two sum to the model's."""
-        from harness.diagnosis.localize import Recorder, run_loss
+        from harness.diagnosis.localize import Recorder
+        from harness.references.loss import avg_loss
 
         grad = None
         for name, unit in reversed(self.walk.units):
@@ -99,7 +100,7 @@ class _Streamed:
                 x, out = self._rerun(name, unit)
             out = out[0] if isinstance(out, tuple) else out
             with torch.enable_grad():
-                (run_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
+                (avg_loss(out, labels) if grad is None else out).backward(None if grad is None else grad)
             del out
             grad = x.grad if x.is_floating_point() else None
             hf_grads = self._hf_grads(name, unit)

@@ -51,13 +51,14 @@ class Subject:
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
-    from harness.parity.models import Batch, load_batches
+    from harness.parity.models import dataloader_batches
+    from harness.references.batch import load_batches
 
-    dumped = dump_layout.first_batch(run_dir)
-    if dumped is not None:
-        return Batch(dumped["input"], dumped["positions"], dumped["labels"]), "rank 0's dump"
-    batch = load_batches(tokenizer_dir, steps=1, dp=nproc)[0][0]
-    return batch, f"torchtitan's dataloader on {tokenizer_dir} (rank 0 of {nproc})"
+    try:
+        return load_batches(run_dir)[0], "rank 0's dump"
+    except FileNotFoundError:  # no dump: the rows torchtitan's dataloader gives rank 0
+        batch = dataloader_batches(tokenizer_dir, steps=1, dp=nproc)[0][0]
+        return batch, f"torchtitan's dataloader on {tokenizer_dir} (rank 0 of {nproc})"
 
 
 def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | None,

@@ -234,11 +234,12 @@ def full_layouts(kind: str) -> list[str]:
 def _distinguishable(spec, size: str, attention: str) -> bool:
     """Whether the pretrained step-1 expectation of ``attention`` differs from the default
     variant's by more than its band (else a mask mix-up would pass the check anyway)."""
-    from harness.registry.expectations import ExpectationRegistry, MissingExpectation
+    from harness.references.expected_loss import expected_loss
+    from harness.registry.expectations import MissingExpectation
 
-    registry, model = ExpectationRegistry(), spec.size(size).model
+    model = spec.size(size).model
     try:
-        default, variant = (registry.get(spec.name, model, "pretrained", "cpu", spec.mask(a))
+        default, variant = (expected_loss(spec.name, model, "pretrained", "cpu", spec.mask(a))
                             for a in (spec.default_attention, attention))
     except MissingExpectation:
         return True  # the run will say what is missing

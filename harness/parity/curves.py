@@ -25,7 +25,7 @@ def reference_trajectory(model_dir, steps: int, mask: str, dp: int = 2,
     if key not in _trajectories:
         model_mask = "causal" if mask == "causal" else "document"
         batches = [[b if mask == "causal" else b.masked_as(mask) for b in ranks]
-                   for ranks in M.load_batches(model_dir, steps, dp=dp, local_batch_size=rows_per_rank)]
+                   for ranks in M.dataloader_batches(model_dir, steps, dp=dp, local_batch_size=rows_per_rank)]
         _trajectories[key] = T.train_reference(M.load_hf(model_dir, mask=model_mask), batches,
                                                total_steps=steps)
     return _trajectories[key]

@@ -95,7 +95,7 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
     from harness.parity import models as M
     from harness.parity import training as T
 
-    batches = M.load_batches(model_dir, steps)
+    batches = M.dataloader_batches(model_dir, steps)
     nat = M.build_native(model_dir)
     hf = M.load_hf(model_dir)
     rn = T.train_native(nat, nat.trainer_config, batches, total_steps=steps)
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         for template in (paths.TINY_DENSE, paths.TINY_MOE):
             if only and template.name not in only:
                 continue
-            batches = [b[0] for b in M.load_batches(template, 4)]
+            batches = [b[0] for b in M.dataloader_batches(template, 4)]
             measure_forward(template, batches, stats, f"{template.name} (trained, 4 batches)")
             for seed in (1, 2, 3):
                 d = random_checkpoint(template, seed, Path(tmp) / f"{template.name}-{seed}")

@@ -32,6 +32,8 @@ from torch import nn
 from harness.model import build
 from harness.model.build import seed_everything  # noqa: F401  (the parity suites seed through it)
 from harness.references import model as reference
+from harness.references.batch import Batch
+from harness.references.loss import avg_loss
 from harness.parity import settings as effective
 from harness.parity.env import prepare_in_process
 from harness.registry.hf_config import Qwen3Arch, normalized_hf_dict
@@ -39,33 +41,9 @@ from harness.registry import paths
 from harness.upstream import hf_masking, titan_api
 
 
-@dataclass
-class Batch:
-    inputs: torch.Tensor  # [B, L] token ids
-    positions: torch.Tensor  # [B, L] per-document positions (0 at each document start)
-    labels: torch.Tensor  # [B, L] next-token targets (already shifted, torchtitan style)
-
-    @staticmethod
-    def cat(batches: list["Batch"]) -> "Batch":
-        return Batch(*(torch.cat([getattr(b, f) for b in batches]) for f in ("inputs", "positions", "labels")))
-
-    def masked_as(self, mask: str) -> "Batch":
-        """This batch as a model that treats packed rows as ``mask`` sees it, for models that
-        derive the mask from positions (transformers without an attention mask, the
-        reference): "document" (per-document positions: causal within each document) as is;
-        "row_causal" (native Qwen3 with sdpa: causal over the row, RoPE at row positions)
-        with positions ``arange(L)`` on every row."""
-        if mask == "document":
-            return self
-        if mask == "row_causal":
-            L = self.inputs.shape[1]
-            return Batch(self.inputs, torch.arange(L).expand_as(self.inputs).contiguous(), self.labels)
-        raise ValueError(f"no position-derived form of mask {mask!r} (known: document, row_causal)")
-
-
-def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_size: int = 2,
-                 seq_len: int = 256, dataset: str = "c4_test",
-                 dataset_path: str | Path = paths.CORPUS) -> list[list[Batch]]:
+def dataloader_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_size: int = 2,
+                       seq_len: int = 256, dataset: str = "c4_test",
+                       dataset_path: str | Path = paths.CORPUS) -> list[list[Batch]]:
     """``[step][dp rank]`` batches from torchtitan's own tokenizer and dataloader, as the
     trainer builds them (tokenizer from the HF assets dir; ``dataset``: torchtitan's dataset
     name, read from ``dataset_path``: ``c4_test`` on fixtures/corpus by default, ``c4`` on a
@@ -83,8 +61,7 @@ def load_batches(model_dir: str | Path, steps: int, dp: int = 1, local_batch_siz
         it = iter(loader)
         rows = []
         for _ in range(steps):
-            input_dict, labels = next(it)
-            rows.append(Batch(input_dict["input"], input_dict["positions"], labels))
+            rows.append(Batch.from_loader(*next(it)))
         per_rank.append(rows)
     return [[per_rank[r][s] for r in range(dp)] for s in range(steps)]
 
@@ -130,10 +107,7 @@ class ParityModel:
         return self.logits_fn(batch)
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        logits = self.logits(batch)
-        return torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(), batch.labels.flatten(0, 1), ignore_index=-100
-        )
+        return avg_loss(self.logits(batch), batch.labels)
 
     def hf_tensors(self, which: str = "param") -> dict[str, torch.Tensor]:
         """Parameters (or their gradients) under HF on-disk names."""

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from harness.upstream import titan_api
-from harness.parity.models import Batch, ParityModel
+from harness.parity.models import ParityModel
+from harness.references.batch import Batch
+from harness.references.loss import avg_loss, valid_labels
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def train_native(model: ParityModel, trainer_config, global_batches: list[list[B
     rec = TrainRecord(initial=_snapshot(model))
     rec.notes = built_optimizer_violations(list(optimizers))
     for ranks in global_batches:
-        global_tokens = torch.tensor(sum(int((b.labels != -100).sum()) for b in ranks))
+        global_tokens = torch.tensor(valid_labels(b.labels for b in ranks))
         total = torch.zeros(())
         for b in ranks:
             masks = module.get_attention_masks(positions=b.positions)
@@ -243,9 +245,7 @@ def train_reference(model: ParityModel, global_batches: list[list[Batch]], total
     rec = TrainRecord(initial=_snapshot(model))
     for ranks in global_batches:
         batch = Batch.cat(ranks)
-        logits = model.logits(batch)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(0, 1),
-                               ignore_index=-100)
+        loss = avg_loss(model.logits(batch), batch.labels)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_norm)
         rec.lrs.append(float(sched.get_last_lr()[0]))

@@ -14,8 +14,7 @@ from types import ModuleType
 import torch
 
 from harness.plants import PLANT_STEP, Plant
-
-IGNORE_INDEX = -100
+from harness.references.loss import IGNORE_INDEX
 
 
 def _rank() -> int:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from harness.kernels.checks.spec import Implementation
 from harness.plants import KernelPlant, Plant
+from harness.references.loss import IGNORE_INDEX
 
 
 def _plant(name, op, run, catch_on, failing_checks, description, output_dtypes=None) -> Plant:
@@ -185,7 +186,7 @@ def _ce(shift_labels: bool = False, mean: bool = False):
         if shift_labels:  # the causal shift applied again to labels that are already aligned
             logits, labels = logits[:, :-1], labels[:, 1:]
         loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="mean" if mean else "sum"
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="mean" if mean else "sum"
         )
         return {"loss": loss}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 
 from harness.registry import dump_layout
 
@@ -164,24 +165,17 @@ def dump_batch(trainer, input_dict, labels, processed) -> None:
     ``post_dataloading_process`` made it (what the model and the loss are fed)."""
     import torch
 
+    from harness.references.batch import Batch
     from harness.upstream import titan_api
 
     inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
     path = dump_layout.batch_file(trainer.config.dump_folder, rank_of_process(), int(trainer.step))
     path.parent.mkdir(parents=True, exist_ok=True)
-    positions, model_positions = input_dict.get("positions"), extra.get("positions")
-    batch = {
-        "input": plain(input_dict["input"]),
-        "positions": None if positions is None else plain(positions),
-        "labels": plain(labels),
-        "model_input": plain(inputs),
-        "model_labels": plain(model_labels),
-        "model_positions": None if model_positions is None else plain(model_positions),
-    }
+    batch = replace(Batch.from_loader(input_dict, labels),
+                    fed=Batch(inputs, extra.get("positions"), model_labels)).apply(plain)
     # Under gradient accumulation a step is several microbatches: the step's dump holds all
     # their rows, in the order the trainer fed them.
     if getattr(trainer, "_harness_dumped_step", None) == int(trainer.step):
-        earlier = torch.load(path)
-        batch = {k: None if v is None else torch.cat([earlier[k], v]) for k, v in batch.items()}
+        batch = Batch.cat([Batch.from_dump(torch.load(path)), batch])
     trainer._harness_dumped_step = int(trainer.step)
-    torch.save(batch, path)
+    torch.save(batch.to_dump(), path)

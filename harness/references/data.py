@@ -27,12 +27,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-
-@dataclass
-class Batch:
-    input: torch.Tensor  # [B, L] int64
-    labels: torch.Tensor  # [B, L] int64
-    positions: torch.Tensor  # [B, L] int64
+from harness.references.batch import KEYS, Batch
 
 
 def _special(config: dict, key: str) -> str | None:
@@ -90,7 +85,7 @@ def _positions(starts: list[bool]) -> list[int]:
 
 def packed_rows(texts: list[str], tok: TokenizerRef, seq_len: int, max_rows: int,
                 packing: str = "within_document"):
-    """Rows (input, labels, positions) as lists, at most ``max_rows``, packed as ``packing``."""
+    """Rows (inputs, positions, labels) as lists, at most ``max_rows``, packed as ``packing``."""
     if packing not in PACKINGS:
         raise ValueError(f"unknown packing {packing!r}; known: {PACKINGS}")
     # the token streams of inputs and labels, and where a document begins in the input stream
@@ -117,7 +112,7 @@ def packed_rows(texts: list[str], tok: TokenizerRef, seq_len: int, max_rows: int
             else:
                 row_in, row_lab, starts = window[:-1], window[1:], starts[:-1]
             inputs, doc_start = inputs[width:], doc_start[width:]
-            rows.append((row_in, row_lab, _positions(starts)))
+            rows.append((row_in, _positions(starts), row_lab))
         if len(rows) >= max_rows:
             break
     return rows
@@ -155,15 +150,15 @@ class Mismatch:
 def compare(got: Batch, want: Batch) -> list[Mismatch]:
     """Token-for-token differences (empty: identical)."""
     out = []
-    for name in ("input", "labels", "positions"):
+    for name in ("inputs", "labels", "positions"):
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape:
-            out.append(Mismatch(name, -1, -1, -1, list(a.shape), list(b.shape)))
+            out.append(Mismatch(KEYS[name], -1, -1, -1, list(a.shape), list(b.shape)))
             continue
         for row in range(a.shape[0]):
             diff = (a[row] != b[row]).nonzero().flatten()
             if len(diff):
                 c = int(diff[0])
-                out.append(Mismatch(name, row, len(diff), c, a[row, c:c + 6].tolist(),
+                out.append(Mismatch(KEYS[name], row, len(diff), c, a[row, c:c + 6].tolist(),
                                     b[row, c:c + 6].tolist()))
     return out

@@ -1,16 +1,20 @@
 """torchtitan's loss contract, written once: how a training step's logged loss is made from its
 ranks' batches.
 
-Each dp rank's token cross entropy summed over its valid labels (those not ``IGNORE_INDEX``),
-computed as torchtitan's loss computes it (``F.cross_entropy`` on float32 logits, reduction
-"sum"; the math itself: harness/kernels/ops/cross_entropy_torch.py, against which the kernel registry
-holds torch's), divided by the global count of valid labels, summed over the ranks: the
-``global_avg_loss`` torchtitan 0.3.0 documents and logs. ``global_avg_loss`` accumulates in a
-dtype: float32 is the trainer's own arithmetic (the recorded fixture losses, scripts/
-make_fixtures.py), float64 the independent forward's (harness/checks/reference_forward.py, whose bands
-were measured so). ``LossParts`` holds one step's parts with two wrong normalisations beside the
-right one, which a check must tell apart (tests/e2e/test_ignored_labels.py). The batches the
-ranks dumped are read by harness/registry/dump_layout.py ``load_batches``.
+Each dp rank's token cross entropy summed over its valid labels (those not ``IGNORE_INDEX``,
+torchtitan's and transformers' ignored label: every stage above the kernels takes it from
+here), computed as torchtitan's loss computes it (``F.cross_entropy`` on float32 logits,
+reduction "sum"; the math itself, and where ``IGNORE_INDEX`` is defined:
+harness/kernels/ops/cross_entropy_torch.py, against which the kernel registry holds torch's),
+divided by the global count of valid labels, summed over the ranks: the ``global_avg_loss``
+torchtitan 0.3.0 documents and logs; of one batch that is the whole step (the in-process
+models of harness/parity, the diagnosis's one rank), ``avg_loss``. ``global_avg_loss``
+accumulates in a dtype: float32 is the trainer's own arithmetic (the recorded fixture losses,
+scripts/make_fixtures.py), float64 the independent forward's
+(harness/checks/reference_forward.py, whose bands were measured so). ``LossParts`` holds one
+step's parts with two wrong normalisations beside the right one, which a check must tell apart
+(tests/e2e/test_ignored_labels.py). The batches the ranks dumped are read by
+harness/references/batch.py ``load_batches``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,18 @@ from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
 
 def rank_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """One rank's summed token cross entropy over its valid labels, as torchtitan computes it:
-    ``logits (B, L, V)`` in float32, ``labels (B, L)`` already aligned with them (no shift)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+    ``logits (B, L, V)`` in float32 (float64 logits, a float64 reference's, stay float64),
+    ``labels (B, L)`` already aligned with them (no shift)."""
+    flat = logits.flatten(0, 1)
+    flat = flat if flat.dtype == torch.float64 else flat.float()
+    return F.cross_entropy(flat, labels.flatten(0, 1).to(flat.device), reduction="sum",
                            ignore_index=IGNORE_INDEX)
+
+
+def avg_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of one batch that is the whole step: its summed cross entropy over its valid
+    labels divided by their count (``global_avg_loss`` of one rank; differentiable)."""
+    return rank_ce_sum(logits, labels) / max(valid_labels([labels]), 1)
 
 
 def valid_labels(labels: Iterable[torch.Tensor]) -> int:

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.references.data import Batch, TokenizerRef, shard
-
-IGNORE_INDEX = -100
+from harness.references.batch import Batch
+from harness.references.data import TokenizerRef, shard
+from harness.references.loss import IGNORE_INDEX
 
 
 def _render(messages, generation_prompt: bool = False) -> str:
@@ -44,7 +44,7 @@ def sft_reference_batches(corpus_file: str | Path, tokenizer_dir: str | Path, to
 
     def flush():
         nonlocal buf_in, buf_lab, buf_pos
-        rows.append((buf_in, buf_lab, buf_pos))
+        rows.append((buf_in, buf_pos, buf_lab))  # a Batch's order
         buf_in, buf_lab, buf_pos = [], [], []
 
     for record in mine:

@@ -1,18 +1,18 @@
 """The one home of a launched run's dump folder: every path under it, and every reader of what
 the ranks leave there. The rank side (harness/rank/step0.py, harness/rank/hooks.py,
 harness/upstream/metrics_sink.py) writes to the paths named here, and every reader (the launcher, the
-checks, the expectations, the diagnosis, the tests) reads through the functions here; no other
-file spells a folder or file name of the layout.
+checks, the expectations, the diagnosis, the tests) reads through the functions here (a dumped
+batch's form is its type's: harness/references/batch.py ``Batch``); no other file spells a
+folder or file name of the layout.
 
 The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump_folder``):
 
     dump/
       checkpoint/step-<N>/                  torchtitan's checkpoints (DCP, or HF safetensors)
       harness_metrics/rank<R>.jsonl         every rank's step records (harness/upstream/metrics_sink.py)
-      harness_batches/rank<R>_step<S>.pt    every rank's batch of step S: as the dataloader gave
-                                            it (``input``, ``positions`` or None, ``labels``) and
-                                            as the model and the loss got it (``model_input``,
-                                            ``model_labels``, ``model_positions``); under
+      harness_batches/rank<R>_step<S>.pt    every rank's batch of step S, as the dataloader gave
+                                            it and as the model and the loss got it (the dumped
+                                            form of harness/references/batch.py ``Batch``); under
                                             gradient accumulation every microbatch's rows, in order
       harness_initial/native_rank0_<unit>.pt  a random-init run's step-0 weights under
                                             torchtitan's names, one file per unit (embedding,
@@ -171,23 +171,10 @@ def saved_hf_tensors(run_dir: str | Path, step: int) -> dict:
     return out
 
 
-def load_batches(run_dir: str | Path, step: int = 1) -> list[dict]:
-    """Every rank's dumped batch of ``step``, in rank order."""
-    import torch
-
-    folder = dump_folder(run_dir) / BATCHES
-    files = by_rank(folder, BATCH_FILE, step=step)
-    if not files:
-        raise FileNotFoundError(f"{folder}: no batch dumps of step {step}")
-    return [torch.load(f) for f in files.values()]
-
-
-def first_batch(run_dir: str | Path) -> dict | None:
-    """Rank 0's first batch (input, positions, labels) as the trainer received it."""
-    import torch
-
-    path = batch_file(dump_folder(run_dir), rank=0, step=1)
-    return torch.load(path, weights_only=True) if path.is_file() else None
+def batch_files(run_dir: str | Path, step: int = 1) -> dict[int, Path]:
+    """rank -> its dumped batch of ``step`` (read as a Batch: harness/references/batch.py
+    ``load_batches``)."""
+    return by_rank(dump_folder(run_dir) / BATCHES, BATCH_FILE, step=step)
 
 
 def initial_weights_dir(run_dir: str | Path) -> Path | None:

@@ -1,28 +1,27 @@
 """Expected first-step losses: the registry of fixtures/expectations.toml, the one home of its
-lookup (``ExpectationRegistry``, ``Expectation``) and of the values it derives from data alone
-(the recorded losses, the analytic random-init loss ``ln V + s^2/2`` and its init std rules).
+lookup (``ExpectationRegistry``) and of what it states: for a run's key, the rule it is held to
+(``ExpectationRule``: a published or recorded value, read here, or how the value is computed,
+with its band and provenance) and the comparison with an expected value (``Expectation``).
 
 Like HF's ``Expectations``, values are keyed by where they apply (backend, model, init, device
 kind); unlike it, there is no "closest key" fallback: a missing key is an error that names it.
 
-The entries whose value is computed from a launched run (``hf_forward``, and a random-init
-run's ``initial_weights_forward``) are computed by the forwards the caller passes in
-(``RunForwards``; harness/checks/reference_forward.py ``FORWARDS``): this registry reads data and
-imports no computation.
+This registry returns data and computes nothing: the analytic random-init loss ``ln V + s^2/2``
+and its init std rules are the references' (harness/references/expected_loss.py, which turns a
+rule into an ``Expectation`` where no launched run is needed), and the forwards of a launched
+run's weights are the checks' (harness/checks/reference_forward.py ``expectation_for_run``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
 
 from harness.registry import paths
-from harness.registry.tolerances import RANDOM_INIT_DRAW, LossBand, loss_band
+from harness.registry.tolerances import LossBand, loss_band
 from harness.registry.generations import api_generation_of, installed_generation
 from harness.registry.hf_config import read_config_json
 
@@ -34,20 +33,29 @@ class MissingExpectation(KeyError):
 
 
 @dataclass(frozen=True)
-class RunForwards:
-    """How a launched run's computed expectations are computed (harness/checks/reference_forward.py
-    ``FORWARDS``): ``hf_forward(run) -> (value, source)`` and ``initial_weights_forward(run) ->
-    (value, source, band)``, or None where the run dumped nothing to recompute it from."""
+class ExpectationRule:
+    """What fixtures/expectations.toml states for a run's key: exactly one source of the value
+    (``value``: a published number or a recorded loss, with ``source``; ``lm_head_std``: the
+    analytic random-init loss at that init std rule; ``hf_forward``: the run's HF weights on its
+    own step-1 batches), the entry's band, and whether a run that dumped its step-0 weights is
+    held to their forward first (``initial_weights_forward``)."""
 
-    hf_forward: Callable[[Any], tuple[float, str]]
-    initial_weights_forward: Callable[[Any], "tuple[float, str, LossBand] | None"]
-    # a full-size run's model config dir (its assets); None: the fixtures' by model key
-    model_dir: Callable[[Any], "Path | None"] = lambda run: None
+    key: tuple[str, ...]  # the entry's (backend, model, init, device, mask, generation)
+    band: LossBand
+    value: float | None = None
+    source: str = ""
+    lm_head_std: str | None = None
+    hf_forward: bool = False
+    initial_weights_forward: bool = False
+
+    def expectation(self, value: float, source: str) -> "Expectation":
+        """``value`` (from ``source``) held to in this rule's band."""
+        return Expectation(self.key, value, self.band.value, self.band.name, source)
 
 
 @dataclass(frozen=True)
 class Expectation:
-    key: tuple[str, ...]  # the entry's (backend, model, init, device, mask)
+    key: tuple[str, ...]  # the key of the entry it comes from
     value: float
     tolerance: float
     tolerance_name: str
@@ -123,13 +131,9 @@ def _recorded_loss(model: str, mask: str, dp: int, generation: str,
     return float(value), f"{path.parent.name}/recorded_losses.json {generation}.{mask}.{key}"
 
 
-def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: float) -> float:
-    """E[CE] of logits ~ N(0, s^2) with s^2 = std^2 * hidden (|RMSNorm(h)|^2 = hidden)."""
-    variance = lm_head_std**2 * hidden_size
-    return math.log(vocab_size) + variance / 2
-
-
-def _model_config(model: str, model_dir: str | Path | None = None) -> dict:
+def model_config(model: str, model_dir: str | Path | None = None) -> dict:
+    """The config.json of ``model``: a full-size run's own (``model_dir``, its assets), else
+    the fixtures'."""
     if model_dir is not None:  # a full-size run: the config.json of its own assets
         return read_config_json(model_dir)
     for root in (paths.FIXTURES, paths.FIXTURES / "reference_configs"):
@@ -144,29 +148,10 @@ def _api_generation(generation: str | None) -> str:
     return api_generation_of(generation or installed_generation())
 
 
-def truncated_normal_std(std: float, cutoff: float) -> float:
-    """The std of N(0, std^2) cut at +-cutoff*std (``nn.init.trunc_normal_(std=s, a=-c*s,
-    b=c*s)``): the std it is given is the untruncated normal's; at c = 3 the variance drawn is
-    0.9733 of it (1 - 2c*phi(c) / (2*Phi(c) - 1))."""
-    phi = math.exp(-cutoff * cutoff / 2) / math.sqrt(2 * math.pi)
-    mass = math.erf(cutoff / math.sqrt(2))
-    return std * math.sqrt(1 - 2 * cutoff * phi / mass)
-
-
-def _std_rule(rule, hidden: int) -> float:
-    """The std the lm_head is drawn with: ``0.02`` (a plain normal), ``hidden^-0.5``, or
-    ``trunc3(hidden^-0.5)`` (that std, cut at +-3 std, as torchtitan's output inits do)."""
-    rule = str(rule)
-    truncated = re.fullmatch(r"trunc(\d+(?:\.\d+)?)\((.+)\)", rule)
-    if truncated:
-        return truncated_normal_std(_std_rule(truncated.group(2), hidden), float(truncated.group(1)))
-    return hidden ** -0.5 if rule == "hidden^-0.5" else float(rule)
-
-
-def configured_lm_head_std(backend: str, hidden: int, generation: str | None = None,
-                           path: Path = EXPECTATIONS_FILE) -> float:
-    """The lm_head init std ``backend`` is configured with at width ``hidden``: its random-init
-    entries' rule (the same init code at every width), never a std measured on a model."""
+def lm_head_std_rule(backend: str, generation: str | None = None,
+                     path: Path = EXPECTATIONS_FILE) -> str:
+    """The rule ``backend``'s lm_head init std is configured with (its random-init entries'
+    ``lm_head_std``: the same init code at every width)."""
     generation = _api_generation(generation)
     entries = [e for e in tomllib.loads(Path(path).read_text())["expectation"]
                if e["backend"] == backend and "analytic_random_init" in e]
@@ -176,14 +161,7 @@ def configured_lm_head_std(backend: str, hidden: int, generation: str | None = N
     if len(rules) != 1:
         raise MissingExpectation(f"{path}: backend {backend!r} needs exactly one lm_head_std rule "
                                  f"among its analytic_random_init entries, found {sorted(rules)}")
-    return _std_rule(rules.pop(), hidden)
-
-
-def _analytic(model: str, spec: dict, model_dir=None) -> tuple[float, str]:
-    hf = _model_config(model, model_dir)
-    std = _std_rule(spec["lm_head_std"], hf["hidden_size"])
-    value = analytic_random_init_loss(hf["vocab_size"], hf["hidden_size"], float(std))
-    return value, f"ln V + std^2*hidden/2 (V={hf['vocab_size']}, hidden={hf['hidden_size']}, std={std:.4g})"
+    return rules.pop()
 
 
 class ExpectationRegistry:
@@ -199,16 +177,13 @@ class ExpectationRegistry:
         return [(e["backend"], e["model"], e["init"], e["device"], e.get("mask", "any"),
                  e.get("generation", "any")) for e in self.entries]
 
-    def get(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
-            dp: int = 2, generation: str | None = None, run=None,
-            model_dir: str | Path | None = None, forwards: RunForwards | None = None) -> Expectation:
-        """The expected first-step loss of a run; ``dp`` is its data-parallel degree (a recorded
-        loss depends on the global batch), ``generation`` its torchtitan API generation
-        (default: the installed one). A launched ``run`` comes with the ``forwards`` that
-        compute its computed entries."""
-        if (run is None) != (forwards is None):
-            raise TypeError("a launched run's expectation needs the forwards that compute it, and "
-                            "they need the run: pass both (harness/checks/reference_forward.py FORWARDS)")
+    def rule(self, backend: str, model: str, init: str, device: str, mask: str = "causal",
+             dp: int = 2, generation: str | None = None,
+             own_config: bool = False) -> ExpectationRule:
+        """The rule a run's first-step loss is held to; ``dp`` is its data-parallel degree (a
+        recorded loss depends on the global batch), ``generation`` its torchtitan API
+        generation (default: the installed one), ``own_config`` whether it read a config.json
+        of its own (a full-size run's assets: a backend's "any" model entries apply)."""
         generation = _api_generation(generation)
 
         def score(entry):  # exact matches first; a model's own entries before "any" model's
@@ -220,7 +195,7 @@ class ExpectationRegistry:
              if (e["backend"], e["init"]) == (backend, init)
              # "any" model: the backend's rule on a model's own config.json, so only for a run
              # that read one (a full-size run's model_dir)
-             and (e["model"] == model or (e["model"] == "any" and model_dir is not None))
+             and (e["model"] == model or (e["model"] == "any" and own_config))
              and e["device"] in (device, "any") and e.get("mask", "any") in (mask, "any")
              and e.get("generation", "any") in (generation, "any")),
             key=score)
@@ -232,38 +207,19 @@ class ExpectationRegistry:
         entry = matches[0]
         key = (backend, model, init, entry["device"], entry.get("mask", "any"),
                entry.get("generation", "any"))
+        rule = ExpectationRule(key, loss_band(entry["tolerance"]),
+                               initial_weights_forward=bool(entry.get("initial_weights_forward")))
         if "value" in entry:
-            value, source = float(entry["value"]), f"published value in {self.path.name}"
-        elif "recorded" in entry:
+            return replace(rule, value=float(entry["value"]),
+                           source=f"published value in {self.path.name}")
+        if "recorded" in entry:
             value, source = _recorded_loss(model, entry["recorded"], dp, generation)
-        elif "analytic_random_init" in entry:
-            value, source = _analytic(model, entry["analytic_random_init"], model_dir)
-            forward = (forwards.initial_weights_forward(run)
-                       if run is not None and entry.get("initial_weights_forward") else None)
-            if forward is not None:
-                init = Expectation(key, value, RANDOM_INIT_DRAW.value, RANDOM_INIT_DRAW.name,
-                                   source, what="step-0 weights' forward")
-                band = forward[2]
-                return Expectation(key, forward[0], band.value, band.name, forward[1], init=init)
-        elif entry.get("hf_forward"):
-            if run is None:
-                raise MissingExpectation(f"{key}: an hf_forward expectation is computed from a "
-                                         f"launched run")
-            value, source = forwards.hf_forward(run)
-        else:
-            raise ValueError(f"expectation {key} in {self.path} gives no value source")
-        band = loss_band(entry["tolerance"])
-        return Expectation(key, value, band.value, band.name, source)
-
-    def for_run(self, run, forwards: RunForwards) -> Expectation:
-        """The expectation of a launched run (a RunResult), its computed entries computed by
-        ``forwards`` (harness/checks/reference_forward.py ``FORWARDS``)."""
-        if run.model is None:
-            raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
-                                     f"knows, so it has no expectation")
-        return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
-                        run.versions.get("torchtitan-generation"), run=run,
-                        model_dir=forwards.model_dir(run), forwards=forwards)
+            return replace(rule, value=value, source=source)
+        if "analytic_random_init" in entry:
+            return replace(rule, lm_head_std=str(entry["analytic_random_init"]["lm_head_std"]))
+        if entry.get("hf_forward"):
+            return replace(rule, hf_forward=True)
+        raise ValueError(f"expectation {key} in {self.path} gives no value source")
 
     def published(self, run) -> Expectation | None:
         """The source's published first-step loss for ``run``, where it has one: same backend,

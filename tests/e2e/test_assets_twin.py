@@ -27,6 +27,7 @@ from harness.registry.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build
 from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
 from harness.registry.expectations import run_data
 from harness.checks.reference_forward import independent_first_step_loss
+from harness.references.batch import Batch
 from harness.registry.tolerances import loss_band
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
@@ -167,15 +168,14 @@ def test_a_fork_failure_that_matches_no_inherited_signature_fails():
 
 
 def test_fork_expectations_are_the_spring_api_s():
-    from harness.registry.expectations import ExpectationRegistry
+    from harness.references.expected_loss import expected_loss
 
-    registry = ExpectationRegistry()
     for generation in ("spring2026", "spring2026-neuron"):
-        moe = registry.get("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random", "neuron",
-                           "row_causal", generation=generation)
+        moe = expected_loss("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random", "neuron",
+                            "row_causal", generation=generation)
         assert moe.value == pytest.approx(12.418, abs=1e-3), "spring: trunc-normal dim^-0.5 cut at 3 std"
-    v03 = registry.get("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random", "neuron", "row_causal",
-                       generation="v0_3")
+    v03 = expected_loss("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random", "neuron", "row_causal",
+                        generation="v0_3")
     assert v03.value == pytest.approx(12.341, abs=1e-3)
 
 
@@ -213,8 +213,8 @@ def test_independent_forward_tells_the_masks_apart():
     torch.manual_seed(0)
     tokens = torch.randint(0, 2048, (2, 256))
     positions = torch.cat([torch.arange(100), torch.arange(156)]).expand(2, -1)
-    batch = {"model_input": tokens, "model_labels": torch.roll(tokens, -1, 1),
-             "positions": positions}
+    fed = Batch(tokens, None, torch.roll(tokens, -1, 1))
+    batch = Batch(tokens, positions, fed.labels, fed=fed)
     losses = {m: independent_first_step_loss(paths.TINY_DENSE, [batch], m)
               for m in ("row_causal", "causal", "document")}
     band = loss_band("hf_forward_bf16").value

@@ -23,37 +23,35 @@ import pytest
 import torch
 
 from harness.backends import BACKENDS, titan_native
-from harness.registry import dump_layout, paths
+from harness.registry import paths
 from harness.upstream import titan_api
 from harness.backends.common import TINY
 from harness.plants import planted
 from harness.launch import instrumented
 from harness.references import data as ref
+from harness.references.batch import Batch, load_batches
 
 DP = 2
 N_BATCHES = 3  # in process: the first three local batches of each rank
 DATA_PLANTS = ("label_shift", "drop_eos", "positions_no_reset")
 
 
-def reference(rank: int, n_batches: int = 1, packing: str = titan_api.TEXT_PACKING) -> list[ref.Batch]:
+def reference(rank: int, n_batches: int = 1, packing: str = titan_api.TEXT_PACKING) -> list[Batch]:
     return ref.reference_batches(paths.CORPUS, paths.TINY_DENSE, seq_len=TINY.seq_len,
                                  local_batch_size=TINY.local_batch_size, dp_rank=rank,
                                  dp_world=DP, n_batches=n_batches, packing=packing)
 
 
-def config_batches(rank: int, n_batches: int) -> list[ref.Batch]:
+def config_batches(rank: int, n_batches: int) -> list[Batch]:
     """The first batches of the dataloader the backend's config builds, as the trainer builds it."""
     config = titan_native.tiny()
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(dp_world_size=DP, dp_rank=rank, tokenizer=tokenizer,
                                      seq_len=TINY.seq_len, local_batch_size=TINY.local_batch_size)
-    out = []
-    for (inputs, labels), _ in zip(loader, range(n_batches)):
-        out.append(ref.Batch(inputs["input"], labels, inputs["positions"]))
-    return out
+    return [Batch.from_loader(*item) for item, _ in zip(loader, range(n_batches))]
 
 
-def mismatches(got: list[ref.Batch], want: list[ref.Batch]) -> list[str]:
+def mismatches(got: list[Batch], want: list[Batch]) -> list[str]:
     return [f"batch {i}: {m}" for i, (g, w) in enumerate(zip(got, want, strict=True))
             for m in ref.compare(g, w)]
 
@@ -69,19 +67,19 @@ def test_reference_contract_sanity(packing):
     tok = ref.TokenizerRef(paths.TINY_DENSE)
     assert tok.bos_id is None and tok.eos_id == 0
     same_doc = batch.positions[:, 1:] != 0
-    assert torch.equal(batch.labels[:, :-1][same_doc], batch.input[:, 1:][same_doc])
+    assert torch.equal(batch.labels[:, :-1][same_doc], batch.inputs[:, 1:][same_doc])
     if packing == "within_document":
         eos = batch.labels == tok.eos_id
         assert eos.any(), "the first batch holds no document end"
         rows, cols = eos[:, :-1].nonzero(as_tuple=True)
         assert (batch.positions[rows, cols + 1] == 0).all()
-        assert not (batch.input == tok.eos_id).any(), "an EOS fed as an input"
+        assert not (batch.inputs == tok.eos_id).any(), "an EOS fed as an input"
     else:
-        eos = batch.input == tok.eos_id
+        eos = batch.inputs == tok.eos_id
         assert eos.any(), "the first batch holds no document end"
         rows, cols = eos[:, :-1].nonzero(as_tuple=True)
         assert (batch.positions[rows, cols + 1] == 0).all()
-        assert torch.equal(batch.labels[:, :-1], batch.input[:, 1:])
+        assert torch.equal(batch.labels[:, :-1], batch.inputs[:, 1:])
 
 
 def test_the_two_packings_differ_where_the_generations_do():
@@ -118,8 +116,8 @@ def trainer_run(backend_runs, name, attention=None, plants=()):
     return result
 
 
-def trainer_batches(result) -> list[dict]:
-    return dump_layout.load_batches(result.run_dir)
+def trainer_batches(result) -> list[Batch]:
+    return load_batches(result.run_dir)
 
 
 def check_trainer_feed(result, attention: str) -> list[str]:
@@ -128,15 +126,14 @@ def check_trainer_feed(result, attention: str) -> list[str]:
     mask = BACKENDS["titan_native"].mask(attention)
     for rank, dump in enumerate(trainer_batches(result)):
         want = reference(rank)[0]
-        got = ref.Batch(dump["input"], dump["labels"], dump["positions"])
-        found += [f"rank {rank} dataloader: {m}" for m in ref.compare(got, want)]
-        if not torch.equal(dump["model_input"], want.input):
+        found += [f"rank {rank} dataloader: {m}" for m in ref.compare(dump, want)]
+        if not torch.equal(dump.fed.inputs, want.inputs):
             found.append(f"rank {rank}: the model is fed other tokens than the reference's")
-        if not torch.equal(dump["model_labels"], want.labels):
+        if not torch.equal(dump.fed.labels, want.labels):
             found.append(f"rank {rank}: the loss gets other labels than the reference's")
-        expected_positions = (torch.arange(TINY.seq_len).expand_as(want.input)
+        expected_positions = (torch.arange(TINY.seq_len).expand_as(want.inputs)
                               if mask == "row_causal" else want.positions)
-        if not torch.equal(dump["model_positions"], expected_positions):
+        if not torch.equal(dump.fed.positions, expected_positions):
             found.append(f"rank {rank}: model positions are not the {mask} variant's")
     return found
 

@@ -44,13 +44,13 @@ def loss_contract() -> tuple[dict, dict]:
     import torch
 
     from harness.checks.reference_forward import MASKINGS, first_step_loss, hf_model
-    from harness.parity.models import load_batches
+    from harness.parity.models import dataloader_batches
     from harness.upstream import titan_api
 
     recorded = json.loads((paths.TINY_DENSE / "recorded_losses.json").read_text())
     recorded = recorded[titan_api.api_generation_of(titan_api.generation())]
     model = hf_model(paths.TINY_DENSE)
-    batches = [(b.inputs, b.positions, b.labels) for b in load_batches(paths.TINY_DENSE, 1, dp=2)[0]]
+    batches = dataloader_batches(paths.TINY_DENSE, 1, dp=2)[0]
     return ({mask: first_step_loss(model, batches, mask, dtype=torch.float32) for mask in MASKINGS},
             {mask: recorded[mask]["dp2_lbs2_seq256"] for mask in MASKINGS})
 

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from harness.registry.expectations import ExpectationRegistry, analytic_random_init_loss
+from harness.references.expected_loss import analytic_random_init_loss, expected_loss
 from harness.checks.random_init_forward import CASES, random_init_problems, run_child
 
 
@@ -50,7 +50,7 @@ def test_random_init_first_step_loss(case, tmp_path):
     result["polled_peak_rss_gib"] = round(polled_peak, 2)
     (tmp_path / f"{case}.json").write_text(json.dumps(result, indent=2) + "\n")
 
-    published = ExpectationRegistry().get(spec.backend, spec.model, "random", "neuron")
+    published = expected_loss(spec.backend, spec.model, "random", "neuron")
     problems, summary = random_init_problems(result, spec.backend, published)
     print(f"{spec.what}: {summary}")  # the full record is <tmp_path>/<case>.json (under --basetemp)
     assert not problems, summary + "\n" + "\n".join(problems)
@@ -62,7 +62,7 @@ def test_the_streamed_init_is_the_backends_own_init_scale():
     tiny transformers-backend model is its backend's configured init (its patched
     ``_init_weights``, in force from the build through the unit-by-unit init): the measured
     lm_head std equals the configured one."""
-    from harness.registry.expectations import configured_lm_head_std
+    from harness.references.expected_loss import configured_lm_head_std
     from harness.checks.random_init_forward import streamed_first_step
     from harness.registry.tolerances import INIT_STD_RTOL
 
@@ -83,7 +83,7 @@ def _result(std: float, hidden: int = 2560, vocab: int = 151936) -> dict:
             "wall_s": 1.0, "peak_rss_gib": 1.0}
 
 
-PUBLISHED_4B = ExpectationRegistry().get("titan_native", "Qwen3-4B-Instruct-2507", "random", "neuron")
+PUBLISHED_4B = expected_loss("titan_native", "Qwen3-4B-Instruct-2507", "random", "neuron")
 
 
 def test_random_init_checks_pass_a_model_initialised_as_configured():

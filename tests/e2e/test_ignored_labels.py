@@ -3,7 +3,7 @@
 Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
 never exercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
 and spring 2026; spring's trainer passes the global valid-token count as a float) (``ChatDataLoader``: prompt
-labels and EOS padding are -100; harness/backends/sft_config.py) on the tiny native backend from
+labels and EOS padding are ignored; harness/backends/sft_config.py) on the tiny native backend from
 the pretrained fixture, 2 ranks, each accumulating 2 microbatches of one row (layout
 ``ga=2``). Its batches (in process and as the real trainer's ranks received them) are compared token for token, ignored labels and positions included, with an
 independent reference (harness/references/sft_data.py: hand-rendered chat template, the
@@ -26,9 +26,9 @@ from harness.backends.common import TINY
 from harness.launch import instrumented
 from harness.backends import sft_config
 from harness.references import data as ref
+from harness.references.batch import Batch, load_batches
 from harness.references.sft_data import sft_reference_batches
 from harness.references.loss import IGNORE_INDEX
-from harness.registry.dump_layout import load_batches
 from harness.launch.run import RunSpec
 from harness.plants import planted
 from harness.checks.reference_forward import hf_loss_parts
@@ -41,20 +41,19 @@ TARGET = "harness.backends.sft_config"
 EOS_ID = 0  # the fixture tokenizer's <|endoftext|>
 
 
-def sft_reference(rank: int, n_batches: int = 1) -> list[ref.Batch]:
+def sft_reference(rank: int, n_batches: int = 1) -> list[Batch]:
     return sft_reference_batches(sft_config.CORPUS_FILE, paths.TINY_DENSE,
                                  sft_config.corpus_to_chat, seq_len=TINY.seq_len,
                                  local_batch_size=TINY.local_batch_size, dp_rank=rank,
                                  dp_world=2, n_batches=n_batches)
 
 
-def sft_config_batches(rank: int, n_batches: int) -> list[ref.Batch]:
+def sft_config_batches(rank: int, n_batches: int) -> list[Batch]:
     config = sft_config.tiny_sft()
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(dp_world_size=2, dp_rank=rank, tokenizer=tokenizer,
                                      seq_len=TINY.seq_len, local_batch_size=TINY.local_batch_size)
-    return [ref.Batch(i["input"], labels, i["positions"])
-            for (i, labels), _ in zip(loader, range(n_batches))]
+    return [Batch.from_loader(*item) for item, _ in zip(loader, range(n_batches))]
 
 
 def sft_mismatches(rank: int, n_batches: int) -> list[str]:
@@ -100,20 +99,20 @@ def check(result):
     batches = load_batches(result.run_dir)
     assert len(batches) == 2
     for b in batches:
-        ignored = (b["model_labels"] == IGNORE_INDEX).float().mean()
+        ignored = (b.fed.labels == IGNORE_INDEX).float().mean()
         assert 0.1 < ignored < 0.9, f"ignored-label fraction {ignored:.2f}: not an SFT batch"
     parts = hf_loss_parts(paths.TINY_DENSE, batches)
     return result.steps[0].loss, parts
 
 
-def microbatches(result) -> list[dict]:
+def microbatches(result) -> list[Batch]:
     """Every rank's step-1 microbatches, rank by rank (a ``ga=k`` run's dump holds the rows of
     all k, in feeding order)."""
     from harness.registry.layouts import layout
 
     rows = layout(result.layout).local_batch_size
-    return [{k: None if v is None else v[i:i + rows] for k, v in b.items()}
-            for b in load_batches(result.run_dir) for i in range(0, len(b["model_labels"]), rows)]
+    return [b.apply(lambda t, i=i: t[i:i + rows])
+            for b in load_batches(result.run_dir) for i in range(0, len(b.fed.labels), rows)]
 
 
 def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
@@ -121,14 +120,13 @@ def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
     ignored labels of both kinds: prompts on every rank, EOS padding at a row end."""
     batches = load_batches(sft_run(backend_runs, sft_backend).run_dir)
     found = [f"rank {rank}: {m}" for rank, b in enumerate(batches)
-             for m in ref.compare(ref.Batch(b["input"], b["labels"], b["positions"]),
-                                  sft_reference(rank)[0])]
+             for m in ref.compare(b, sft_reference(rank)[0])]
     assert not found, "the trainer's SFT batches differ from the reference:\n" + "\n".join(found)
-    padded = [bool(((b["labels"][:, -1] == IGNORE_INDEX) & (b["input"][:, -1] == EOS_ID)).any())
+    padded = [bool(((b.labels[:, -1] == IGNORE_INDEX) & (b.inputs[:, -1] == EOS_ID)).any())
               for b in batches]
     assert any(padded), "no row ends in ignored EOS padding"
     for b in batches:
-        labels, inputs, positions = b["labels"], b["input"], b["positions"]
+        labels, positions = b.labels, b.positions
         assert (labels[:, 0] == IGNORE_INDEX).all(), "a row's first (prompt) label is not ignored"
         # every document (positions restart at 0) begins with ignored prompt labels
         starts = (positions == 0).nonzero(as_tuple=True)

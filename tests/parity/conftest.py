@@ -17,6 +17,7 @@ import torch
 from harness.registry import paths
 from harness.upstream.versions import package_versions
 from harness.parity import models as M
+from harness.references.batch import Batch
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -47,15 +48,15 @@ def moe_dir():
 
 
 @pytest.fixture(scope="session")
-def dense_batch(dense_dir) -> M.Batch:
+def dense_batch(dense_dir) -> Batch:
     """The first batch torchtitan's dataloader gives one rank (2 x 256 tokens, packed
     documents with per-document positions)."""
-    return M.load_batches(dense_dir, 1)[0][0]
+    return M.dataloader_batches(dense_dir, 1)[0][0]
 
 
 @pytest.fixture(scope="session")
-def moe_batch(moe_dir) -> M.Batch:
-    return M.load_batches(moe_dir, 1)[0][0]
+def moe_batch(moe_dir) -> Batch:
+    return M.dataloader_batches(moe_dir, 1)[0][0]
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +78,7 @@ def activations():
     """Memoised ``record_activations`` per (model, batch) for the shared read-only models."""
     cache: dict = {}
 
-    def get(model: M.ParityModel, batch: M.Batch):
+    def get(model: M.ParityModel, batch: Batch):
         key = (id(model), id(batch))
         if key not in cache:
             cache[key] = model.record_activations(batch)

@@ -425,7 +425,7 @@ def test_hyperparameter_check_catches_a_changed_schedule():
 def test_trajectory_check_catches_a_changed_beta2(dense_dir):
     """Step 1 of Adam is sign-like (betas cancel); from step 2 on beta2 0.95 -> 0.99 shows."""
     steps = 2
-    batches = M.load_batches(dense_dir, steps)
+    batches = M.dataloader_batches(dense_dir, steps)
     native = M.build_native(dense_dir)
     cfg = plants.make("adam_beta2_changed", native.trainer_config)
     n = T.train_native(native, cfg, batches, total_steps=steps)
@@ -446,7 +446,7 @@ def test_step_table_names_the_first_divergent_step():
 def two_steps(dense_dir):
     """An in-process reference trajectory (2 steps) and a torchtitan one on the same batches."""
     steps = 2
-    batches = M.load_batches(dense_dir, steps)
+    batches = M.dataloader_batches(dense_dir, steps)
     ref = T.train_reference(M.load_hf(dense_dir), batches, total_steps=steps)
     return batches, ref
 

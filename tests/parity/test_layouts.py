@@ -37,6 +37,7 @@ from harness.backends import BACKENDS
 from harness.checks import run_checks as checks
 from harness.parity import curves
 from harness.parity import models as M
+from harness.references.loss import valid_labels
 from harness.registry import known_issues
 from harness.registry.tolerances import parity_regime_for, parity_tolerance
 from harness.upstream import titan_api
@@ -261,16 +262,16 @@ def ga_findings(ga, single) -> tuple[list[str], dict]:
     (the rows each rank was fed, the step-1 loss, every parameter's step-1 gradient before
     clipping), and what was measured: the valid labels per microbatch, the loss delta, the
     largest relative gradient delta."""
-    from harness.registry.dump_layout import load_batches
+    from harness.references.batch import load_batches
     from harness.results import training_state as ts
     from tests.e2e.test_ignored_labels import microbatches
 
     found = []
     for rank, (a, b) in enumerate(zip(load_batches(ga.run_dir), load_batches(single.run_dir), strict=True)):
-        for key in ("model_input", "model_labels"):
-            if not torch.equal(a[key], b[key]):
+        for key in ("inputs", "labels"):
+            if not torch.equal(getattr(a.fed, key), getattr(b.fed, key)):
                 found.append(f"rank {rank}: the runs were fed other {key}")
-    counts = [int((mb["model_labels"] != IGNORE_INDEX).sum()) for mb in microbatches(ga)]
+    counts = [valid_labels([mb.fed.labels]) for mb in microbatches(ga)]
     if len(set(counts)) < 2:
         found.append(f"valid labels per microbatch {counts}: even, the condition is not reached")
     loss_band = parity_tolerance("layout_loss", "float32").atol
@@ -288,9 +289,6 @@ def ga_findings(ga, single) -> tuple[list[str], dict]:
               for name, d in sorted(deltas.items(), key=lambda kv: -kv[1]) if d > band][:20]
     worst = max(deltas.values(), default=float("nan"))
     return found, {"valid per microbatch": counts, "loss delta": loss_delta, "worst gradient delta": worst}
-
-
-IGNORE_INDEX = -100
 
 
 def test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch(backend_runs):

@@ -107,7 +107,7 @@ def test_transformers_on_the_converted_weights_computes_the_native_logits(model,
     save_file({k: v.contiguous() for k, v in hf_state_from_native(_state(native), model_dir).items()},
               str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
-    batch = M.load_batches(model_dir, 1)[0][0]
+    batch = M.dataloader_batches(model_dir, 1)[0][0]
     with torch.no_grad():
         ours = M.load_hf(tmp_path).logits(batch)
         theirs = native.logits(batch)

@@ -55,7 +55,7 @@ def test_lr_schedule_matches_reference_schedule():
 
 @pytest.fixture(scope="module")
 def three_steps(dense_dir):
-    batches = M.load_batches(dense_dir, STEPS)
+    batches = M.dataloader_batches(dense_dir, STEPS)
     native = M.build_native(dense_dir)
     hf = M.load_hf(dense_dir)
     native_rec = T.train_native(native, native.trainer_config, batches, total_steps=STEPS)

@@ -20,10 +20,11 @@ import pytest
 from harness.checks import run_checks as checks
 from harness.registry import known_issues, paths
 from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
+from harness.references.expected_loss import expected_loss
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 from harness.results.run_result import RunResult, StepRecord
 
-EXPECTED = ExpectationRegistry().get("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 2)
+EXPECTED = expected_loss("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 2)
 
 
 def _run(losses, returncode=0, timed_out=False, backend="titan_native", init="pretrained",
@@ -90,16 +91,16 @@ def test_catches_a_nan_first_step():
 
 def test_the_recorded_value_depends_on_the_mask_and_the_data_parallel_degree():
     registry = ExpectationRegistry()
-    values = {(mask, dp): registry.get("titan_native", "tiny_dense", "pretrained", "cpu", mask, dp).value
+    values = {(mask, dp): registry.rule("titan_native", "tiny_dense", "pretrained", "cpu", mask, dp).value
               for mask in ("row_causal", "document") for dp in (1, 2)}
     assert len(set(values.values())) == 4, values
     with pytest.raises(MissingExpectation, match="data-parallel degree 3"):
-        registry.get("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 3)
+        registry.rule("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 3)
 
 
 def test_missing_expectation_names_the_key():
     with pytest.raises(MissingExpectation, match="backend='hf_v5' model='tiny_moe'"):
-        ExpectationRegistry().get("hf_v5", "tiny_moe", "random", "cpu")
+        ExpectationRegistry().rule("hf_v5", "tiny_moe", "random", "cpu")
 
 
 def test_a_run_without_expectation_fails_with_the_observed_value_and_how_to_record_it():
@@ -124,7 +125,7 @@ TIED = known_issues.issue("hf_v5-tied-embedding-init-scale")
 
 
 def _hf_random(deviation):
-    expected = ExpectationRegistry().get("hf_v5", "tiny_dense", "random", "cpu")
+    expected = expected_loss("hf_v5", "tiny_dense", "random", "cpu")
     return _run([expected.value + deviation], backend="hf_v5", init="random", attention="causal",
                 mask="causal")
 
@@ -312,15 +313,15 @@ def test_a_truncated_init_rule_is_the_std_torch_draws():
     not s: spring-2026's and the transformers backend's output init."""
     import torch
 
-    from harness.registry.expectations import _std_rule
+    from harness.references.expected_loss import lm_head_std
 
     hidden = 2048
     s = hidden ** -0.5
     drawn = torch.nn.init.trunc_normal_(torch.empty(4_000_000, dtype=torch.float64),
                                         std=s, a=-3 * s, b=3 * s,
                                         generator=torch.Generator().manual_seed(0)).std().item()
-    assert abs(_std_rule("trunc3(hidden^-0.5)", hidden) / drawn - 1) < 1e-3
-    assert abs(_std_rule("hidden^-0.5", hidden) / drawn - 1) > 1e-2  # the untruncated rule is off
+    assert abs(lm_head_std("trunc3(hidden^-0.5)", hidden) / drawn - 1) < 1e-3
+    assert abs(lm_head_std("hidden^-0.5", hidden) / drawn - 1) > 1e-2  # the untruncated rule is off
 
 
 @pytest.mark.parametrize("log, first", [

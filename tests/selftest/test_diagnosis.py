@@ -223,7 +223,7 @@ def _pretrained_result(loss, tmp_path):
 
 
 def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
-    from harness.registry.expectations import analytic_random_init_loss, configured_lm_head_std
+    from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std
     from harness.registry.hf_config import Qwen3Arch
 
     arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
@@ -296,6 +296,7 @@ def _recorded(built):
     streamed one as it hands them to the diagnosis, unit by unit (a tied weight's gradient
     summed over its uses)."""
     from harness.diagnosis import localize
+    from harness.references.loss import avg_loss
     from harness.references.model import trace_names
 
     modules = built.modules if built.modules is not None else localize.native_modules(
@@ -303,7 +304,7 @@ def _recorded(built):
     if built.under_test is None:
         with localize.Recorder(modules, grads=True) as recorder, torch.enable_grad():
             logits = built.run()
-        localize.run_loss(logits, built.labels).backward()
+        avg_loss(logits, built.labels).backward()
         outputs, out_grads, param_grads = recorder.take(), recorder.out_grads, built.model_grads()
     else:
         outputs, out_grads, param_grads = {}, {}, {}

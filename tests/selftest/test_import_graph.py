@@ -146,6 +146,57 @@ def test_no_harness_module_imports_from_a_folder_above_its_own():
                        + " < ".join(LAYERS) + "):\n  " + "\n  ".join(found))
 
 
+def registry_reaches_up(root: Path, registry: str = "registry") -> list[str]:
+    """Every way a module of the data layer (``registry``, the bottom folder) reaches another
+    stage: an import of a harness module outside its folder, as ``module:line imports target``,
+    and a ``Callable`` in an annotation (computation handed in from above, a callback), as
+    ``module:line takes a Callable``."""
+    top = root.name
+    own = f"{top}.{registry}"
+    found = [f"{name}:{line} imports {target}" for name, line, target in imports(root)
+             if (name == own or name.startswith(own + ".")) and not target.startswith(own)]
+    for name, path in module_files(root).items():
+        if name != own and not name.startswith(own + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            annotations = []
+            if isinstance(node, ast.AnnAssign):
+                annotations.append(node.annotation)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args
+                annotations += [a.annotation for a in (*arguments.posonlyargs, *arguments.args,
+                                                       *arguments.kwonlyargs) if a.annotation]
+            if any("Callable" in ast.unparse(a) for a in annotations):
+                found.append(f"{name}:{node.lineno} takes a Callable")
+    return found
+
+
+def test_the_registry_returns_data_and_calls_no_stage_above_it():
+    """harness/registry states what is expected and computes nothing of a higher stage: it
+    imports only itself and takes no computation handed in from above (the checks ask it for a
+    rule and compute with it)."""
+    found = registry_reaches_up(HARNESS)
+    assert not found, "harness/registry reaches a stage above it:\n  " + "\n  ".join(found)
+
+
+def test_a_registry_callback_or_upward_import_is_reported(tmp_path):
+    package = tmp_path / "pkg"
+    for folder in ("registry", "checks"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "checks" / "forward.py").write_text("def forward(run):\n    return 1.0\n")
+    (package / "registry" / "data.py").write_text("from pkg.registry import other\n")
+    (package / "registry" / "other.py").write_text("X = 1\n")
+    assert registry_reaches_up(package) == []
+    (package / "registry" / "data.py").write_text(
+        "from typing import Callable\n\n\n"
+        "def get(run, forward: Callable):\n    return forward(run)\n\n\n"
+        "def lazy():\n    from pkg.checks import forward\n")
+    assert registry_reaches_up(package) == ["pkg.registry.data:9 imports pkg.checks.forward",
+                                            "pkg.registry.data:4 takes a Callable"]
+
+
 def test_every_exception_is_still_an_import_against_the_order():
     stale = [pair for pair in EXCEPTIONS
              if not any((n, t) == pair for n, _, t in imports(HARNESS))]

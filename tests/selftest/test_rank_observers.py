@@ -31,6 +31,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from harness.references.batch import load_batches
 from harness.registry import dump_layout, paths
 from harness.rank import observers as rank_observers
 from harness.upstream import titan_api
@@ -249,12 +250,11 @@ def test_the_observers_record_at_the_layouts_paths_and_change_nothing(tmp_path, 
     assert list(fingerprints) == [0] and fingerprints[0]["step"] == 1
     assert sorted(fingerprints[0]["params"]) == sorted(n for n, _ in model.named_parameters())
     for step in (1, 2):  # a step's dump holds every microbatch's rows, in feeding order
-        (batch,) = dump_layout.load_batches(run_dir, step)
+        (batch,) = load_batches(run_dir, step)
         microbatches = observed.fed[(step - 1) * MICROBATCHES:step * MICROBATCHES]
-        assert torch.equal(batch["model_input"],
+        assert torch.equal(batch.fed.inputs,
                            torch.cat([titan_api.post_dataloading_parts(m)[0] for m in microbatches]))
-        assert torch.equal(batch["input"] * 2, batch["model_input"])
-    assert dump_layout.first_batch(run_dir) is not None
+        assert torch.equal(batch.inputs * 2, batch.fed.inputs)
     records = dump_layout.rank_state_records(run_dir)
     assert sorted(records[0]) == ["built", "loaded", "trained"]
     assert all(records[0][phase]["parts"][0]["tied_same_parameter"] for phase in records[0])
@@ -268,9 +268,9 @@ def test_the_observers_record_at_the_layouts_paths_and_change_nothing(tmp_path, 
 def test_the_observers_record_only_the_steps_and_observers_they_are_told(tmp_path, monkeypatch):
     trained(tmp_path / "batches", ("batches",), monkeypatch)
     run_dir = tmp_path / "batches"
-    assert len(dump_layout.load_batches(run_dir, 1)) == 1
+    assert len(load_batches(run_dir, 1)) == 1
     with pytest.raises(FileNotFoundError, match="no batch dumps of step 2"):
-        dump_layout.load_batches(run_dir, 2)
+        load_batches(run_dir, 2)
     assert dump_layout.initial_weights_dir(run_dir) is None
     assert dump_layout.read_fingerprints(run_dir) is None
     assert dump_layout.rank_state_records(run_dir) == {}

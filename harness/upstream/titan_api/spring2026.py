@@ -80,7 +80,7 @@ def transformers_backend() -> SimpleNamespace:
         HFTransformerModel=HFTransformerModel,
         # spring: the plain Trainer; attention through SDPA, causal (is_causal).
         attention="sdpa (HF AttentionInterface 'sdpa_torchtitan'), causal",
-        # How it masks packed rows (harness.parity.models.Batch.masked_as): spring's
+        # How it masks packed rows (harness.references.batch Batch.masked_as): spring's
         # HFTransformerModel.forward replaces the positions with 0..L-1 and its SDPA is causal,
         # so it is native sdpa's model, "row_causal"; attn_mask_type is declared but unused,
         # so no setting gives a per-document mask (block_causal False).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from harness.kernels.checks.adapters.nki_kernels import _cos_sin
+from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
 
 EMULATOR_PACKAGE = "nkilib_src.nkilib"  # the standalone wheel, the one CI installs
 
@@ -109,7 +110,7 @@ def cross_entropy(inputs, params, device):
     logits, labels = inputs["logits"], inputs["labels"]
     flat = logits.reshape(-1, logits.shape[-1])
     target = labels.reshape(-1)
-    keep = target != -100
+    keep = target != IGNORE_INDEX
     dtype = nl.float32 if logits.dtype == torch.float32 else nl.bfloat16
     options = {"chunk_size": min(16384, flat.shape[-1]), "dtype": dtype}
     kept = flat[keep]
