@@ -48,10 +48,10 @@ import pytest
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import (RESHARD_CASES, RESHARD_UNEVEN_RANKS, TRAINING_STATE_BACKEND,
                                        ReshardCase, training_state_spec)
+from harness.checks.training_state import resume_findings, resumed_state_findings
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as ts
-from tests.e2e.test_training_state import (QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, resume_findings,
-                                           template_run_spec)
+from tests.e2e.test_training_state import QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, template_run_spec
 
 RESHARD = "resharded resume"
 # torchtitan's dataloader state is per data-parallel rank and refuses another degree.
@@ -147,7 +147,7 @@ def state_findings(first, run, saved: dict | None = None) -> list[str]:
     tensor, every row, bit for bit."""
     if saved is None:
         saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
-    return ts.resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
+    return resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in RESHARD_CASES])
