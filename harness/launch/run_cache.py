@@ -94,7 +94,7 @@ class RunCache:
         return spec
 
     def _shared(self, spec: RunSpec, blocking: bool = True) -> RunResult | None:
-        run_dir = self.root / self._dirname(spec)
+        run_dir = self.run_dir(spec)
         stored = dump_layout.stored_result(run_dir)
         with FileLock(str(dump_layout.lock_file(run_dir)), blocking=blocking):
             if stored.is_file():
@@ -121,13 +121,12 @@ class RunCache:
                 dump_layout.read_mark(run_dir).touch()
             return result
 
-    @staticmethod
-    def _dirname(spec: RunSpec) -> str:
+    def run_dir(self, spec: RunSpec) -> Path:
         # The digest of the whole spec, stable across processes (str hash() is salted per
         # process): the same spec gets the same folder in every worker, and on every node of
         # a multi-node run.
         digest = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.name}-{digest}")
+        return dump_layout.cache_run_dir(self.root, spec.name, digest)
 
 
 def _children_cpu_s() -> float:

@@ -8,8 +8,10 @@ through the functions here; no other file spells a folder or file name of the la
 are the ones CI keeps as artifacts (.github/workflows: ``launcher.log``, ``command.txt``,
 ``torchrun/``), so they do not change.
 
-A run cache's folder (``<session root>/<kind>_runs``, ``runs_folder``) holds one folder per run
-and, beside each, what the cache keeps of it:
+A run's folder sits in a test session's run cache (``<session root>/<kind>_runs/<name>-<key>``:
+``runs_folder``, ``cache_run_dir``) or in a main job's report (``<report>/runs/<name>``:
+``report_run_dir``). A run cache's folder holds one folder per run and, beside each, what the
+cache keeps of it:
 
     <kind>_runs/
       launches.jsonl                        the ledger: one line per launch (``ledger``)
@@ -17,7 +19,7 @@ and, beside each, what the cache keeps of it:
                                             the session's prefetcher: who started it, the specs
                                             it launches, its output (``prefetch_claim``, ...;
                                             the claim's lock: prefetch.claim.lock)
-      <run>/                                a run's folder (``launch``'s ``run_dir``), below
+      <run>/                                a run's folder, <name>-<key> (``cache_run_dir``), below
       <run>.lock                            held while the run launches (``lock_file``)
       <run>.result.pickle                   its RunResult, for every process (``stored_result``)
       <run>.read                            a test has read it (``read_mark``)
@@ -74,8 +76,10 @@ import json
 import re
 from pathlib import Path
 
-# A run cache's folder and what it keeps beside each run's folder.
+# A run cache's folder and what it keeps beside each run's folder; a report's folder of runs.
 RUNS_FOLDER = "{kind}_runs"
+CACHE_RUN = "{name}-{key}"
+REPORT_RUNS = "runs"
 LEDGER = "launches.jsonl"
 PREFETCH_CLAIM = "prefetch.claim"
 PREFETCH_SPECS = "prefetch.specs.pickle"
@@ -124,6 +128,17 @@ _RANK = re.compile(r"rank(\d+)")
 def runs_folder(session_root: str | Path, kind: str) -> Path:
     """The run cache of device ``kind``'s runs under a session's temporary root."""
     return Path(session_root) / RUNS_FOLDER.format(kind=kind)
+
+
+def cache_run_dir(folder: str | Path, name: str, key: str) -> Path:
+    """The folder of run ``name`` in a run cache's ``folder``; ``key``: the cache's digest of
+    its spec (one spec, one folder, in every process)."""
+    return Path(folder) / re.sub(r"[^A-Za-z0-9_.-]", "_", CACHE_RUN.format(name=name, key=key))
+
+
+def report_run_dir(report: str | Path, name: str) -> Path:
+    """The folder of run ``name`` in a main job's report folder (``python -m harness run``)."""
+    return Path(report) / REPORT_RUNS / name.replace(":", "__").replace("/", "_")
 
 
 def ledger(folder: str | Path) -> Path:

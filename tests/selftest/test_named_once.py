@@ -26,11 +26,12 @@ from harness.registry import dump_layout, environment, paths
 VARIABLE = re.compile(r"HARNESS_[A-Z0-9_]+")
 # The run cache's and the run folder's names (the dump's own are the rank side's, read through
 # dump_layout alike); a pattern by its longest fixed part.
+# (The report's ``runs`` is left out: results.json has a key of that name.)
 RUN_FOLDER_NAMES = {
-    dump_layout.LEDGER, dump_layout.PREFETCH_CLAIM, dump_layout.PREFETCH_SPECS, dump_layout.PREFETCH_LOG,
-    dump_layout.LOCK, dump_layout.STORED_RESULT, dump_layout.READ_MARK, dump_layout.WHOLE_COPY,
-    dump_layout.COMMAND, dump_layout.LAUNCHER_LOG, dump_layout.TORCHRUN_LOGS, dump_layout.VERDICTS,
-    dump_layout.DUMP, *dump_layout.RANK_LOG_FILES,
+    dump_layout.LEDGER, dump_layout.PREFETCH_CLAIM, dump_layout.PREFETCH_SPECS,
+    dump_layout.PREFETCH_LOG, dump_layout.LOCK, dump_layout.STORED_RESULT, dump_layout.READ_MARK,
+    dump_layout.WHOLE_COPY, dump_layout.COMMAND, dump_layout.LAUNCHER_LOG, dump_layout.TORCHRUN_LOGS,
+    dump_layout.VERDICTS, dump_layout.DUMP, *dump_layout.RANK_LOG_FILES,
     *(max(re.split(r"\{\w+\}", pattern), key=len)
       for pattern in (dump_layout.RUNS_FOLDER, dump_layout.NODE_LAUNCHER_LOG)),
 }

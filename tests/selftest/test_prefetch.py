@@ -104,7 +104,7 @@ def test_a_prefetched_run_is_launched_once_and_read_by_its_test(tmp_path, monkey
 def test_a_run_another_process_is_launching_is_not_prefetched(tmp_path, monkeypatch):
     cache, launched = _fake_cache(tmp_path, monkeypatch)
     spec = RunSpec("titan_native", init="pretrained")
-    lock = dump_layout.lock_file(cache.root / cache._dirname(spec))
+    lock = dump_layout.lock_file(cache.run_dir(spec))
     with FileLock(str(lock)):  # held as a worker launching it holds it
         assert cache.prefetch(spec) is False
     assert launched == []
