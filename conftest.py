@@ -17,7 +17,7 @@ from harness.rank import startup_gc
 # collection), back on frozen once the tests are collected (harness/rank/startup_gc.py).
 startup_gc.pause()
 
-from harness.registry import known_issues  # noqa: E402
+from harness.registry import dump_layout, environment, known_issues  # noqa: E402
 from harness.device.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
                              standin_for, tier_status, worker_threads, xdist_workers)
 from harness.launch.children import leftover_processes  # noqa: E402
@@ -54,7 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "collected tests read also launch ahead of need, harness/launch/prefetch.py)")
     group.addoption("--trn2-runner", action="store_true",
                     help="nightly Trainium runners: any skip, or an empty selection, fails")
-    group.addoption("--c4-path", default=os.environ.get("HARNESS_C4_PATH"), metavar="DIR",
+    group.addoption("--c4-path", default=os.environ.get(environment.C4_PATH), metavar="DIR",
                     help="a local copy of allenai/c4 (its README.md and en/ shards, harness/backends/"
                     "c4.py) for the full-size runs; default $HARNESS_C4_PATH, else the Hub (the "
                     "CPU twin reads fixtures/c4). Fetch one with scripts/nightly/fetch_data.py")
@@ -164,7 +164,7 @@ def _start_the_prefetcher(session: pytest.Session) -> None:
 
     specs = prefetch.needed_specs(session.items, profile.kind, config.getoption("--steps"),
                                   tuple(config.getoption("--workaround")))
-    root = session_root(config._tmp_path_factory) / f"{profile.kind}_runs"
+    root = dump_layout.runs_folder(session_root(config._tmp_path_factory), profile.kind)
     _PREFETCHER = prefetch.start(root, profile.kind, specs)
 
 
@@ -234,7 +234,8 @@ def device_runs(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
 
     def get(kind: str) -> RunCache:
         if kind not in caches:
-            caches[kind] = RunCache(profile_for(kind), root / f"{kind}_runs", rendezvous=rendezvous)
+            caches[kind] = RunCache(profile_for(kind), dump_layout.runs_folder(root, kind),
+                                    rendezvous=rendezvous)
         return caches[kind]
 
     return get

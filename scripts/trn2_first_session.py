@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.kernels.checks import trn2_session  # noqa: E402
+from harness.registry import environment  # noqa: E402
 
 
 def _neff_bytes(folder: str | None) -> int:
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     report["environment"]["TORCH_NEURONX_NEFF_CACHE_DIR before the session"] = ORIGINAL_NEFF_CACHE
     if args.runs if args.runs is not None else not args.stand_in:
         if args.stand_in:
-            os.environ["HARNESS_NEURON_STANDIN"] = "cpu"
+            os.environ[environment.NEURON_STANDIN] = "cpu"
         report["runs"] = runs = first_runs(output_dir, args.assets_dir, args.c4_path)
         published = runs["full"]["published"]
         failures = [f"run {runs[k]['run']} failed: {runs[k]['error']}" for k in ("tiny", "full")

@@ -16,7 +16,7 @@ from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 
 from harness.registry import paths
-from harness.registry.assets_twin import FULL_ASSETS_ENV
+from harness.registry import environment
 from harness.upstream.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 from harness.upstream.metrics_sink import JsonlMetricsProcessor
 from harness.registry.hf_config import read_config_json
@@ -45,7 +45,7 @@ def full_assets(default: str) -> str:
     """The run's assets dir, exported by the launcher (a config function runs before torchtitan
     applies the command line, and the model's shape is the assets': Qwen3-4B on trn2, the tiny
     twin on CPU, harness/registry/assets_twin.py)."""
-    return os.environ.get(FULL_ASSETS_ENV) or default
+    return os.environ.get(environment.FULL_ASSETS) or default
 
 
 def assets_config(assets: str) -> dict | None:

@@ -15,7 +15,8 @@ from harness.registry import paths
 from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 
-# The default assets dir; the launcher sets the run's (common.FULL_ASSETS_ENV, --hf_assets_path).
+# The default assets dir; the launcher sets the run's (harness/registry/environment.py
+# FULL_ASSETS, --hf_assets_path).
 FULL_ASSETS = "./assets/hf/Qwen3-4B-Instruct-2507"
 # Qwen3-4B's shape: assets of this shape get torchtitan's own "4B" flavor, as users run it.
 QWEN3_4B_SHAPE = {"vocab_size": 151936, "hidden_size": 2560, "num_hidden_layers": 36}

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import subprocess
 import sys
@@ -56,10 +55,9 @@ from pathlib import Path
 
 import psutil
 
-from harness.registry import paths
+from harness.registry import environment, paths
 from harness.device.devices import CPU_SHIMS
 from harness.upstream.versions import package_versions
-from harness.upstream import install as shim_install
 
 GIB = 1024**3
 QWEN3_4B = "Qwen3-4B-Instruct-2507"
@@ -548,23 +546,15 @@ def random_init_problems(result: dict, backend: str, published) -> tuple[list[st
 # --------------------------------------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env[shim_install.ENV_VAR] = ",".join(CPU_SHIMS)  # the CPU ranks' shims (cpu device, eager flex)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(paths.BOOT_DIR), str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def run_child(args: list[str], log: Path, timeout_s: float = CASE_TIMEOUT_S,
               memory_limit_gib: float = MEMORY_LIMIT_GIB):
     """Run this module in a child process; return (parsed RESULT, wall s, peak RSS GiB)."""
     start = time.monotonic()
     peak = 0.0
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", __name__, *args], env=_child_env(),
+        # Started as a CPU rank starts: the CPU ranks' shims (cpu device, eager flex).
+        proc = subprocess.Popen([sys.executable, "-m", __name__, *args],
+                                env=environment.child_environment(rank=True, shims=CPU_SHIMS),
                                 stdout=out, stderr=subprocess.STDOUT, cwd=paths.REPO_ROOT)
         handle = psutil.Process(proc.pid)
         why = None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.references.batch import load_batches
-from harness.registry import dump_layout, known_issues
+from harness.registry import dump_layout, environment, known_issues
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 from harness.checks.reference_forward import expectation_for_run
 from harness.results.run_result import RunResult
@@ -273,19 +273,16 @@ def verdicts(run: RunResult, steps: int, checks=None) -> dict[str, tuple[known_i
 # Verdicts as the tests computed them: the run report reads these, never judges again
 # ---------------------------------------------------------------------------------------------
 
-VERDICTS = "verdicts"  # <run dir>/verdicts/<check>.json
 # The checks that read a run's checkpoints (dump/checkpoint); once each has recorded its verdict,
 # a full-size run's checkpoints (an HF export of 8 GB for Qwen3-4B in bfloat16) are deleted.
 CHECKPOINT_READERS = ("hf_checkpoint_complete",)
-KEEP_CHECKPOINTS_ENV = "HARNESS_KEEP_CHECKPOINTS"
 
 
 def record(check: str, run: RunResult, result: known_issues.Verdict, outcome: Outcome) -> Path:
     """Keep ``check``'s verdict on ``run`` beside the run (any process of the session may have
     computed it), then free what no check still needs (``release_checkpoints``)."""
-    folder = Path(run.run_dir) / VERDICTS
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{check}.json"
+    path = dump_layout.verdict_file(run.run_dir, check)
+    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"status": result.status, "message": result.message,
                 "issues": [i.name for i in result.issues], "inherited_from": result.inherited_from,
                 "problem": outcome.problem, "observed": outcome.observed, "how": outcome.how}
@@ -297,10 +294,10 @@ def record(check: str, run: RunResult, result: known_issues.Verdict, outcome: Ou
 def recorded(run: RunResult) -> dict[str, tuple[known_issues.Verdict, Outcome]]:
     """Every verdict recorded for ``run`` in this session, by check name."""
     out = {}
-    for path in sorted((Path(run.run_dir) / VERDICTS).glob("*.json")):
+    for check, path in dump_layout.verdict_files(run.run_dir).items():
         data = json.loads(path.read_text())
         issues = tuple(known_issues.issue(name) for name in data["issues"])
-        out[path.stem] = (known_issues.Verdict(data["status"], data["message"], issues,
+        out[check] = (known_issues.Verdict(data["status"], data["message"], issues,
                                                data["inherited_from"]),
                           Outcome(data["problem"], data["observed"], data["how"]))
     return out
@@ -315,9 +312,9 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
 
     from harness.launch.run import remove_checkpoints
 
-    folder = Path(run.run_dir) / VERDICTS
-    done = readers_done or all((folder / f"{check}.json").is_file() for check in CHECKPOINT_READERS)
-    if run.size != "full" or not done or os.environ.get(KEEP_CHECKPOINTS_ENV):
+    done = readers_done or all(dump_layout.verdict_file(run.run_dir, check).is_file()
+                               for check in CHECKPOINT_READERS)
+    if run.size != "full" or not done or os.environ.get(environment.KEEP_CHECKPOINTS):
         return False
     remove_checkpoints(run.run_dir)
     return True

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from harness.checks import run_checks as checks
-from harness.registry import known_issues
+from harness.registry import dump_layout, known_issues
 from harness.backends import BACKENDS, INITS, SIZES
 from harness.device.devices import KINDS, detect
 from harness.launch.run import RunSpec, launch
@@ -159,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{name}] step {record.step:3d}  loss {record.loss:.6f}  "
                   f"({time.monotonic() - start:.0f}s)", flush=True)
 
-        folder = spec.name.replace(":", "__").replace("/", "_")
-        result = launch(spec, profile, out / "runs" / folder, on_step=progress)
+        result = launch(spec, profile, dump_layout.report_run_dir(out, spec.name), on_step=progress)
         verdict = RunVerdict(result, checks.verdicts(result, spec.steps))
         verdicts.append(verdict)
         print(f"[{spec.name}] {'ok' if verdict.ok else 'FAIL'} in {result.duration_s:.0f}s", flush=True)

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from harness.device.package_probe import probe_module
+from harness.registry import environment
 
 KINDS = ("neuron", "cuda", "cpu")
 # The logical-NeuronCore configuration ranks run at unless the environment says otherwise:
@@ -38,7 +39,6 @@ EXCLUSIVE_RUNTIME = ("neuron",)
 # profile (gloo, 2 ranks, the CPU shims); every consequence (the full size from the assets twin,
 # CPU timeouts and numbers) follows from ``runs_on``. In-process tests of the 'neuron' torch
 # device have no stand-in: the rehearsal deselects them (conftest.py), naming why.
-STANDIN_ENV = "HARNESS_NEURON_STANDIN"
 STANDIN_KINDS = ("cpu",)
 # The shim that makes the stand-in's process group refuse what ProcessGroupNeuron refuses, and
 # the recorded setting naming whose collectives a run's ranks obey (known issues of the neuron
@@ -49,11 +49,11 @@ COLLECTIVES_RECORD = "collectives"
 
 def standin_for(kind: str, environ=None) -> str | None:
     """The device kind standing in for tier ``kind`` (only the neuron tier has one), or None."""
-    value = (os.environ if environ is None else environ).get(STANDIN_ENV, "")
+    value = (os.environ if environ is None else environ).get(environment.NEURON_STANDIN, "")
     if kind != "neuron" or not value:
         return None
     if value not in STANDIN_KINDS:
-        raise ValueError(f"{STANDIN_ENV}={value!r}: the neuron tier can stand in on "
+        raise ValueError(f"{environment.NEURON_STANDIN}={value!r}: the neuron tier can stand in on "
                          f"{STANDIN_KINDS} only; unset it to run on trn2")
     return value
 
@@ -68,7 +68,7 @@ def tier_status(kind: str) -> tuple[bool, str]:
     standin = standin_for(kind)
     if standin:
         return True, (f"stand-in: the {standin} profile runs the {kind} tier's launches "
-                      f"({STANDIN_ENV}={standin}, the nightly's rehearsal)")
+                      f"({environment.NEURON_STANDIN}={standin}, the nightly's rehearsal)")
     return device_status(kind)
 
 

@@ -8,7 +8,6 @@ harness process, and a full-size model's memory is the child's own. Hints need n
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.registry import dump_layout, known_issues, paths
+from harness.registry import dump_layout, environment, known_issues, paths
 
 TIMEOUT_S = 900
 # Module walks a session may start, per device (none given: no limit). On trn2 every walk is a
@@ -106,15 +105,13 @@ def first_nonfinite_after_step_1(run) -> int | None:
 
 
 def launched(run) -> bool:
-    return (Path(run.run_dir) / "dump").is_dir()
+    return dump_layout.dump_folder(run.run_dir).is_dir()
 
 
 def localize_in_child(req: dict, log: Path) -> tuple[dict | None, str | None]:
-    from harness.launch.children import marked_env
-
-    env = marked_env()  # the end-of-session sweep finds it if it outlives its timeout
-    env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("HARNESS_PLANTS", None)  # the child applies the run's plants itself, in-process
+    # Marked, so the end-of-session sweep finds it if it outlives its timeout; no shims or
+    # plants in its environment: the child applies the run's itself, in-process.
+    env = environment.child_environment()
     with open(log, "w") as out:
         try:
             proc = subprocess.run([sys.executable, "-m", "harness.diagnosis", "localize",

@@ -20,16 +20,16 @@ import importlib
 import os
 from dataclasses import replace
 
-from harness.rank.observers import DUMP_STEPS_ENV
+from harness.registry import environment
 
-TARGET_ENV = "HARNESS_INSTRUMENT_TARGET"
 MODULE = __name__
 
 
 def _target():
-    name = os.environ.get(TARGET_ENV)
+    name = os.environ.get(environment.INSTRUMENT_TARGET)
     if not name:
-        raise AttributeError(f"{MODULE}: set {TARGET_ENV} to the config module to instrument")
+        raise AttributeError(f"{MODULE}: set {environment.INSTRUMENT_TARGET} to the config module "
+                             "to instrument")
     return importlib.import_module(name)
 
 
@@ -38,7 +38,8 @@ def __getattr__(name: str):
         raise AttributeError(name)
     function = getattr(_target(), name, None)
     if function is None or not callable(function):
-        raise AttributeError(f"{os.environ.get(TARGET_ENV)} has no config function {name!r}")
+        raise AttributeError(f"{os.environ.get(environment.INSTRUMENT_TARGET)} has no config "
+                             f"function {name!r}")
     return function
 
 
@@ -64,7 +65,7 @@ def instrumented_backend(base: str):
 
 def env(target: str, *, dump_steps: int = 1) -> tuple:
     """RunSpec.extra_env for an instrumented run of config module ``target``."""
-    return ((TARGET_ENV, target), (DUMP_STEPS_ENV, str(dump_steps)))
+    return ((environment.INSTRUMENT_TARGET, target), (environment.DUMP_STEPS, str(dump_steps)))
 
 
 def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str | None = None):

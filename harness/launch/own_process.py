@@ -13,7 +13,8 @@ reached (a child costs an import of torch and the device's stack; the nightly's 
 would pay it 73 times); under pytest-xdist each test gets its own. The child runs with the
 parent's harness options (the "harness" option group, as given), under a time limit of
 ``CHILD_TIMEOUT_PER_TEST_S`` per test, and carries the session's marker
-(harness/launch/children.py) so the end-of-session sweep finds it if it outlives its tests. Its reports
+(harness/registry/environment.py ``child_environment``) so the end-of-session sweep finds it if
+it outlives its tests. Its reports
 (setup, call, teardown) come back serialised through pytest's own
 ``pytest_report_to_serializable``, so the parent reports pass, fail, skip and xfail exactly as
 the child saw them; a test the child never reported fails, with the child's last lines.
@@ -31,11 +32,10 @@ from pathlib import Path
 import pytest
 
 from harness.device import devices
+from harness.registry import environment
 
 MARKER = "own_process"
 _CONFIG: list[pytest.Config] = []  # this process's config (the child serialises with it)
-# Set in the child: the file its reports go to (and "run the test here, not in another child").
-REPORTS_ENV = "HARNESS_OWN_PROCESS_REPORTS"
 # A cold NKI compile of one kernel case on trn2 takes a minute or two (its kernels, its torch
 # reference on the host); a child gets this long per test it runs, collection included (the
 # nightly's budget counts it: scripts/nightly/budget.py).
@@ -84,7 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
-    if item.get_closest_marker(MARKER) is None or os.environ.get(REPORTS_ENV):
+    if item.get_closest_marker(MARKER) is None or os.environ.get(environment.OWN_PROCESS_REPORTS):
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for report in _reports_of(item):
@@ -95,7 +95,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem) -> bool | None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """In the child: every report of its test, serialised for the parent."""
-    path = os.environ.get(REPORTS_ENV)
+    path = os.environ.get(environment.OWN_PROCESS_REPORTS)
     if not path or not getattr(report, "when", None):
         return
     config = _CONFIG[0]
@@ -147,13 +147,11 @@ def child_command(items: list[pytest.Item]) -> list[str]:
 
 def run_in_child(items: list[pytest.Item]) -> dict[str, list[pytest.TestReport]]:
     """Every report of ``items``, run in one child pytest process, by nodeid."""
-    from harness.launch.children import marked_env
-
     config = items[0].config
     timeout_s = CHILD_TIMEOUT_PER_TEST_S * len(items)
     with tempfile.TemporaryDirectory(prefix="own_process_") as folder:
         reports_file, log = Path(folder) / "reports.jsonl", Path(folder) / "child.log"
-        env = marked_env(**{REPORTS_ENV: str(reports_file)})
+        env = environment.child_environment(**{environment.OWN_PROCESS_REPORTS: str(reports_file)})
         env.pop("PYTEST_XDIST_WORKER", None)
         with open(log, "wb") as out:
             try:

@@ -32,10 +32,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from harness.launch.children import marked_env
+from harness.registry import dump_layout, environment
 
-CLAIM = "prefetch.claim"
-SPECS = "prefetch.specs.pickle"
 STOP_GRACE_S = 900.0  # the run in flight finishes (its own timeout bounds it)
 
 
@@ -110,17 +108,18 @@ def start(cache_root: Path, kind: str, specs: list) -> Prefetcher | None:
     if not specs:
         return None
     try:
-        with FileLock(str(root / (CLAIM + ".lock")), blocking=False):
-            if (root / CLAIM).exists():
+        claim = dump_layout.prefetch_claim(root)
+        with FileLock(str(dump_layout.lock_file(claim)), blocking=False):
+            if claim.exists():
                 return None
-            (root / CLAIM).write_text(str(os.getpid()))
+            claim.write_text(str(os.getpid()))
     except Timeout:
         return None
-    (root / SPECS).write_bytes(pickle.dumps((kind, list(specs))))
-    log = open(root / "prefetch.log", "ab")
+    dump_layout.prefetch_specs(root).write_bytes(pickle.dumps((kind, list(specs))))
+    log = open(dump_layout.prefetch_log(root), "ab")
     process = subprocess.Popen([sys.executable, "-m", "harness.launch.prefetch", str(root)],
-                               env=marked_env(), stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT)
+                               env=environment.child_environment(), stdin=subprocess.DEVNULL,
+                               stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return Prefetcher(process)
 
@@ -128,15 +127,15 @@ def start(cache_root: Path, kind: str, specs: list) -> Prefetcher | None:
 def main(cache_root: str) -> int:
     """The prefetching process: launch each spec that nobody has launched, in order, until
     done or told to stop (SIGUSR1: after the run in flight; SIGTERM: now)."""
-    from harness.launch import children, warm
+    from harness.launch import warm
     from harness.launch.run_cache import RunCache
 
-    children.act_for_parent()  # its runs are the session's: the session's end finds them
+    environment.act_for_parent()  # its runs are the session's: the session's end finds them
     stop = []
     signal.signal(signal.SIGUSR1, lambda *_: stop.append("usr1"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the launcher's finally ends the run
     root = Path(cache_root)
-    kind, specs = pickle.loads((root / SPECS).read_bytes())
+    kind, specs = pickle.loads(dump_layout.prefetch_specs(root).read_bytes())
     from harness.device.devices import profile_for
 
     try:

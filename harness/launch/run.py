@@ -29,11 +29,8 @@ from harness.registry.hf_config import read_config_json
 from harness.registry.layouts import FSDP, Layout, layout as layout_entry
 from harness.rank import observers as rank_observers
 from harness.backends import BackendSpec, backend
-from harness.registry import paths
 from harness import plants
-from harness.registry.assets_twin import FULL_ASSETS_ENV
-from harness.launch import children
-from harness.launch.children import SESSION_ENV, SESSION_ID, leftover_processes  # noqa: F401 (re-exported)
+from harness.registry import environment
 from harness.backends import c4
 from harness.device.devices import HF_ENV, DeviceProfile
 from harness.launch import warm
@@ -44,9 +41,6 @@ from harness.upstream import install as shim_install
 from harness.upstream import titan_cli
 from harness.upstream.versions import package_versions
 
-SHIMS_ENV = shim_install.ENV_VAR
-PLANTS_ENV = plants.ENV_VAR
-OBSERVERS_ENV = rank_observers.OBSERVERS_ENV
 DATA_SOURCES = ("fixture", "c4")
 STARTS = ("warm", "cold")  # RunSpec.start
 
@@ -276,10 +270,10 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path,
     several nodes on this machine (``node_commands``)."""
     nproc = spec.ranks(profile)
     rendezvous = spec.rendezvous or ("--standalone",)
-    per_node, log_dir = nproc, run_dir / TORCHRUN_LOGS
+    per_node, log_dir = nproc, dump_layout.torchrun_log_dir(run_dir)
     if node is not None:
         rank, port = node
-        per_node, log_dir = spec.ranks_per_node(profile), node_log_dir(run_dir, rank)
+        per_node, log_dir = spec.ranks_per_node(profile), dump_layout.torchrun_log_dir(run_dir, rank)
         rendezvous = (f"--nnodes={spec.nodes}", f"--node-rank={rank}",
                       "--master-addr=127.0.0.1", f"--master-port={port}")
     command = [
@@ -381,42 +375,32 @@ def remove_checkpoints(run_dir: Path) -> None:
 
 
 def rank_environment(spec: RunSpec, profile: DeviceProfile) -> dict[str, str]:
-    """What every rank starts with: the device's variables, the boot folder first on the path
-    (on every device) with the shims, plants and rank-side observers it installs
-    (harness/rank/boot/sitecustomize.py), then ``spec.extra_env``."""
-    env = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
+    """What every rank starts with (harness/registry/environment.py ``child_environment``): the
+    device's variables, the boot folder first on the path (on every device) with the shims,
+    plants and rank-side observers it installs (harness/rank/boot/sitecustomize.py), then
+    ``spec.extra_env``."""
+    base = {k: v for k, v in os.environ.items() if k not in profile.rank_env_unset}
     for name, value in HF_ENV.items():  # as the in-process checks set them, ran they or not
-        env.setdefault(name, value)
-    env.update(profile.rank_env)
+        base.setdefault(name, value)
+    base.update(profile.rank_env)
     if spec.size == "full" and spec.hf_assets_path and not spec.subject:
-        env[FULL_ASSETS_ENV] = str(spec.hf_assets_path)
-    env["PYTHONUNBUFFERED"] = "1"
-    env[SESSION_ENV] = children.SESSION_ID  # read now: a prefetcher acts for its parent's session
-    python_path = [*spec.pythonpath, str(paths.REPO_ROOT)]
+        base[environment.FULL_ASSETS] = str(spec.hf_assets_path)
     workaround_shims = [known_issues.workaround(name).rank_shim for name in spec.all_workarounds]
     # A subject's config has torchtitan's own metrics processor: the ranks swap in the
     # harness's JSONL sink (the harness reads results from nowhere else).
     sink = ("jsonl_metrics_sink",) if spec.subject else ()
     shims = (*profile.shims, *sink, *(s for s in workaround_shims if s))
-    for variable, names in ((SHIMS_ENV, shims), (PLANTS_ENV, spec.plants)):
-        if names:
-            env[variable] = ",".join(names)
-        else:
-            env.pop(variable, None)
-    env[OBSERVERS_ENV] = rank_observers.env_value()  # every run, every device
-    python_path.insert(0, str(paths.BOOT_DIR))
-    if env.get("PYTHONPATH"):
-        python_path.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(python_path)
-    env.update(dict(spec.extra_env))
-    return env
+    return environment.child_environment(
+        base=base, rank=True, shims=shims, plants=spec.plants,
+        observers=rank_observers.OBSERVERS,  # every run, every device
+        python_path=spec.pythonpath, **dict(spec.extra_env))
 
 
 def run_patches(env: dict[str, str], profile: DeviceProfile) -> frozenset[str]:
     """The modules a run's ranks patch as they import them, beyond what the device's shims
     patch: its own shims' (workarounds, the sink) and its plants'."""
-    own = [n for n in env.get(SHIMS_ENV, "").split(",") if n and n not in profile.shims]
-    planted = [n for n in env.get(PLANTS_ENV, "").split(",") if n]
+    own = [n for n in environment.names(env.get(environment.SHIMS)) if n not in profile.shims]
+    planted = environment.names(env.get(environment.PLANTS))
     return shim_install.targets(own) | plants.targets(planted)
 
 
@@ -452,44 +436,6 @@ def kill_trees(root_pids, grace_s: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
-
-
-TORCHRUN_LOGS = "torchrun"  # the run dir's folder of torchrun's --log-dir
-NODE_LOGS = "node{node}"  # a node's own --log-dir under it, for a run of several nodes
-LAUNCHER_LOG = "launcher.log"  # the launcher's stdout and stderr; a node's: launcher.node<i>.log
-
-
-def node_log_dir(run_dir: Path, node: int) -> Path:
-    return Path(run_dir) / TORCHRUN_LOGS / NODE_LOGS.format(node=node)
-
-
-def launcher_log(run_dir: Path, node: int, nodes: int) -> Path:
-    return Path(run_dir) / (LAUNCHER_LOG if nodes == 1 else f"launcher.node{node}.log")
-
-
-def find_rank_logs(run_dir: Path, ranks_per_node: int | None = None) -> dict[int, list[Path]]:
-    """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log.
-
-    Keeps the last attempt's files of each rank (torchtitan logs to stderr, prints to stdout),
-    under its global rank: node i's local rank r (``node_log_dir``) is global rank
-    i * ``ranks_per_node`` + r (by default the most local ranks any node has).
-    """
-    root = Path(run_dir) / TORCHRUN_LOGS
-    nodes = {int(d.name[len("node"):]): _local_rank_logs(d) for d in root.glob("node*/")
-             if d.name[len("node"):].isdigit()}
-    if not nodes:
-        return _local_rank_logs(root)
-    per_node = ranks_per_node or max((max(local) + 1 for local in nodes.values() if local), default=0)
-    return {node * per_node + local: files for node, ranks in sorted(nodes.items())
-            for local, files in ranks.items()}
-
-
-def _local_rank_logs(log_dir: Path) -> dict[int, list[Path]]:
-    logs: dict[int, list[Path]] = {}
-    for rank_dir in sorted(log_dir.glob("*/attempt_*/*/")):
-        if rank_dir.name.isdigit():
-            logs[int(rank_dir.name)] = [rank_dir / "stderr.log", rank_dir / "stdout.log"]
-    return logs
 
 
 def _wait(procs: list[subprocess.Popen], timeout_s: float, sink: Path, on_step) -> bool:
@@ -542,7 +488,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     run_dir.mkdir(parents=True)
     commands = node_commands(spec, profile, run_dir)
     command = commands[0]
-    (run_dir / "command.txt").write_text("".join(" ".join(c) + "\n" for c in commands))
+    dump_layout.command_file(run_dir).write_text("".join(" ".join(c) + "\n" for c in commands))
     cache_before = cache_entries(profile.compile_cache_dir)
     start = time.monotonic()
     timed_out = False
@@ -551,11 +497,12 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     if profile.warm_start and spec.start == "warm":
         warm_socket, why_cold = warm.socket_for(env, profile.shims, run_patches(env, profile))
         if warm_socket:
-            env[warm.SOCKET_ENV] = warm_socket
+            env[environment.WARM_SOCKET] = warm_socket
     elif spec.start == "cold":
         why_cold = "the run asks for a cold start"
     procs: list[subprocess.Popen] = []
-    logs = [open(launcher_log(run_dir, node, spec.nodes), "wb") for node in range(spec.nodes)]
+    logs = [open(dump_layout.launcher_log(run_dir, node, spec.nodes), "wb")
+            for node in range(spec.nodes)]
     try:
         for node_command, log in zip(commands, logs):
             procs.append(subprocess.Popen(
@@ -578,7 +525,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         for log in logs:
             log.close()
     returncode = None if timed_out else next((c for c in codes if c not in (None, 0)), 0)
-    rank_logs = find_rank_logs(run_dir, per_node)
+    rank_logs = dump_layout.find_rank_logs(run_dir, per_node)
     return RunResult(
         name=spec.name,
         backend=spec.backend,

@@ -4,7 +4,8 @@ Every pytest-xdist worker of a session opens a ``RunCache`` on the same folder (
 shared temporary root). A run's folder is keyed by a digest of its whole ``RunSpec``; the first
 process to ask for it launches it while holding a file lock on that key, and stores the result
 beside the folder; every other process, waiting on the lock or coming later, reads the stored
-result. Each launch appends one line to the folder's ledger (``launches.jsonl``), which
+result (the folder and what is kept beside it: harness/registry/dump_layout.py). Each launch
+appends one line to the folder's ledger (``dump_layout.ledger``), which
 ``repeated_launches`` reads: a session in which one spec was launched twice is a defect, and
 so is one whose specs differ only in a worker's own temporary folder (an input built per
 worker, e.g. under ``popen-gw0/`` and ``popen-gw1/``, makes each worker launch its own copy of
@@ -29,11 +30,9 @@ from filelock import FileLock, Timeout
 
 from harness.device.devices import DeviceProfile
 from harness.launch.run import RunSpec, launch
+from harness.registry import dump_layout
 from harness.results.run_result import RunResult
 
-LEDGER = "launches.jsonl"
-# Beside a run's stored result once a test has read it (``unread_prefetches``).
-READ_MARK = ".read"
 # A pytest-xdist worker's own basetemp under the session's root (``<root>/popen-gwN``).
 WORKER_FOLDER = re.compile(r"popen-gw\d+")
 
@@ -51,7 +50,7 @@ def shared_folder(tmp_path_factory, name: str, build) -> Path:
     worker, or each worker launches the run again."""
     path = session_root(tmp_path_factory) / name
     done = path.with_name(name + ".built")
-    with FileLock(str(path.with_name(name + ".lock"))):
+    with FileLock(str(dump_layout.lock_file(path))):
         if not done.is_file():
             shutil.rmtree(path, ignore_errors=True)  # a build cut short
             build(path)
@@ -95,13 +94,13 @@ class RunCache:
         return spec
 
     def _shared(self, spec: RunSpec, blocking: bool = True) -> RunResult | None:
-        run_dir = self.root / self._dirname(spec)
-        stored = run_dir.with_name(run_dir.name + ".result.pickle")
-        with FileLock(str(run_dir.with_name(run_dir.name + ".lock")), blocking=blocking):
+        run_dir = self.run_dir(spec)
+        stored = dump_layout.stored_result(run_dir)
+        with FileLock(str(dump_layout.lock_file(run_dir)), blocking=blocking):
             if stored.is_file():
                 if not blocking:
                     return None
-                run_dir.with_name(run_dir.name + READ_MARK).touch()
+                dump_layout.read_mark(run_dir).touch()
                 return pickle.loads(stored.read_bytes())
             before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
@@ -111,7 +110,7 @@ class RunCache:
             cpu_s, wall_s = _children_cpu_s() - before, time.monotonic() - start
             cpu_s += result.started.get("warm_cpu_s", 0.0)
             stored.write_bytes(pickle.dumps(result))
-            with open(self.root / LEDGER, "a", encoding="utf-8") as ledger:
+            with open(dump_layout.ledger(self.root), "a", encoding="utf-8") as ledger:
                 ledger.write(json.dumps({"run": run_dir.name, "key": spec_key(spec),
                                          "name": spec.name, "pid": os.getpid(),
                                          "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
@@ -119,16 +118,15 @@ class RunCache:
                                          "started": result.started,
                                          "prefetched": not blocking}) + "\n")
             if blocking:
-                run_dir.with_name(run_dir.name + READ_MARK).touch()
+                dump_layout.read_mark(run_dir).touch()
             return result
 
-    @staticmethod
-    def _dirname(spec: RunSpec) -> str:
+    def run_dir(self, spec: RunSpec) -> Path:
         # The digest of the whole spec, stable across processes (str hash() is salted per
         # process): the same spec gets the same folder in every worker, and on every node of
         # a multi-node run.
         digest = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.name}-{digest}")
+        return dump_layout.cache_run_dir(self.root, spec.name, digest)
 
 
 def _children_cpu_s() -> float:
@@ -143,7 +141,7 @@ def stored_results(root: Path) -> list[RunResult]:
     entries = {entry["run"]: entry for entry in ledger_entries(root)}
     results = []
     for name in entries:
-        for stored in Path(root).glob(f"*_runs/{name}.result.pickle"):
+        for stored in dump_layout.cache_files(root, name, dump_layout.STORED_RESULT):
             results.append(pickle.loads(stored.read_bytes()))
     return results
 
@@ -151,9 +149,7 @@ def stored_results(root: Path) -> list[RunResult]:
 def ledger_entries(root: Path) -> list[dict]:
     """Every launch of the session whose temporary root is ``root``: by the shared caches
     (``<root>/<kind>_runs``) or by caches a worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
-    root = Path(root)
-    return [json.loads(line)
-            for ledger in [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]
+    return [json.loads(line) for ledger in dump_layout.ledgers(root)
             for line in ledger.read_text().splitlines() if line]
 
 
@@ -172,6 +168,5 @@ def unread_prefetches(root: Path) -> list[str]:
     """The runs the session whose temporary root is ``root`` launched ahead of need
     (harness/launch/prefetch.py) that no test then read: each is a launch the session paid for
     and used nowhere, i.e. the prefetcher's spec of a test differs from the test's own."""
-    root = Path(root)
     return [entry["run"] for entry in ledger_entries(root) if entry.get("prefetched")
-            and not any(root.glob(f"*_runs/{entry['run']}{READ_MARK}"))]
+            and not dump_layout.cache_files(root, entry["run"], dump_layout.READ_MARK)]

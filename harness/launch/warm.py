@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.launch.children import SESSION_ENV
-from harness.rank.warm_start import (IMPORTED_ENV, MODULES_FILE, SHIMS_ENV, SOCKET_ENV, STARTED_COLD, STARTED_WARM,
-                                    USED_CPU, ZYGOTE_ENV, per_run, refusal)
+from harness.registry import environment
+from harness.rank.warm_start import (IMPORTED_ENV, MODULES_FILE, STARTED_COLD, STARTED_WARM, USED_CPU,
+                                    per_run, refusal)
 
 MAX_ZYGOTES = 4
 START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores
@@ -69,11 +69,11 @@ def zygote_environment(rank_env: dict[str, str], device_shims: tuple[str, ...]) 
     """A zygote's environment for ranks of ``rank_env``: without the run's own variables
     (``HARNESS_*``, the session marker kept), with the device's shims only (the run's others
     are installed in the forked rank)."""
-    env = {k: v for k, v in rank_env.items() if k == SESSION_ENV or not per_run(k)}
-    env.pop(SOCKET_ENV, None)
+    env = {k: v for k, v in rank_env.items() if k == environment.SESSION or not per_run(k)}
+    env.pop(environment.WARM_SOCKET, None)
     if device_shims:
-        env[SHIMS_ENV] = ",".join(device_shims)
-    env[ZYGOTE_ENV] = "1"
+        env[environment.SHIMS] = ",".join(device_shims)
+    env[environment.ZYGOTE] = "1"
     return env
 
 

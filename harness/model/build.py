@@ -30,26 +30,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness.registry.assets_twin import FULL_ASSETS_ENV
+from harness.registry import environment
 from harness.backends import backend as backend_spec
 
 
 @contextlib.contextmanager
 def _full_assets(assets: str | Path | None):
-    """``FULL_ASSETS_ENV`` set to ``assets`` inside the block (a full size's config function
+    """``environment.FULL_ASSETS`` set to ``assets`` inside the block (a full size's config function
     reads the assets it is built for there, as it does in a launched rank)."""
     if assets is None:
         yield
         return
-    before = os.environ.get(FULL_ASSETS_ENV)
-    os.environ[FULL_ASSETS_ENV] = str(assets)
+    before = os.environ.get(environment.FULL_ASSETS)
+    os.environ[environment.FULL_ASSETS] = str(assets)
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(FULL_ASSETS_ENV, None)
+            os.environ.pop(environment.FULL_ASSETS, None)
         else:
-            os.environ[FULL_ASSETS_ENV] = before
+            os.environ[environment.FULL_ASSETS] = before
 
 
 def backend_config(backend: str, size: str = "tiny", attention: str | None = None,

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
-ENV_VAR = "HARNESS_PLANTS"  # comma-separated plant names, installed in each launched rank
+from harness.registry import environment
+
 PLANT_STEP = 2  # the trainer step at which step-triggered plants act
 
 Patch = tuple[str, Callable[[ModuleType], Callable[[], None]]]
@@ -116,7 +117,8 @@ def install_in_ranks(names) -> None:
     by_name = {p.name: p for p in PATCH_PLANTS}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(f"unknown plant(s) {unknown} in {ENV_VAR}; known: {sorted(by_name)}")
+        raise ValueError(f"unknown plant(s) {unknown} in {environment.PLANTS}; "
+                         f"known: {sorted(by_name)}")
     for name in names:
         module, apply = by_name[name].patch
         after_import(module, apply)
@@ -131,7 +133,7 @@ def targets(names) -> frozenset[str]:
 
 
 def install_from_env() -> None:
-    install_in_ranks([n for n in os.environ.get(ENV_VAR, "").split(",") if n])
+    install_in_ranks(environment.names(os.environ.get(environment.PLANTS)))
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ router's output per microbatch.
   scores plus the layer's ``expert_bias_E`` (the bias applied in routing), and
   ``tokens_per_expert_E`` and ``expert_bias_E`` right before and right after the optimizer
   step (whose pre-hook updates the bias from the counts and resets them), with the layer's
-  ``load_balance_coeff``. Judged by harness/results/training_state.py ``balance_findings``.
+  ``load_balance_coeff``. Judged by harness/checks/training_state.py ``balance_findings``.
 """
 
 from __future__ import annotations

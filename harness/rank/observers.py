@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import os
 
+from harness.registry import environment
 from harness.rank import step0 as rank_step0
 from harness.upstream.install import after_import
 
-OBSERVERS_ENV = "HARNESS_OBSERVERS"
-DUMP_STEPS_ENV = "HARNESS_DUMP_STEPS"
 OBSERVERS = ("step0_weights", "shard_fingerprints", "batches", "trainer_state", "load_balance",
              "resumed_state", "first_step_grads")
 
@@ -45,7 +44,7 @@ def checked(names) -> tuple[str, ...]:
     names = tuple(names)
     unknown = [n for n in names if n not in OBSERVERS]
     if unknown:
-        raise ValueError(f"unknown rank observer(s) {unknown} in {OBSERVERS_ENV}; "
+        raise ValueError(f"unknown rank observer(s) {unknown} in {environment.OBSERVERS}; "
                          f"known: {', '.join(OBSERVERS)}")
     return names
 
@@ -58,7 +57,7 @@ def env_value(names=OBSERVERS) -> str:
 def install_from_env() -> None:
     """In a launched rank (the boot ``sitecustomize``): the observers ``HARNESS_OBSERVERS``
     names, installed as torchtitan's trainer is imported."""
-    names = checked(n for n in os.environ.get(OBSERVERS_ENV, "").split(",") if n)
+    names = checked(environment.names(os.environ.get(environment.OBSERVERS)))
     if names:
         after_import("torchtitan.trainer", lambda module: install(module, names))
 
@@ -66,7 +65,7 @@ def install_from_env() -> None:
 def install(trainer_module, names=OBSERVERS) -> None:
     """Patch ``trainer_module.Trainer`` once: ``names`` observe each trainer it builds."""
     on = frozenset(checked(names))
-    dump_steps = int(os.environ.get(DUMP_STEPS_ENV, "1"))
+    dump_steps = int(os.environ.get(environment.DUMP_STEPS, "1"))
     cls = trainer_module.Trainer
     original_init, original_train = cls.__init__, cls.train
 

@@ -35,7 +35,7 @@ Each rank writes one line to its stderr saying how it started (``STARTED_WARM`` 
 cold launch is a test (tests/e2e/test_training_state.py, tests/selftest/test_determinism.py).
 
 This module runs in a worker before torch is imported: it imports the standard library only
-(and the shim installer's variable name, whose module does too).
+(and the harness's variable names, harness/registry/environment.py, whose module does too).
 """
 
 from __future__ import annotations
@@ -47,10 +47,8 @@ import socket
 import struct
 import sys
 
-from harness.upstream.install import ENV_VAR as SHIMS_ENV  # standard library only
+from harness.registry import environment  # standard library only
 
-SOCKET_ENV = "HARNESS_WARM_SOCKET"  # a rank's: the zygote to hand over to
-ZYGOTE_ENV = "HARNESS_ZYGOTE"  # the zygote's own: set, a process is a zygote (it never hands over)
 STARTED_WARM = "harness: rank started warm, forked from zygote"
 STARTED_COLD = "harness: rank started cold:"
 IMPORTED_ENV = "zygote: its imports set"  # in its log, for the launcher (harness/launch/warm.py)
@@ -99,7 +97,7 @@ TORCHRUN_SET = frozenset({
 })
 # Prefixes of per-run variables, read only while the rank runs: torchrun's elastic state and
 # the harness's own (shims, plants, observers, dumps; none is read by a preloaded package).
-PER_RUN_PREFIXES = ("TORCHELASTIC_", "HARNESS_")
+PER_RUN_PREFIXES = ("TORCHELASTIC_", environment.PREFIX)
 # Per-run variables of the launcher's own, inherited: pytest names the test that launched.
 PER_RUN_NAMES = frozenset({"PYTEST_CURRENT_TEST"})
 
@@ -122,12 +120,12 @@ def refusal(zygote_env: dict[str, str], rank_env: dict[str, str],
     ``zygote_env`` whose imports then set ``imported_env``; None if it may."""
     imported_env = imported_env or {}
     for name, value in sorted(zygote_env.items()):
-        if name in (ZYGOTE_ENV, SHIMS_ENV) or name in PER_RUN_NAMES:
+        if name in (environment.ZYGOTE, environment.SHIMS) or name in PER_RUN_NAMES:
             continue
         if rank_env.get(name) != value:
             return (f"{name} is {rank_env.get(name)!r} in the rank, {value!r} in the zygote")
-    zygote_shims = [n for n in zygote_env.get(SHIMS_ENV, "").split(",") if n]
-    rank_shims = [n for n in rank_env.get(SHIMS_ENV, "").split(",") if n]
+    zygote_shims = environment.names(zygote_env.get(environment.SHIMS))
+    rank_shims = environment.names(rank_env.get(environment.SHIMS))
     if rank_shims[:len(zygote_shims)] != zygote_shims:
         return (f"the rank's shims {rank_shims} do not begin with the zygote's {zygote_shims}, "
                 "which it installed before its imports")

@@ -35,10 +35,6 @@ CONFIG_FILES = ("config.json", "generation_config.json")
 # What `hf download` brings of a Qwen3 tokenizer (vocab.json / merges.txt where the model has
 # them; the fixtures' BPE tokenizer is tokenizer.json only).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
-# The launcher exports a full-size run's assets dir here (the dir it also passes as
-# --hf_assets_path): the config functions run before torchtitan reads the command line, and
-# the model's shape is the assets' config.json (harness/backends/common.py full_assets).
-FULL_ASSETS_ENV = "HARNESS_FULL_ASSETS"
 # Qwen3-4B-Instruct-2507 is three shards on the Hub; the twin is sharded the same way.
 TWIN_SHARDS = 3
 

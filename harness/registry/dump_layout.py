@@ -1,11 +1,47 @@
-"""The one home of a launched run's dump folder: every path under it, and every reader of what
-the ranks leave there. The rank side (harness/rank/step0.py, harness/rank/hooks.py,
-harness/upstream/metrics_sink.py) writes to the paths named here, and every reader (the launcher, the
-checks, the expectations, the diagnosis, the tests) reads through the functions here (a dumped
-batch's form is its type's: harness/references/batch.py ``Batch``); no other file spells a
-folder or file name of the layout.
+"""The one home of a launched run's folder: every path in it, beside it and in the run cache that
+holds it, and every reader of what the launcher and the ranks leave there. The launcher
+(harness/launch/run.py), the run cache (harness/launch/run_cache.py, harness/launch/prefetch.py),
+the rank side (harness/rank/step0.py, harness/rank/hooks.py, harness/upstream/metrics_sink.py)
+and the checks' verdicts (harness/checks/run_checks.py) write to the paths named here, and every
+reader (the launcher, the results, the checks, the expectations, the diagnosis, the tests) reads
+through the functions here (a dumped batch's form is its type's: harness/references/batch.py
+``Batch``); no other file spells a folder or file name of the layout. The names
+are the ones CI keeps as artifacts (.github/workflows: ``launcher.log``, ``command.txt``,
+``torchrun/``), so they do not change.
 
-The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump_folder``):
+A run's folder sits in a test session's run cache (``<session root>/<kind>_runs/<name>-<key>``:
+``runs_folder``, ``cache_run_dir``) or in a main job's report (``<report>/runs/<name>``:
+``report_run_dir``). A run cache's folder holds one folder per run and, beside each, what the
+cache keeps of it:
+
+    <kind>_runs/
+      launches.jsonl                        the ledger: one line per launch (``ledger``)
+      prefetch.claim, prefetch.specs.pickle, prefetch.log
+                                            the session's prefetcher: who started it, the specs
+                                            it launches, its output (``prefetch_claim``, ...;
+                                            the claim's lock: prefetch.claim.lock)
+      <run>/                                a run's folder, <name>-<key> (``cache_run_dir``), below
+      <run>.lock                            held while the run launches (``lock_file``)
+      <run>.result.pickle                   its RunResult, for every process (``stored_result``)
+      <run>.read                            a test has read it (``read_mark``)
+      <run>.whole/step-<N>/                 its step-N checkpoint written again whole, for a
+                                            resharded resume (``whole_copy_dir``)
+
+A run's folder:
+
+    <run>/
+      command.txt                           the torchrun command, a line per node (``command_file``)
+      launcher.log                          torchrun's stdout and stderr; one per node of a run
+                                            of several: launcher.node<i>.log (``launcher_log``)
+      torchrun/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log
+                                            every rank's log (torchrun's ``--log-dir``,
+                                            ``torchrun_log_dir``); a run of several nodes:
+                                            torchrun/node<i>/<run id>/... (``find_rank_logs``)
+      verdicts/<check>.json                 each check's verdict as its test recorded it
+                                            (``verdict_file``)
+      dump/                                 torchtitan's ``--dump_folder`` (``dump_folder``), below
+
+The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder``:
 
     dump/
       checkpoint/step-<N>/                  torchtitan's checkpoints (DCP, or HF safetensors)
@@ -30,8 +66,8 @@ The launcher passes ``<run dir>/dump`` as torchtitan's ``--dump_folder`` (``dump
       harness_state/rank<R>_grads.pt        every parameter's step-1 gradient, before clipping
                                             (local shard, global offset and shape)
 
-The writers take the dump folder (a rank knows it as ``trainer.config.dump_folder``); the
-readers take the run dir. Standard library only: the ranks import it before torch.
+The dump's writers take the dump folder (a rank knows it as ``trainer.config.dump_folder``);
+the readers take the run dir. Standard library only: the ranks import it before torch.
 """
 
 from __future__ import annotations
@@ -40,6 +76,28 @@ import json
 import re
 from pathlib import Path
 
+# A run cache's folder and what it keeps beside each run's folder; a report's folder of runs.
+RUNS_FOLDER = "{kind}_runs"
+CACHE_RUN = "{name}-{key}"
+REPORT_RUNS = "runs"
+LEDGER = "launches.jsonl"
+PREFETCH_CLAIM = "prefetch.claim"
+PREFETCH_SPECS = "prefetch.specs.pickle"
+PREFETCH_LOG = "prefetch.log"
+LOCK = ".lock"
+STORED_RESULT = ".result.pickle"
+READ_MARK = ".read"
+WHOLE_COPY = ".whole"
+
+# A run's folder.
+COMMAND = "command.txt"
+LAUNCHER_LOG = "launcher.log"
+NODE_LAUNCHER_LOG = "launcher.node{node}.log"
+TORCHRUN_LOGS = "torchrun"
+NODE_LOGS = "node{node}"
+RANK_LOG_FILES = ("stderr.log", "stdout.log")  # torchtitan logs to stderr, prints to stdout
+VERDICTS = "verdicts"
+VERDICT_FILE = "{check}.json"
 DUMP = "dump"
 CHECKPOINTS = "checkpoint"
 CHECKPOINT_STEP = "step-{step}"
@@ -65,7 +123,143 @@ GRADS_FILE = "rank{rank}_grads.pt"
 _RANK = re.compile(r"rank(\d+)")
 
 
-# ------------------------------------------------------------------ paths (writers and readers)
+# ------------------------------------------------------------------ the run cache's folder
+
+def runs_folder(session_root: str | Path, kind: str) -> Path:
+    """The run cache of device ``kind``'s runs under a session's temporary root."""
+    return Path(session_root) / RUNS_FOLDER.format(kind=kind)
+
+
+def cache_run_dir(folder: str | Path, name: str, key: str) -> Path:
+    """The folder of run ``name`` in a run cache's ``folder``; ``key``: the cache's digest of
+    its spec (one spec, one folder, in every process)."""
+    return Path(folder) / re.sub(r"[^A-Za-z0-9_.-]", "_", CACHE_RUN.format(name=name, key=key))
+
+
+def report_run_dir(report: str | Path, name: str) -> Path:
+    """The folder of run ``name`` in a main job's report folder (``python -m harness run``)."""
+    return Path(report) / REPORT_RUNS / name.replace(":", "__").replace("/", "_")
+
+
+def ledger(folder: str | Path) -> Path:
+    return Path(folder) / LEDGER
+
+
+def ledgers(session_root: str | Path) -> list[Path]:
+    """The ledgers of every run cache of a session: the shared ones (``<root>/<kind>_runs``)
+    and those a pytest-xdist worker kept to itself (``<root>/popen-gwN/<kind>_runs``)."""
+    root = Path(session_root)
+    return [*root.glob(f"*/{LEDGER}"), *root.glob(f"popen-gw*/*/{LEDGER}")]
+
+
+def prefetch_claim(folder: str | Path) -> Path:
+    return Path(folder) / PREFETCH_CLAIM
+
+
+def prefetch_specs(folder: str | Path) -> Path:
+    return Path(folder) / PREFETCH_SPECS
+
+
+def prefetch_log(folder: str | Path) -> Path:
+    return Path(folder) / PREFETCH_LOG
+
+
+def _beside(run_dir: str | Path, suffix: str) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir.with_name(run_dir.name + suffix)
+
+
+def lock_file(path: str | Path) -> Path:
+    """The file lock beside ``path``: a run's folder is locked while it launches, the
+    prefetcher's claim while it is claimed."""
+    return _beside(path, LOCK)
+
+
+def stored_result(run_dir: str | Path) -> Path:
+    return _beside(run_dir, STORED_RESULT)
+
+
+def read_mark(run_dir: str | Path) -> Path:
+    return _beside(run_dir, READ_MARK)
+
+
+def whole_copy_dir(run_dir: str | Path, step: int) -> Path:
+    """Where the run's step-``step`` checkpoint is written again whole, beside the run's folder."""
+    return _beside(run_dir, WHOLE_COPY) / CHECKPOINT_STEP.format(step=step)
+
+
+def cache_files(session_root: str | Path, run: str, suffix: str) -> list[Path]:
+    """The file ``<run><suffix>`` (``STORED_RESULT``, ``READ_MARK``) beside run folder ``run``
+    in any shared run cache of a session."""
+    return list(Path(session_root).glob(f"{RUNS_FOLDER.format(kind='*')}/{run}{suffix}"))
+
+
+# ------------------------------------------------------------------ the run's folder
+
+def command_file(run_dir: str | Path) -> Path:
+    return Path(run_dir) / COMMAND
+
+
+def launcher_log(run_dir: str | Path, node: int = 0, nodes: int = 1) -> Path:
+    """The output of the launcher of ``node`` (of ``nodes``) of the run."""
+    name = LAUNCHER_LOG if nodes == 1 else NODE_LAUNCHER_LOG.format(node=node)
+    return Path(run_dir) / name
+
+
+def launcher_logs(run_dir: str | Path) -> list[Path]:
+    """The launcher logs the run left (one per node), else where a run of one node's goes."""
+    run_dir = Path(run_dir)
+    found = {*run_dir.glob(LAUNCHER_LOG), *run_dir.glob(NODE_LAUNCHER_LOG.format(node="*"))}
+    return sorted(found) or [launcher_log(run_dir)]
+
+
+def torchrun_log_dir(run_dir: str | Path, node: int | None = None) -> Path:
+    """torchrun's ``--log-dir`` for the run, or for ``node`` of a run of several nodes."""
+    root = Path(run_dir) / TORCHRUN_LOGS
+    return root if node is None else root / NODE_LOGS.format(node=node)
+
+
+def find_rank_logs(run_dir: str | Path, ranks_per_node: int | None = None) -> dict[int, list[Path]]:
+    """torchrun writes <log-dir>/<run id>/attempt_<k>/<local rank>/{stderr,stdout}.log.
+
+    Keeps the last attempt's files of each rank (torchtitan logs to stderr, prints to stdout),
+    under its global rank: node i's local rank r (``torchrun_log_dir(run_dir, i)``) is global
+    rank i * ``ranks_per_node`` + r (by default the most local ranks any node has).
+    """
+    root = torchrun_log_dir(run_dir)
+    prefix = NODE_LOGS.format(node="")
+    nodes = {int(d.name[len(prefix):]): _local_rank_logs(d) for d in root.glob(f"{prefix}*/")
+             if d.name[len(prefix):].isdigit()}
+    if not nodes:
+        return _local_rank_logs(root)
+    per_node = ranks_per_node or max((max(local) + 1 for local in nodes.values() if local), default=0)
+    return {node * per_node + local: files for node, ranks in sorted(nodes.items())
+            for local, files in ranks.items()}
+
+
+def _local_rank_logs(log_dir: Path) -> dict[int, list[Path]]:
+    logs: dict[int, list[Path]] = {}
+    for rank_dir in sorted(log_dir.glob("*/attempt_*/*/")):
+        if rank_dir.name.isdigit():
+            logs[int(rank_dir.name)] = [rank_dir / name for name in RANK_LOG_FILES]
+    return logs
+
+
+def verdicts_folder(run_dir: str | Path) -> Path:
+    return Path(run_dir) / VERDICTS
+
+
+def verdict_file(run_dir: str | Path, check: str) -> Path:
+    return verdicts_folder(run_dir) / VERDICT_FILE.format(check=check)
+
+
+def verdict_files(run_dir: str | Path) -> dict[str, Path]:
+    """check -> the file of its recorded verdict, in check order."""
+    files = verdicts_folder(run_dir).glob(VERDICT_FILE.format(check="*"))
+    return {path.name[:-len(VERDICT_FILE.format(check=""))]: path for path in sorted(files)}
+
+
+# ------------------------------------------------------------------ the dump (writers and readers)
 
 def dump_folder(run_dir: str | Path) -> Path:
     """The run's ``--dump_folder``."""

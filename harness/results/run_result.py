@@ -159,8 +159,8 @@ class RunResult:
                 if text:
                     out.append(f"--- rank {rank}: last {min(lines, len(text))} lines of {path} ---")
                     out.extend(text[-lines:])
-        if not self.rank_logs:  # launcher.log, or each node's launcher.node<i>.log
-            for launcher in sorted(self.run_dir.glob("launcher*.log")) or [self.run_dir / "launcher.log"]:
+        if not self.rank_logs:  # the launcher's log, or each node's
+            for launcher in dump_layout.launcher_logs(self.run_dir):
                 text = launcher.read_text(errors="replace").splitlines() if launcher.exists() else []
                 out.append(f"--- no rank logs; last lines of {launcher} ---")
                 out.extend(text[-lines:])

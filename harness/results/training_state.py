@@ -1,7 +1,8 @@
-"""State beyond the weights: torchtitan DCP checkpoints read back in process, compared key by
-key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of them; and what
-breaks tied embeddings and load balancing in the ranks' own records (``tie_findings``,
-``balance_findings``; recorded by harness/rank/hooks.py, read by harness/registry/dump_layout.py).
+"""State beyond the weights, as a run left it: torchtitan DCP checkpoints read back in process,
+compared key by key (bitwise), and the MoE load-balancing state (``expert_bias``) picked out of
+them; whole tensors assembled from the ranks' records of their shards (recorded by
+harness/rank/hooks.py, read by harness/registry/dump_layout.py). What breaks tied embeddings,
+load balancing and a resume in them is judged by harness/checks/training_state.py.
 
 A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/registry/dump_layout.py
 ``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` reads it as DCP's own ``dcp_to_torch_save`` does (in memory) and flattens the
@@ -17,13 +18,13 @@ import torch
 from harness.registry import dump_layout
 
 
-def _flatten(obj, prefix: str, out: dict) -> None:
+def flatten(obj, prefix: str, out: dict) -> None:
     if isinstance(obj, dict):
         for key, value in obj.items():
-            _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
+            flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
-            _flatten(value, f"{prefix}.{i}", out)
+            flatten(value, f"{prefix}.{i}", out)
     else:
         out[prefix] = obj
 
@@ -43,7 +44,7 @@ def load_dcp(folder: str | Path) -> dict:
     _load_state_dict(state, storage_reader=FileSystemReader(str(folder)),
                      planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     flat: dict = {}
-    _flatten(state, "", flat)
+    flatten(state, "", flat)
     return flat
 
 
@@ -82,138 +83,6 @@ def differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
         elif x != y:
             out.append(f"{key}: {x!r} vs {y!r}")
     return out
-
-
-# ---- tied embeddings -------------------------------------------------------------------------
-
-def tie_findings(run_dir: str | Path, step: int,
-                 phases=("built", "loaded", "trained")) -> list[str]:
-    """What breaks "the tied embedding is one tensor" in a run of a tied model: in every rank's
-    trainer at every phase, the embedding and the output projection must be one parameter (one
-    storage, equal values); the saved HF checkpoint must hold no separate ``lm_head.weight``, or
-    one bitwise equal to ``model.embed_tokens.weight``."""
-    found = []
-    records = dump_layout.rank_state_records(run_dir)
-    if not records:
-        found.append("no rank-side state records (was the run instrumented?)")
-    for rank, record in records.items():
-        for phase in phases:
-            if phase not in record:
-                found.append(f"rank {rank}: no {phase!r} record")
-                continue
-            for i, part in enumerate(record[phase]["parts"]):
-                for key in ("weight_tying_flag", "tied_same_parameter", "tied_same_storage",
-                            "tied_values_equal"):
-                    if part.get(key) is not True:
-                        found.append(f"rank {rank} {phase} (step {record[phase]['step']}) "
-                                     f"part {i}: {key} = {part.get(key)}")
-    saved = dump_layout.saved_hf_tensors(run_dir, step)
-    emb = saved.get("model.embed_tokens.weight")
-    if emb is None:
-        found.append("saved HF checkpoint lacks model.embed_tokens.weight")
-    elif "lm_head.weight" in saved and not torch.equal(saved["lm_head.weight"], emb):
-        head = saved["lm_head.weight"]
-        n = int((head != emb).sum()) if head.shape == emb.shape else head.numel()
-        found.append(f"saved HF checkpoint: lm_head.weight differs from embed_tokens "
-                     f"({n} of {head.numel()} elements)")
-    return found
-
-
-# ---- MoE load balancing ----------------------------------------------------------------------
-
-def expected_bias_update(counts: torch.Tensor, coeff: float) -> torch.Tensor:
-    """Aux-loss-free load balancing (arXiv 2408.15664, as torchtitan documents it): each
-    expert's bias moves by ``coeff`` towards balance, up for an expert chosen less than the
-    mean count, down for one chosen more, and the update is centred (it sums to zero).
-    ``counts``: the expert choices of the step over every data-parallel rank."""
-    delta = coeff * torch.sign(counts.mean() - counts)
-    return delta - delta.mean()
-
-
-# What a finding of balance_findings / expert_bias_findings is about (its ``[kind]`` prefix): the
-# observation a known load-balancing defect is judged by (``finding_kinds``).
-BIAS_NOT_UPDATED = "bias not updated"
-BIAS_UPDATE_WRONG = "bias update wrong"
-BIAS_NOT_APPLIED = "bias not applied in routing"
-BIAS_MOVED_BETWEEN_STEPS = "bias changed between steps"
-COUNTS_NOT_RESET = "counts not reset"
-COUNTS_NOT_CHOICES = "counts not the router's choices"
-NOT_EXERCISED = "balancing not exercised"
-CHECKPOINT = "bias not checkpointed or restored"
-RESUME = "resumed run differs"
-
-
-def finding_kinds(findings: list[str]) -> tuple[str, ...]:
-    """The sorted distinct ``[kind]`` prefixes of findings."""
-    return tuple(sorted({f[1:f.index("]")] for f in findings if f.startswith("[") and "]" in f}))
-
-
-def balance_findings(records: dict[int, list[dict]]) -> list[str]:
-    """What breaks MoE load balancing in a run's records: on every rank, step and MoE layer,
-    the routing counts torchtitan accumulates (``tokens_per_expert_E`` before the optimizer
-    step) are the step's own router choices (accumulated, and reset after each update); the
-    router's choices are the top-k of its scores plus the layer's ``expert_bias_E`` (the bias
-    is applied); the bias moves by exactly :func:`expected_bias_update` of the choices summed
-    over the ranks, and nothing else moves it between steps; at least one update is not zero.
-    Each finding starts with its ``[kind]``."""
-    found: list[str] = []
-    if not records:
-        return [f"[{NOT_EXERCISED}] no load-balancing records (was the run instrumented, and is "
-                "the model MoE?)"]
-    ranks = sorted(records)
-    n_steps = {r: len(records[r]) for r in ranks}
-    if len(set(n_steps.values())) != 1 or not n_steps[ranks[0]]:
-        return [f"[{NOT_EXERCISED}] optimizer steps recorded per rank differ or are none: {n_steps}"]
-    moved = False
-    for s in range(n_steps[ranks[0]]):
-        step = records[ranks[0]][s]["step"]
-        for name in records[ranks[0]][s]["layers"]:
-            per_rank = {r: records[r][s]["layers"][name] for r in ranks}
-            if any(rec["bias_before"] is None for rec in per_rank.values()):
-                found.append(f"[{NOT_EXERCISED}] step {step} {name}: no expert_bias_E (load "
-                             "balancing off)")
-                continue
-            for r, rec in per_rank.items():
-                where = f"step {step} rank {r} {name}"
-                if rec["hist"] is None:
-                    found.append(f"[{NOT_EXERCISED}] {where}: the router never ran")
-                    continue
-                previous = records[r][s - 1]["layers"][name] if s else None
-                if not torch.equal(rec["counts_before"], rec["hist"]):
-                    kept = previous is not None and torch.equal(
-                        rec["counts_before"], previous["counts_after"] + rec["hist"])
-                    found.append(f"[{COUNTS_NOT_RESET if kept else COUNTS_NOT_CHOICES}] {where}: "
-                                 f"tokens_per_expert_E before the update "
-                                 f"{rec['counts_before'].tolist()} != this step's router choices "
-                                 f"{rec['hist'].tolist()}")
-                if rec["mismatched"]:
-                    found.append(f"[{BIAS_NOT_APPLIED}] {where}: {rec['mismatched']} of "
-                                 f"{rec['tokens']} tokens' experts are not the top-k of scores + "
-                                 "expert_bias_E")
-                if rec["counts_after"].abs().sum() != 0:
-                    found.append(f"[{COUNTS_NOT_RESET}] {where}: tokens_per_expert_E not reset by "
-                                 f"the update ({rec['counts_after'].tolist()})")
-                if previous is not None and not torch.equal(rec["bias_before"], previous["bias_after"]):
-                    found.append(f"[{BIAS_MOVED_BETWEEN_STEPS}] {where}: expert_bias_E changed "
-                                 "between optimizer steps")
-            rec0 = per_rank[ranks[0]]
-            if any(rec["hist"] is None for rec in per_rank.values()):
-                continue
-            counts = sum(rec["hist"] for rec in per_rank.values())
-            delta = expected_bias_update(counts, rec0["coeff"])
-            want = rec0["bias_before"] + delta
-            moved = moved or bool(delta.abs().sum() > 0)
-            for r, rec in per_rank.items():
-                if not torch.equal(rec["bias_after"], want):
-                    got = rec["bias_after"] - rec["bias_before"]
-                    kind = BIAS_NOT_UPDATED if not got.abs().sum() > 0 else BIAS_UPDATE_WRONG
-                    found.append(f"[{kind}] step {step} rank {r} {name}: expert_bias_E moved by "
-                                 f"{got.tolist()}, expected {delta.tolist()} from the choices "
-                                 f"{counts.tolist()} (coeff {rec0['coeff']})")
-    if not moved:
-        found.append(f"[{NOT_EXERCISED}] no step's choices were unbalanced: the update was never "
-                     "exercised")
-    return found
 
 
 # ---- resharded resume ------------------------------------------------------------------------
@@ -268,7 +137,7 @@ def uneven_tensors(folder: str | Path, ranks: int) -> dict[str, int]:
             if chunks > 1 and shape and shape[0] % ranks}
 
 
-# ---- the state a resumed trainer holds, against the state that was saved ---------------------
+# ---- whole tensors from the ranks' shards ------------------------------------------------------
 
 def assembled(records: dict[int, dict]) -> tuple[dict, list[str]]:
     """Whole tensors from every rank's ``(local shard, global offset, global shape)`` records
@@ -303,57 +172,6 @@ def assembled(records: dict[int, dict]) -> tuple[dict, list[str]]:
             missing = int((~seen).sum())
             problems.append(f"{key}: {missing} of {seen.numel()} elements held by no rank")
     return whole, problems
-
-
-def rows_differing(held: torch.Tensor, saved: torch.Tensor) -> str:
-    """Where two tensors of one shape differ: the rows (first dimension) and the largest
-    absolute difference."""
-    diff = held != saved
-    if held.ndim == 0:
-        rows = "the scalar"
-    else:
-        bad = diff.reshape(diff.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
-        rows = f"rows {bad[:8]}{' ...' if len(bad) > 8 else ''} ({len(bad)} of {held.shape[0]})"
-    d = ((held.double() - saved.double()).abs().max().item()
-         if held.is_floating_point() else "-")
-    return f"{rows} differ (max |d| {d})"
-
-
-# What a resumed trainer's state is compared with: the saved model and optimizer entries (the
-# lr schedule, dataloader and train state are checked by the runs' steps and learning rates,
-# and the dataloader is not loaded at another data-parallel degree).
-NOT_RESUMED_STATE = ("lr_scheduler.", "dataloader.", "train_state.")
-
-
-def resumed_state_findings(records: dict[int, dict], saved: dict) -> list[str]:
-    """What a resumed trainer holds once its own checkpoint load returned (``records``: every
-    rank's, harness/registry/dump_layout.py ``resumed_state_records``) against the saved
-    checkpoint (``load_dcp`` of it): every model and optimizer entry, tensor for tensor, every
-    row, bit for bit (the load is a copy)."""
-    if not records:
-        return [f"[{RESUME}] no rank recorded its state after the load (was the run resumed, "
-                "and instrumented?)"]
-    whole, found = assembled(records)
-    found = [f"[{RESUME}] {p}" for p in found]
-    held: dict = {}
-    for key, value in whole.items():  # plain values nested as the checkpoint's flattening nests them
-        _flatten(value, key, held)
-    wanted = {k for k in saved if not k.startswith(NOT_RESUMED_STATE)}
-    for key in sorted(wanted - set(held)):
-        found.append(f"[{RESUME}] {key}: saved, not held by the resumed trainer")
-    for key in sorted(set(held) - set(saved)):
-        found.append(f"[{RESUME}] {key}: held by the resumed trainer, not in the checkpoint")
-    for key in sorted(set(held) & set(saved)):
-        x, y = held[key], saved[key]
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype:
-                found.append(f"[{RESUME}] {key}: held {tuple(x.shape)} {x.dtype}, saved "
-                             f"{tuple(y.shape)} {y.dtype}")
-            elif not torch.equal(x, y):
-                found.append(f"[{RESUME}] {key}: {rows_differing(x, y)}")
-        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
-            found.append(f"[{RESUME}] {key}: held {x!r}, saved {y!r}")
-    return found
 
 
 # ---- gradients -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-ENV_VAR = "HARNESS_SHIMS"
+from harness.registry import environment
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
@@ -207,5 +207,4 @@ def targets(names) -> frozenset[str]:
 
 
 def install_from_env() -> None:
-    names = [n for n in os.environ.get(ENV_VAR, "").split(",") if n]
-    install(names)
+    install(environment.names(os.environ.get(environment.SHIMS)))

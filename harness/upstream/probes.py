@@ -3,7 +3,8 @@
 A probe is a snippet of Python that prints what it observes. ``observe`` runs a batch of
 probes in one child interpreter that boots like a rank: the boot ``sitecustomize`` on its
 path (harness/rank/boot) installs the shims named in ``HARNESS_SHIMS`` as torch and
-torchtitan import, and the child imports this tree's ``harness``. A shim patches the whole
+torchtitan import, and the child imports this tree's ``harness`` (its environment:
+harness/registry/environment.py ``child_environment``). A shim patches the whole
 process, so one shim configuration is one child; every probe of the batch pays the child's
 imports (torch, torchtitan: several CPU seconds) once between them.
 
@@ -18,14 +19,13 @@ child of the same configuration.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.registry import paths
+from harness.registry import environment
 
 # The child: runs the probes of ``argv[1]`` (a JSON list of [name, code]) in order, and after
 # each one rewrites ``argv[2]`` with every observation so far. A probe it is running when it
@@ -85,7 +85,7 @@ class Observation:
     def printed(self) -> str:
         """What the probe printed (stripped); a probe that raised raises ``ProbeError``."""
         if self.error is not None:
-            raise ProbeError(f"probe {self.probe!r} (HARNESS_SHIMS={','.join(self.shims)!r}) "
+            raise ProbeError(f"probe {self.probe!r} ({environment.SHIMS}={','.join(self.shims)!r}) "
                              f"observed nothing:\n{self.error}")
         return self.stdout.strip()
 
@@ -96,19 +96,6 @@ class Observation:
     @classmethod
     def from_json(cls, data: dict) -> Observation:
         return cls(data["probe"], tuple(data["shims"]), data["stdout"], data["error"])
-
-
-def child_environment(shims: tuple[str, ...] = (), plants: tuple[str, ...] = ()) -> dict[str, str]:
-    """A rank's start-up without a launch: the boot folder and this tree first on the path,
-    exactly the named shims and plants (none inherited)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(paths.BOOT_DIR), str(paths.REPO_ROOT))))
-    env.pop("HARNESS_SHIMS", None)
-    env.pop("HARNESS_PLANTS", None)
-    if shims:
-        env["HARNESS_SHIMS"] = ",".join(shims)
-    if plants:
-        env["HARNESS_PLANTS"] = ",".join(plants)
-    return env
 
 
 def observe(probes: dict[str, str], shims: tuple[str, ...] = (),
@@ -124,7 +111,8 @@ def observe(probes: dict[str, str], shims: tuple[str, ...] = (),
             out.unlink(missing_ok=True)
             try:
                 done = subprocess.run([sys.executable, "-c", _CHILD, str(batch), str(out)],
-                                      env=child_environment(shims), capture_output=True,
+                                      env=environment.child_environment(rank=True, shims=shims),
+                                      capture_output=True,
                                       text=True, timeout=timeout_s)
                 died = None if done.returncode == 0 else (
                     f"the child exited with status {done.returncode}; its stderr ends:\n"

@@ -12,7 +12,7 @@ check (tests/parity/test_config_conformance.py), which fails once upstream fixes
 The config functions run in the ranks after torchtitan is imported; this wraps
 ``torchtitan.models.qwen3.model_registry`` (which harness.upstream.titan_api calls at call time) so the
 "4B" spec's every layer gets the theta of ``$HARNESS_FULL_ASSETS/config.json`` (the launcher
-exports the run's assets dir there, harness/registry/assets_twin.py ``FULL_ASSETS_ENV``), through the
+exports the run's assets dir there, harness/registry/environment.py ``FULL_ASSETS``), through the
 same function the in-process realisation uses (harness/upstream/workarounds.py ``theta_from_hf``).
 """
 
@@ -34,13 +34,13 @@ def theta_from_assets(qwen3_module: ModuleType) -> None:
     def model_registry(flavor: str, *args, **kwargs):
         spec = original(flavor, *args, **kwargs)
         if flavor == FLAVOR:
-            from harness.registry.assets_twin import FULL_ASSETS_ENV
+            from harness.registry import environment
             from harness.registry.hf_config import read_config_json
             from harness.upstream.workarounds import theta_from_hf
 
-            assets = os.environ.get(FULL_ASSETS_ENV)
+            assets = os.environ.get(environment.FULL_ASSETS)
             if not assets:
-                raise RuntimeError(f"titan_4b_theta: {FULL_ASSETS_ENV} is not set, so the run's "
+                raise RuntimeError(f"titan_4b_theta: {environment.FULL_ASSETS} is not set, so the run's "
                                    f"config.json (whose rope theta the 4B flavor must take) is "
                                    f"unknown; the launcher exports it for every full-size run")
             spec.model = theta_from_hf(spec.model, read_config_json(assets))

@@ -359,7 +359,7 @@ def nkilib_rows(python: str, env: dict[str, str]) -> list[Row]:
 
 DEVICE_PROBE = """
 import json, os
-from harness.device.devices import STANDIN_ENV, standin_for, tier_status, NEURON_LNC_DEFAULT
+from harness.device.devices import standin_for, tier_status, NEURON_LNC_DEFAULT
 standin = standin_for("neuron")
 available, reason = tier_status("neuron")
 count = None

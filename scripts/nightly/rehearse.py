@@ -644,7 +644,7 @@ def report_problems(workspace: Path) -> list[str]:
 # What a trn2 night's test step does that a kinder stand-in would not (harness/device/devices.py:
 # the neuron tier runs -n 0, every launch cold, none ahead of need): read from what it left.
 STARTED_WARM = "harness: rank started warm, forked from zygote"  # harness/rank/warm_start.py
-PREFETCH_CLAIM = "prefetch.claim"  # harness/launch/prefetch.py
+PREFETCH_CLAIM = "prefetch.claim"  # harness/registry/dump_layout.py
 
 
 def schedule_problems(workspace: Path) -> list[str]:
@@ -672,16 +672,17 @@ def profile_problems() -> list[str]:
     ranks, no prefetch, the neuron process group's refusals)."""
     sys.path.insert(0, str(REPO))
     from harness.device import devices
+    from harness.registry import environment
 
-    saved = os.environ.get(devices.STANDIN_ENV)
-    os.environ[devices.STANDIN_ENV] = "cpu"
+    saved = os.environ.get(environment.NEURON_STANDIN)
+    os.environ[environment.NEURON_STANDIN] = "cpu"
     try:
         standin = devices.profile_for("neuron")
     finally:
         if saved is None:
-            os.environ.pop(devices.STANDIN_ENV)
+            os.environ.pop(environment.NEURON_STANDIN)
         else:
-            os.environ[devices.STANDIN_ENV] = saved
+            os.environ[environment.NEURON_STANDIN] = saved
     trn2 = devices.neuron_profile(64, {})
     listed = " ".join(" ".join(row) for row in DIFFERENCES).lower()
     problems = [f"the stand-in's {what} is {getattr(standin, what)!r} (trn2: {getattr(trn2, what)!r}), "

@@ -48,10 +48,10 @@ import pytest
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import (RESHARD_CASES, RESHARD_UNEVEN_RANKS, TRAINING_STATE_BACKEND,
                                        ReshardCase, training_state_spec)
+from harness.checks.training_state import resume_findings, resumed_state_findings
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as ts
-from tests.e2e.test_training_state import (QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, resume_findings,
-                                           template_run_spec)
+from tests.e2e.test_training_state import QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, template_run_spec
 
 RESHARD = "resharded resume"
 # torchtitan's dataloader state is per data-parallel rank and refuses another degree.
@@ -78,7 +78,7 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
     spec = training_state_spec(case.backend, steps, workarounds)
     first = _ok(runs.get(spec))
     saved = dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
-    whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
+    whole = ts.write_whole_copy(saved, dump_layout.whole_copy_dir(first.run_dir, QUICK_K))
     uninterrupted = resumed_ok(runs.get(resharded_spec(spec, whole, case)))
     resumed = resumed_ok(runs.get(resharded_spec(spec, saved, case, plants)))
     copy_differs = ts.differences(ts.load_dcp(saved), ts.load_dcp(whole))
@@ -147,7 +147,7 @@ def state_findings(first, run, saved: dict | None = None) -> list[str]:
     tensor, every row, bit for bit."""
     if saved is None:
         saved = ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, QUICK_K))
-    return ts.resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
+    return resumed_state_findings(dump_layout.resumed_state_records(run.run_dir), saved)
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in RESHARD_CASES])
@@ -206,7 +206,7 @@ def test_a_load_that_loses_a_row_in_both_runs_is_caught_by_the_state_alone(devic
     spec = training_state_spec(case.backend, steps, workarounds)
     first = _ok(runs.get(spec))
     saved = dump_layout.checkpoint_dir(first.run_dir, QUICK_K)
-    whole = ts.write_whole_copy(saved, Path(first.run_dir).parent / f"{Path(first.run_dir).name}.whole" / saved.name)
+    whole = ts.write_whole_copy(saved, dump_layout.whole_copy_dir(first.run_dir, QUICK_K))
     uninterrupted = resumed_ok(runs.get(resharded_spec(spec, whole, case, plants)))
     resumed = resumed_ok(runs.get(resharded_spec(spec, saved, case, plants)))
     blind = reshard_findings(first, uninterrupted, resumed)

@@ -12,7 +12,7 @@
 (c) Tied embeddings (tiny_dense is tied): in every rank the token embedding and the output
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
-(d) MoE load balancing step by step (harness/results/training_state.py ``balance_findings``, from the
+(d) MoE load balancing step by step (harness/checks/training_state.py ``balance_findings``, from the
     rank-side records of harness/rank/hooks.py, read by harness/registry/dump_layout.py): the routing counts are the step's router
     choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
     exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
@@ -35,10 +35,10 @@ import contextlib
 from dataclasses import replace
 
 import pytest
-import torch
 
+from harness.checks import training_state as ts
 from harness.registry import dump_layout, known_issues
-from harness.results import training_state as ts
+from harness.results import training_state as state
 from harness.backends import BACKENDS
 from harness.launch import instrumented
 from harness.launch.run import RunSpec
@@ -115,81 +115,20 @@ def quick_pair(device_runs, steps, workarounds, plants=(), first_plants=()):
     return first, _ok(runs.get(resumed_spec(spec, first.run_dir, QUICK_K, plants)))
 
 
-def resume_findings(first, second, k=K, steps=STEPS, full_at=None) -> list[str]:
-    """The resumed run logs steps k+1.. and their losses bitwise, and its full checkpoint at
-    step ``full_at`` (default: the last) and HF checkpoint at the last step, where both runs
-    saved one, equal the uninterrupted run's key by key, bitwise."""
-    found = []
-    full_at = full_at or steps
-    want = {s.step: s.loss for s in first.steps}
-    got = {s.step: s.loss for s in second.steps}
-    if sorted(got) != list(range(k + 1, steps + 1)):
-        found.append(f"[{ts.RESUME}] resumed run logged steps {sorted(got)}, not {k + 1}..{steps}")
-    for step, loss in got.items():
-        if loss != want.get(step):
-            found.append(f"[{ts.RESUME}] step {step}: resumed loss {loss!r} != uninterrupted "
-                         f"{want.get(step)!r}")
-    diffs = ts.differences(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, full_at)),
-                           ts.load_dcp(dump_layout.checkpoint_dir(second.run_dir, full_at)))
-    found += [f"[{ts.RESUME}] step-{full_at} checkpoint: {d}" for d in diffs[:20]]
-    if full_at != steps:
-        diffs = ts.differences(dump_layout.saved_hf_tensors(first.run_dir, steps),
-                               dump_layout.saved_hf_tensors(second.run_dir, steps))
-        found += [f"[{ts.RESUME}] step-{steps} HF checkpoint: {d}" for d in diffs[:20]]
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("base", ["titan_native", "nki_moe"])
 def test_resume_reproduces_uninterrupted_run(backend_runs, instrumented_names, base):
     first, second = resume_pair(backend_runs, instrumented_names, base)
-    found = resume_findings(first, second)
+    found = ts.resume_findings(first, second, K, STEPS)
     assert not found, "\n".join(found)
-
-
-def expert_bias_findings(first, second, k=K, steps=STEPS) -> list[str]:
-    """``steps``: the first run's last full checkpoint."""
-    found = []
-    saved_k = ts.expert_bias(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, k)))
-    saved_end = ts.expert_bias(ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, steps)))
-    if not saved_k:
-        return [f"[{ts.CHECKPOINT}] no expert_bias in the step-{k} checkpoint"]
-    for key, value in saved_k.items():
-        if not value.abs().sum() > 0:
-            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: still zero after {k} steps")
-        if torch.equal(value, saved_end.get(key)):
-            found.append(f"[{ts.BIAS_NOT_UPDATED}] {key}: unchanged between step {k} and step {steps}")
-    # the checkpoint holds the bias the trainer had after step k's update
-    records = dump_layout.balance_records(first.run_dir)
-    for rank, steps_seen in records.items():
-        after_k = {ts.canonical_key(n): rec["bias_after"] for s in steps_seen if s["step"] == k
-                   for n, rec in s["layers"].items()}
-        for key, value in saved_k.items():
-            layer = key.rsplit(".expert_bias", 1)[0]
-            match = [v for n, v in after_k.items() if n == layer.split("model.", 1)[-1]]
-            if not match:
-                found.append(f"[{ts.CHECKPOINT}] rank {rank}: no step-{k} record of {layer}")
-            elif not torch.equal(match[0], value.float()):
-                found.append(f"[{ts.CHECKPOINT}] rank {rank}: checkpoint {key} {value.tolist()} != the trainer's after "
-                             f"step {k} {match[0].tolist()}")
-    # what the resumed trainer holds right after the load, on every rank
-    for rank in range(first.nproc):
-        loaded = dump_layout.expert_bias_at(second.run_dir, rank, "loaded")
-        loaded = {ts.canonical_key(k): v for k, v in loaded.items()}
-        for key, value in saved_k.items():
-            if key not in loaded:
-                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} not found after load ({sorted(loaded)})")
-            elif not torch.equal(loaded[key], value):
-                found.append(f"[{ts.CHECKPOINT}] rank {rank}: {key} after load {loaded[key].tolist()} != saved "
-                             f"{value.tolist()}")
-    return found
 
 
 @pytest.mark.slow
 def test_expert_bias_updated_saved_restored(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe")
     problem, verdict = judge_balance(
-        expert_bias_findings(first, second) + ts.balance_findings(dump_layout.balance_records(first.run_dir)), first)
+        ts.expert_bias_findings(first, second, K, STEPS)
+        + ts.balance_findings(dump_layout.balance_records(first.run_dir)), first)
     known_issues.settle(verdict, problem)
 
 
@@ -201,8 +140,8 @@ def quick_findings(first, second) -> list[str]:
     """Every training-state finding of the default tier's nki_moe pair (each ``[kind] ...``)."""
     return (_tagged("first run", ts.balance_findings(dump_layout.balance_records(first.run_dir)))
             + _tagged("resumed run", ts.balance_findings(dump_layout.balance_records(second.run_dir)))
-            + expert_bias_findings(first, second, QUICK_K, QUICK_FULL)
-            + resume_findings(first, second, QUICK_K, QUICK_STEPS, QUICK_FULL))
+            + ts.expert_bias_findings(first, second, QUICK_K, QUICK_FULL)
+            + ts.resume_findings(first, second, QUICK_K, QUICK_STEPS, QUICK_FULL))
 
 
 def judge_balance(found: list[str], run):
@@ -244,10 +183,10 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
     if len(rerun.steps) != len(first.steps) or len(first.steps) != QUICK_STEPS:
         found.append(f"{len(rerun.steps)} and {len(first.steps)} steps logged, not {QUICK_STEPS}")
     for step in range(QUICK_K, QUICK_STEPS, QUICK_K):
-        found += [f"step-{step} checkpoint: {d}" for d in ts.differences(
-            ts.load_dcp(dump_layout.checkpoint_dir(first.run_dir, step)),
-            ts.load_dcp(dump_layout.checkpoint_dir(rerun.run_dir, step)))[:20]]
-    found += [f"step-{QUICK_STEPS} HF checkpoint: {d}" for d in ts.differences(
+        found += [f"step-{step} checkpoint: {d}" for d in state.differences(
+            state.load_dcp(dump_layout.checkpoint_dir(first.run_dir, step)),
+            state.load_dcp(dump_layout.checkpoint_dir(rerun.run_dir, step)))[:20]]
+    found += [f"step-{QUICK_STEPS} HF checkpoint: {d}" for d in state.differences(
         dump_layout.saved_hf_tensors(first.run_dir, QUICK_STEPS), dump_layout.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
     assert not found, "seeded rerun differs:\n" + "\n".join(found)
 
@@ -280,8 +219,8 @@ def test_checkpoint_check_catches_expert_bias_not_restored(device_runs, steps, w
 def test_checks_catch_expert_bias_lost_on_resume(backend_runs, instrumented_names):
     first, second = resume_pair(backend_runs, instrumented_names, "nki_moe",
                                 plants=("reset_expert_bias_on_load",))
-    assert expert_bias_findings(first, second), "zeroed expert_bias went unnoticed"
-    assert resume_findings(first, second), "zeroed expert_bias left the resumed run identical"
+    assert ts.expert_bias_findings(first, second, K, STEPS), "zeroed expert_bias went unnoticed"
+    assert ts.resume_findings(first, second, K, STEPS), "zeroed expert_bias left the resumed run identical"
 
 
 def tied_run(device_runs, steps, workarounds, plants=()):

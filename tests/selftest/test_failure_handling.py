@@ -15,7 +15,8 @@ import pytest
 
 from harness.checks import run_checks as checks
 from harness.launch import warm
-from harness.launch.run import RunSpec, launch, leftover_processes
+from harness.launch.children import leftover_processes
+from harness.launch.run import RunSpec, launch
 from harness.plants import PLANT_STEP
 from harness.results.run_result import RunFailed
 

@@ -26,7 +26,7 @@ import sys
 
 import pytest
 
-from harness.registry import paths
+from harness.registry import dump_layout, environment, paths
 
 NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
 
@@ -83,7 +83,7 @@ def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
     from harness.device import devices
     from harness.launch.run_matrix import cases
 
-    monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
+    monkeypatch.setenv(environment.NEURON_STANDIN, "cpu")
     available, reason = devices.tier_status("neuron")
     assert available and "stand-in" in reason
     assert devices.device_status("neuron")[0] is False, "the device itself is not there"
@@ -98,7 +98,7 @@ def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
     assert full and all(c.twin and c.timeout_s == devices.TIMEOUTS_S["cpu"]["full"] for c in full)
     assert {(c.backend, c.init) for c in full} == {("hf_v5", "pretrained"), ("titan_native", "pretrained"),
                                                    ("nki_moe", "random")}
-    monkeypatch.setenv(devices.STANDIN_ENV, "cuda")
+    monkeypatch.setenv(environment.NEURON_STANDIN, "cuda")
     with pytest.raises(ValueError, match=r"can stand in on \('cpu',\) only"):
         devices.tier_status("neuron")
 
@@ -107,7 +107,7 @@ def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
     from harness.device import devices
     from harness.launch.run_matrix import cases
 
-    monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
+    monkeypatch.delenv(environment.NEURON_STANDIN, raising=False)
     assert devices.xdist_workers(None, "neuron", 2) == 0
     full = [c for c in cases(("neuron",)) if c.size == "full"]
     assert len(full) == 7 and not any(c.twin for c in full)
@@ -270,10 +270,10 @@ def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
     rehearse = _nightly("rehearse")
     listed = " ".join(" ".join(row) for row in rehearse.DIFFERENCES)
     source = (NIGHTLY / "rehearse.py").read_text()
-    for swapped in ("HARNESS_NEURON_STANDIN", "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES",
+    for swapped in (environment.NEURON_STANDIN, "NEURON_OPT_ROOT", '"HOME"', "FORK_VERSION", "FAKES",
                     "GITHUB_API_URL", "HF_ENDPOINT", "RUNNER_USER", "S_IXOTH"):
         assert swapped in source, swapped
-    for said in ("HARNESS_NEURON_STANDIN=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
+    for said in (f"{environment.NEURON_STANDIN}=cpu", "NEURON_OPT_ROOT", "HOME", rehearse.FORK_VERSION,
                  "scripts/nightly/rehearsal/hf", "REST", "HF_ENDPOINT", "useradd", "o+x",
                  "neuron_collectives", "Inductor", "provision.py", "read-only", "NKI emulator"):
         assert said in listed, f"the rehearsal swaps {said} but DIFFERENCES does not say so"
@@ -338,7 +338,11 @@ def test_the_baseline_run_is_asked_of_the_rest_api_with_the_token(tmp_path):
 def test_the_rehearsal_reads_a_kinder_schedule_off_the_night(tmp_path):
     """A night whose test step used xdist workers, warm ranks or the prefetcher is not a trn2
     night: the rehearsal fails it."""
+    from harness.rank.warm_start import STARTED_WARM
+
     rehearse = _nightly("rehearse")
+    # its copies (it imports no harness module at its top) are the harness's
+    assert (rehearse.STARTED_WARM, rehearse.PREFETCH_CLAIM) == (STARTED_WARM, dump_layout.PREFETCH_CLAIM)
     reports = tmp_path / "reports"
     (reports / "tmp" / "run" / "torchrun").mkdir(parents=True)
     (reports / "pytest.log").write_text("== 3 passed ==\n")

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections import namedtuple
 
-from harness.registry import paths
+from harness.registry import environment, paths
 
 NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
 
@@ -45,7 +45,7 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 
 def test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("HARNESS_NEURON_STANDIN", "NEURON_VENV")}
+    env = {k: v for k, v in os.environ.items() if k not in (environment.NEURON_STANDIN, "NEURON_VENV")}
     env.update(HOME=str(tmp_path), NEURON_OPT_ROOT=str(tmp_path / "opt"), HF_ENDPOINT="http://127.0.0.1:9")
     done = subprocess.run([sys.executable, str(NIGHTLY / "preflight.py")], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=170)
@@ -124,6 +124,6 @@ def test_the_entry_points_the_harness_calls_are_the_installed_nki_librarys():
     if importlib.util.find_spec("nkilib_src") is None:
         pytest.skip("nki-library's wheel is not installed (package nkilib_src)")
     preflight = _preflight()
-    rows = preflight.nkilib_rows(sys.executable, {**os.environ, "HARNESS_NEURON_STANDIN": "cpu"})
+    rows = preflight.nkilib_rows(sys.executable, {**os.environ, environment.NEURON_STANDIN: "cpu"})
     assert len(rows) == len(preflight.NKILIB_ENTRY_POINTS), rows
     assert [(r.name, r.value) for r in rows if not r.ok] == []

@@ -12,6 +12,8 @@ Specification, on a suite of its own (pytester, in a subprocess as a user runs p
 
 from __future__ import annotations
 
+from harness.registry import environment
+
 pytest_plugins = ("pytester",)
 
 SUITE = '''
@@ -127,9 +129,7 @@ def _tier_session(pytester, tmp_path, monkeypatch):
 
 def test_a_neuron_test_on_the_device_in_process_runs_in_a_child_and_one_reading_runs_does_not(
         pytester, tmp_path, monkeypatch):
-    from harness.device import devices
-
-    monkeypatch.delenv(devices.STANDIN_ENV, raising=False)
+    monkeypatch.delenv(environment.NEURON_STANDIN, raising=False)
     result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)
     result.assert_outcomes(passed=2)
     assert pids["launch"] == session and pids["in_process"] != session, (pids, session)
@@ -137,9 +137,7 @@ def test_a_neuron_test_on_the_device_in_process_runs_in_a_child_and_one_reading_
 
 def test_on_a_stand_in_the_in_process_neuron_tests_are_deselected_and_named(
         pytester, tmp_path, monkeypatch):
-    from harness.device import devices
-
-    monkeypatch.setenv(devices.STANDIN_ENV, "cpu")
+    monkeypatch.setenv(environment.NEURON_STANDIN, "cpu")
     result, pids, session = _tier_session(pytester, tmp_path, monkeypatch)
     result.assert_outcomes(passed=1, deselected=1)
     assert list(pids) == ["launch"]

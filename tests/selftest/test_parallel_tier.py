@@ -23,10 +23,10 @@ import sys
 import pytest
 import torch
 
-from harness.registry import paths
+from harness.registry import dump_layout, paths
 from harness.device.devices import THREADS_ENV, worker_threads, xdist_workers
 from harness.launch.run import RunSpec
-from harness.launch.run_cache import LEDGER, repeated_launches, shared_folder, spec_key
+from harness.launch.run_cache import repeated_launches, shared_folder, spec_key
 
 
 @pytest.mark.parametrize(("device", "markexpr", "cpus", "workers"), [
@@ -71,16 +71,17 @@ def test_a_run_read_on_two_workers_launches_once(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     workers = set(re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED", done.stdout, re.MULTILINE))
     assert workers == {"gw0", "gw1"}, "the four readers did not spread over both workers:\n" + done.stdout[-2000:]
-    launched = sorted(p.parent.relative_to(basetemp) for p in basetemp.rglob("command.txt"))
+    launched = sorted(p.parent.relative_to(basetemp) for p in basetemp.rglob(dump_layout.COMMAND))
     assert len(launched) == 1, f"one run, launched {len(launched)} times: {launched}"
 
 
 def test_a_run_launched_twice_is_found(tmp_path):
     """Once by the shared cache and once by a worker's own, or twice by one cache."""
-    for folder, runs in (("cpu_runs", ["a-1", "b-2", "c-3", "c-3"]), ("popen-gw1/cpu_runs", ["a-1"]),
-                         ("popen-gw1/test_x0/cpu_runs", ["b-2"])):  # a test's own session: not this one
-        (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / LEDGER).write_text("".join(json.dumps({"run": r}) + "\n" for r in runs))
+    for folder, runs in ((".", ["a-1", "b-2", "c-3", "c-3"]), ("popen-gw1", ["a-1"]),
+                         ("popen-gw1/test_x0", ["b-2"])):  # a test's own session: not this one
+        cache = dump_layout.runs_folder(tmp_path / folder, "cpu")
+        cache.mkdir(parents=True)
+        dump_layout.ledger(cache).write_text("".join(json.dumps({"run": r}) + "\n" for r in runs))
     assert repeated_launches(tmp_path) == {"a-1": 2, "c-3": 2}
 
 
@@ -92,8 +93,9 @@ def test_specs_that_differ_only_in_a_workers_folder_are_one_run(tmp_path):
     gw0, gw1 = _twin_spec("/tmp/s/popen-gw0/assets_twin0"), _twin_spec("/tmp/s/popen-gw1/assets_twin0")
     assert gw0 != gw1 and spec_key(gw0) == spec_key(gw1)
     assert spec_key(gw0) != spec_key(_twin_spec("/tmp/s/assets_twin"))
-    (tmp_path / "cpu_runs").mkdir()
-    (tmp_path / "cpu_runs" / LEDGER).write_text("".join(
+    cache = dump_layout.runs_folder(tmp_path, "cpu")
+    cache.mkdir()
+    dump_layout.ledger(cache).write_text("".join(
         json.dumps({"run": run, "key": spec_key(spec)}) + "\n"
         for run, spec in (("twin-0a", gw0), ("twin-1b", gw1), ("other-2c", _twin_spec("/x")))))
     assert repeated_launches(tmp_path) == {"twin-0a = twin-1b": 2}

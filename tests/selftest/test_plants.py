@@ -18,11 +18,10 @@ import sys
 
 import pytest
 
-from harness.registry import paths
+from harness.registry import environment, paths
 from harness import plants
 from harness.launch.run import RunSpec
 from harness.plants import Plant
-from harness.upstream import probes
 
 TESTS = paths.REPO_ROOT / "tests"
 
@@ -98,7 +97,8 @@ ENCODE = "from torchtitan.components.tokenizer import HuggingFaceTokenizer as T;
 def _rank_like(names: str):
     """A child started as a launched rank starts (the boot installs HARNESS_PLANTS): the
     install at import is the behaviour under test, so it needs a process of its own."""
-    return subprocess.run([sys.executable, "-c", ENCODE], env=probes.child_environment(plants=(names,)),
+    return subprocess.run([sys.executable, "-c", ENCODE],
+                          env=environment.child_environment(rank=True, plants=(names,)),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -111,4 +111,5 @@ def test_ranks_install_the_named_patch_at_import():
 def test_ranks_refuse_an_unknown_plant():
     done = _rank_like("no_such_plant")
     assert done.returncode != 0
-    assert "cannot install HARNESS_PLANTS: unknown plant(s) ['no_such_plant']" in done.stderr, done.stderr[-2000:]
+    assert (f"cannot install {environment.PLANTS}: unknown plant(s) ['no_such_plant']"
+            in done.stderr), done.stderr[-2000:]

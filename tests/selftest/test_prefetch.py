@@ -32,8 +32,9 @@ from harness.backends import BACKENDS
 from harness.device.devices import DeviceProfile, profile_for
 from harness.launch import prefetch, run_cache
 from harness.launch.run import RunSpec
-from harness.launch.run_cache import LEDGER, RunCache, unread_prefetches
+from harness.launch.run_cache import RunCache, unread_prefetches
 from harness.launch.run_matrix import LayoutCase, RunCase, SubjectCase
+from harness.registry import dump_layout
 from harness.launch.subjects import Subject
 from harness.results.run_result import RunResult
 
@@ -84,7 +85,7 @@ def _fake_cache(tmp_path, monkeypatch):
                          duration_s=0.0, run_dir=run_dir)
 
     monkeypatch.setattr(run_cache, "launch", fake_launch)
-    return RunCache(profile_for("cpu"), tmp_path / "cpu_runs"), launched
+    return RunCache(profile_for("cpu"), dump_layout.runs_folder(tmp_path, "cpu")), launched
 
 
 def test_a_prefetched_run_is_launched_once_and_read_by_its_test(tmp_path, monkeypatch):
@@ -96,14 +97,14 @@ def test_a_prefetched_run_is_launched_once_and_read_by_its_test(tmp_path, monkey
     other = RunCache(cache.profile, cache.root)  # the test's worker
     assert other.get(spec).returncode == 0 and launched == [spec], "the test launched it again"
     assert unread_prefetches(tmp_path) == []
-    entry = json.loads((cache.root / LEDGER).read_text().splitlines()[0])
+    entry = json.loads(dump_layout.ledger(cache.root).read_text().splitlines()[0])
     assert entry["prefetched"] is True
 
 
 def test_a_run_another_process_is_launching_is_not_prefetched(tmp_path, monkeypatch):
     cache, launched = _fake_cache(tmp_path, monkeypatch)
     spec = RunSpec("titan_native", init="pretrained")
-    lock = cache.root / (cache._dirname(spec) + ".lock")
+    lock = dump_layout.lock_file(cache.run_dir(spec))
     with FileLock(str(lock)):  # held as a worker launching it holds it
         assert cache.prefetch(spec) is False
     assert launched == []
@@ -147,7 +148,7 @@ def test_one_process_of_a_session_starts_the_prefetcher(tmp_path, monkeypatch):
     second = prefetch.start(tmp_path, "cpu", specs)  # the other worker
     assert first is not None and second is None
     assert started == [[sys.executable, "-m", "harness.launch.prefetch", str(tmp_path)]]
-    assert pickle.loads((tmp_path / prefetch.SPECS).read_bytes()) == ("cpu", specs)
+    assert pickle.loads(dump_layout.prefetch_specs(tmp_path).read_bytes()) == ("cpu", specs)
     assert prefetch.start(tmp_path / "none", "cpu", []) is None  # nothing to launch
 
 

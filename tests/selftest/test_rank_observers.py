@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from harness.references.batch import load_batches
-from harness.registry import dump_layout, paths
+from harness.registry import dump_layout, environment, paths
 from harness.rank import observers as rank_observers
 from harness.upstream import titan_api
 from harness.backends import BACKENDS
@@ -40,7 +40,6 @@ from harness.device.devices import detect, neuron_profile
 from harness.launch.run import RunSpec, rank_environment
 from harness.launch.run_matrix import RunCase
 from harness.launch.subjects import Facts
-from harness.upstream import probes
 from harness.upstream.install import SHIMS
 
 
@@ -109,12 +108,12 @@ def subject_spec() -> RunSpec:
 def test_every_rank_boots_with_every_observer_on_every_device(profile, spec):
     env = rank_environment(spec, profile)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(paths.BOOT_DIR)
-    assert env[rank_observers.OBSERVERS_ENV].split(",") == list(rank_observers.OBSERVERS)
+    assert env[environment.OBSERVERS].split(",") == list(rank_observers.OBSERVERS)
 
 
 def test_a_run_may_name_fewer_observers():
-    spec = RunSpec("titan_native", extra_env=((rank_observers.OBSERVERS_ENV, "batches"),))
-    assert rank_environment(spec, detect("cpu"))[rank_observers.OBSERVERS_ENV] == "batches"
+    spec = RunSpec("titan_native", extra_env=((environment.OBSERVERS, "batches"),))
+    assert rank_environment(spec, detect("cpu"))[environment.OBSERVERS] == "batches"
 
 
 # What a rank's boot leaves, without importing torch: the post-import hook on torchtitan's trainer.
@@ -126,15 +125,14 @@ print(len(hooks), "torch" in sys.modules)
 
 
 def boot(extra_env: dict[str, str], code: str = BOOT, pythonpath: tuple[str, ...] = ()):
-    env = probes.child_environment()  # the boot folder first; no shims, no plants
-    env.pop(rank_observers.OBSERVERS_ENV, None)  # nor inherited observers
-    env.update(extra_env)
+    # the boot folder first; no shims, no plants, no observers but those named in extra_env
+    env = environment.child_environment(rank=True, **extra_env)
     env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], *pythonpath))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
 def test_the_boot_installs_the_named_observers_as_the_trainer_is_imported():
-    named = boot({rank_observers.OBSERVERS_ENV: rank_observers.env_value()})
+    named = boot({environment.OBSERVERS: rank_observers.env_value()})
     assert named.returncode == 0, named.stderr[-2000:]
     assert named.stdout.split() == ["1", "False"]  # one hook, and torch not imported yet
     none = boot({})
@@ -143,7 +141,7 @@ def test_the_boot_installs_the_named_observers_as_the_trainer_is_imported():
 
 
 def test_the_boot_refuses_an_unknown_observer_naming_the_known_ones():
-    done = boot({rank_observers.OBSERVERS_ENV: "batches,step0_batch"})
+    done = boot({environment.OBSERVERS: "batches,step0_batch"})
     assert done.returncode != 0
     assert "unknown rank observer(s) ['step0_batch']" in done.stderr
     assert all(name in done.stderr for name in rank_observers.OBSERVERS)
@@ -152,7 +150,7 @@ def test_the_boot_refuses_an_unknown_observer_naming_the_known_ones():
 def test_the_boot_runs_the_sitecustomize_it_shadows(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SHADOWED_RAN = True\n")
     code = "import builtins; print(getattr(builtins, 'SHADOWED_RAN', False))"
-    done = boot({rank_observers.OBSERVERS_ENV: "batches"}, code, pythonpath=(str(tmp_path),))
+    done = boot({environment.OBSERVERS: "batches"}, code, pythonpath=(str(tmp_path),))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"
 
@@ -222,7 +220,7 @@ def stand_in_trainer_module(dump: str):
 
 def trained(tmp_path, names, monkeypatch, dump_steps=1):
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setenv(rank_observers.DUMP_STEPS_ENV, str(dump_steps))
+    monkeypatch.setenv(environment.DUMP_STEPS, str(dump_steps))
     module = stand_in_trainer_module(str(dump_layout.dump_folder(tmp_path)))
     if names is not None:
         rank_observers.install(module, names)
@@ -289,7 +287,7 @@ def test_a_run_logs_the_same_losses_and_grad_norms_without_its_observers(device_
     spec = case.suite_spec(steps, workarounds=workarounds)
     observed = device_runs("cpu").get(spec)
     bare = device_runs("cpu").get(replace(spec, extra_env=(*spec.extra_env,
-                                                           (rank_observers.OBSERVERS_ENV, ""))))
+                                                           (environment.OBSERVERS, ""))))
     assert observed.ok and bare.ok, f"see {observed.run_dir} and {bare.run_dir}"
     assert dump_layout.read_fingerprints(observed.run_dir) is not None
     assert dump_layout.read_fingerprints(bare.run_dir) is None, "the bare run was observed"

@@ -17,14 +17,14 @@ import shutil
 from dataclasses import replace
 
 from harness.checks import run_checks as checks
-from harness.registry import paths
+from harness.registry import dump_layout, paths
 from harness.report.pytest_plugin import write_session_report
 from harness.results.run_result import RunResult, StepRecord
 
 
 def _run(tmp_path, size: str) -> RunResult:
     run_dir = tmp_path / f"{size}-run"
-    checkpoint = run_dir / "dump" / "checkpoint" / "step-2"
+    checkpoint = dump_layout.checkpoint_dir(run_dir, 2)
     checkpoint.mkdir(parents=True)
     shutil.copy(paths.TINY_DENSE / "model.safetensors", checkpoint / "model.safetensors")
     steps = [StepRecord(i, 1.3, 1.0, 1000.0, 0.2, 0.9) for i in (1, 2)]
@@ -44,7 +44,7 @@ def _enforced(check: str, run: RunResult):
 def test_the_report_holds_the_verdicts_the_tests_recorded_after_the_checkpoints_are_gone(tmp_path):
     run = _run(tmp_path, "full")
     assert _enforced("hf_checkpoint_complete", run).status == "pass"
-    assert not (run.run_dir / "dump" / "checkpoint").exists(), "its one reader is done"
+    assert not dump_layout.checkpoints(run.run_dir).exists(), "its one reader is done"
     out = write_session_report([run], tmp_path / "report", steps=2)
     document = json.loads((out / "results.json").read_text())
     assert document["runs"][0]["checks"]["hf_checkpoint_complete"]["status"] == "pass"
@@ -56,7 +56,7 @@ def test_the_report_holds_the_verdicts_the_tests_recorded_after_the_checkpoints_
 def test_a_tiny_run_keeps_its_checkpoints_and_an_unchecked_run_is_said_to_be(tmp_path):
     run = _run(tmp_path, "tiny")
     _enforced("hf_checkpoint_complete", replace(run))
-    assert (run.run_dir / "dump" / "checkpoint").is_dir()
+    assert dump_layout.checkpoints(run.run_dir).is_dir()
     unchecked = replace(_run(tmp_path / "other", "full"), name="titan_native-full-random")
     out = write_session_report([unchecked], tmp_path / "report", steps=2)
     assert "| not checked in this session |" in (out / "summary.md").read_text()

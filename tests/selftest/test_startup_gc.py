@@ -12,7 +12,7 @@ import types
 from pathlib import Path
 
 from harness.rank.startup_gc import RANK_ENV, enable_as_trainer_builds
-from harness.upstream import probes
+from harness.registry import environment
 
 # What a rank's boot leaves (with a shim that imports nothing yet, so the child is cheap):
 # collection at start-up, and whether torchtitan.trainer has the hook that turns it back on.
@@ -26,7 +26,7 @@ print(gc.isenabled(), hooked)
 
 
 def _child(extra_env: dict[str, str]) -> str:
-    env = probes.child_environment(("gloo_reduce_op",))
+    env = environment.child_environment(rank=True, shims=("gloo_reduce_op",))
     env.pop(RANK_ENV, None)
     done = subprocess.run([sys.executable, "-c", STARTUP], env={**env, **extra_env},
                           capture_output=True, text=True)

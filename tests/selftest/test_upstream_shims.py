@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 
-from harness.registry import known_issues
+from harness.registry import environment, known_issues
 from harness.upstream import titan_api
 from harness.device.devices import CPU_SHIMS
 from harness.launch.run_cache import shared_folder
@@ -405,7 +405,8 @@ def test_post_import_patches_of_one_module_all_run_in_order(tmp_path, monkeypatc
 
 def test_unknown_shim_is_a_clear_error():
     """The boot refuses it before anything runs (its own child: the refusal is the start-up)."""
-    done = subprocess.run([sys.executable, "-c", "pass"], env=probes.child_environment(("no_such_shim",)),
+    done = subprocess.run([sys.executable, "-c", "pass"],
+                          env=environment.child_environment(rank=True, shims=("no_such_shim",)),
                           capture_output=True, text=True)
     assert done.returncode != 0 and "unknown upstream shim(s) ['no_such_shim']" in done.stderr
 
@@ -506,12 +507,11 @@ def _thetas_of_the_full_titan_native_config(monkeypatch, patched: bool) -> set[f
     import torchtitan.models.qwen3 as qwen3
 
     from harness.registry import paths
-    from harness.registry.assets_twin import FULL_ASSETS_ENV
     from harness.backends.titan_native import full_model_spec
     from harness.upstream.titan_4b_theta import theta_from_assets
 
     assets = str(paths.FIXTURES / "reference_configs" / REFERENCE_4B)
-    monkeypatch.setenv(FULL_ASSETS_ENV, assets)
+    monkeypatch.setenv(environment.FULL_ASSETS, assets)
     monkeypatch.setattr(qwen3, "model_registry", qwen3.model_registry)  # restored after the test
     if patched:
         theta_from_assets(qwen3)

@@ -23,18 +23,19 @@ import pytest
 from harness import plants
 from harness.device.devices import ARROW_ENV, HF_ENV, detect
 from harness.launch import warm
+from harness.registry import environment
 from harness.launch.run import RunSpec, rank_environment, run_patches
 from harness.parity.env import prepare_in_process
 from harness.rank.warm_start import STARTED_COLD, STARTED_WARM, TORCHRUN_SET, USED_CPU, refusal
 
-ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "HARNESS_SHIMS": "cpu_device,gloo_reduce_op",
-          "HARNESS_ZYGOTE": "1"}
+ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", environment.SHIMS: "cpu_device,gloo_reduce_op",
+          environment.ZYGOTE: "1"}
 TORCHRUN = {name: "0" for name in TORCHRUN_SET} | {"TORCHELASTIC_RUN_ID": "x"}
 
 
 def rank(**changes) -> dict[str, str]:
-    env = {k: v for k, v in ZYGOTE.items() if k != "HARNESS_ZYGOTE"} | TORCHRUN
-    env |= {"HARNESS_SHIMS": "cpu_device,gloo_reduce_op,jsonl_metrics_sink", "HARNESS_PLANTS": "p"}
+    env = {k: v for k, v in ZYGOTE.items() if k != environment.ZYGOTE} | TORCHRUN
+    env |= {environment.SHIMS: "cpu_device,gloo_reduce_op,jsonl_metrics_sink", environment.PLANTS: "p"}
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)
@@ -54,7 +55,7 @@ def test_a_rank_with_the_zygotes_environment_plus_torchruns_and_the_runs_own_is_
     ({"OMP_NUM_THREADS": "2"}, "OMP_NUM_THREADS"),  # read by the OpenMP runtime as torch loads
     ({"PATH": None}, "PATH"),
     ({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, "TORCHINDUCTOR_FX_GRAPH_CACHE"),  # read as inductor imports
-    ({"HARNESS_SHIMS": "gloo_reduce_op"}, "shims"),  # the zygote installed cpu_device before importing
+    ({environment.SHIMS: "gloo_reduce_op"}, "shims"),  # the zygote installed cpu_device before importing
 ])
 def test_a_rank_whose_imports_could_differ_starts_cold_and_says_why(changes, named):
     reason = refusal(ZYGOTE, rank(**changes))
@@ -96,7 +97,7 @@ def worker_env():
     socket, why = warm.socket_for(env, profile.shims)
     if socket is None:
         pytest.fail(f"no zygote here ({why}): every CPU launch would start its ranks cold")
-    return env | TORCHRUN | {"LOCAL_RANK": "0", warm.SOCKET_ENV: socket}
+    return env | TORCHRUN | {"LOCAL_RANK": "0", environment.WARM_SOCKET: socket}
 
 
 def worker(env, *module_args) -> subprocess.Popen:
@@ -121,7 +122,7 @@ def ranks_of(zygote_pid: int) -> frozenset:
 
 
 def zygote_pid(env) -> int:
-    return next(z.process.pid for z in warm._ZYGOTES if z.socket == env[warm.SOCKET_ENV])
+    return next(z.process.pid for z in warm._ZYGOTES if z.socket == env[environment.WARM_SOCKET])
 
 
 def test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does(worker_env, tmp_path):
@@ -177,7 +178,7 @@ def test_a_run_that_patches_what_the_zygote_imported_starts_cold_and_says_which(
     """The zygote imported transformers (the device's shims acting first); a run's own patch of
     a module it imported would act after that import, not as a cold rank's does."""
     profile = detect("cpu")
-    zygote = next(z for z in warm._ZYGOTES if z.socket == worker_env[warm.SOCKET_ENV])
+    zygote = next(z for z in warm._ZYGOTES if z.socket == worker_env[environment.WARM_SOCKET])
     assert "transformers.models.qwen3.modeling_qwen3" in zygote.modules
     assert not any(m.split(".")[0] == "torchtitan" for m in zygote.modules)
     in_transformers = next(p.name for p in plants.of("patch") if p.patch[0].startswith("transformers."))

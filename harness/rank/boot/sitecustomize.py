@@ -17,6 +17,9 @@ itself over to it (harness/rank/warm_start.py): the zygote forks the rank, which
 
 import os
 
+# The variables' names (standard library only; the repo root follows this folder on the path).
+from harness.registry import environment
+
 
 def install_harness() -> None:
     """The shims, plants and observers the environment names (each once per process: a warm
@@ -24,7 +27,7 @@ def install_harness() -> None:
     # A launched rank imports with automatic garbage collection off, until torchtitan's Trainer
     # is built and manages collection itself, the imports' objects frozen
     # (harness/rank/startup_gc.py). Before the shims: they import torch.
-    if os.environ.get("HARNESS_SHIMS") or os.environ.get("HARNESS_PLANTS"):
+    if os.environ.get(environment.SHIMS) or os.environ.get(environment.PLANTS):
         try:
             from harness.rank.startup_gc import defer_until_trainer
         except ImportError:  # another checkout's harness without it
@@ -32,9 +35,9 @@ def install_harness() -> None:
         if defer_until_trainer is not None:
             defer_until_trainer()
 
-    for variable, module in (("HARNESS_SHIMS", "harness.upstream.install"),
-                             ("HARNESS_PLANTS", "harness.plants"),
-                             ("HARNESS_OBSERVERS", "harness.rank.observers")):
+    for variable, module in ((environment.SHIMS, "harness.upstream.install"),
+                             (environment.PLANTS, "harness.plants"),
+                             (environment.OBSERVERS, "harness.rank.observers")):
         if os.environ.get(variable):
             try:
                 import importlib
@@ -50,8 +53,8 @@ def install_harness() -> None:
 def _hand_over_to_a_zygote() -> None:
     """A CPU rank with a warm zygote (harness/rank/warm_start.py) is forked from it: this worker
     waits for that rank and exits as it does. Returns where the rank starts cold here."""
-    socket_path = os.environ.get("HARNESS_WARM_SOCKET")
-    if not socket_path or os.environ.get("HARNESS_ZYGOTE"):
+    socket_path = os.environ.get(environment.WARM_SOCKET)
+    if not socket_path or os.environ.get(environment.ZYGOTE):
         return
     try:
         from harness.rank.warm_start import hand_over
