@@ -258,25 +258,26 @@ class ExpectationRegistry:
     def for_run(self, run, forwards: RunForwards) -> Expectation:
         """The expectation of a launched run (a RunResult), its computed entries computed by
         ``forwards`` (harness/checks/reference_forward.py ``FORWARDS``)."""
-        if run.model is None:
-            raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
+        spec = run.spec
+        if spec.model is None:
+            raise MissingExpectation(f"{spec.name}: the model it trains is not one the harness "
                                      f"knows, so it has no expectation")
-        return self.get(run.backend, run.model, run.init, run.device, run.mask, run.nproc,
+        return self.get(spec.backend, spec.model, spec.init, run.device, spec.mask, run.nproc,
                         run.versions.get("torchtitan-generation"), run=run,
                         model_dir=forwards.model_dir(run), forwards=forwards)
 
     def published(self, run) -> Expectation | None:
         """The source's published first-step loss for ``run``, where it has one: same backend,
         model, init, device, and the source's data (``[[published]]`` entries)."""
-        data = run_data(run)
+        spec = run.spec
         for entry in self.published_entries:
             if ((entry["backend"], entry["model"], entry["init"], entry["device"])
-                    == (run.backend, run.model, run.init, run.device)):
-                if entry["data"] != data:
+                    == (spec.backend, spec.model, spec.init, run.device)):
+                if entry["data"] != spec.data:
                     return None
                 band = loss_band(entry["tolerance"])
                 value, source = self._published_value(entry, run)
-                return Expectation((run.backend, run.model, run.init, run.device, entry["data"]),
+                return Expectation((spec.backend, spec.model, spec.init, run.device, entry["data"]),
                                    value, band.value, band.name, source)
         return None
 
@@ -294,13 +295,3 @@ class ExpectationRegistry:
     @property
     def published_entries(self) -> list[dict]:
         return tomllib.loads(self.path.read_text()).get("published", [])
-
-
-def run_data(run) -> str:
-    """What a launched run read: "c4" when its command switched the dataloader to C4 (the
-    launcher's ``data_flags``), else the fixture corpus."""
-    command = list(run.command)
-    for i, arg in enumerate(command[:-1]):
-        if arg == "--dataloader.dataset":
-            return command[i + 1]
-    return "fixture"
