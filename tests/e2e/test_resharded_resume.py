@@ -220,7 +220,7 @@ class _Resumed:
 
     def __init__(self, error: str | None, generation: str, ok: bool = False):
         self.ok, self.error, self.generation = ok, error, generation
-        self.name, self.workarounds = "hf_v5-tiny-random-2-to-3", ()
+        self.spec = RunSpec("hf_v5", init="random", nproc=3)
 
     def first_error(self):
         return self.error
@@ -230,7 +230,7 @@ class _Resumed:
                 "attention": "sdpa", "layout": "fsdp", "generation": self.generation}
 
     def describe(self):
-        return f"{self.name}: exit code 1"
+        return f"{self.spec.name}: exit code 1"
 
 
 SPRING_OPTIMIZER_KEY = "KeyError: 'param_groups.layers.0.self_attn.q_proj.weight.pattern'"

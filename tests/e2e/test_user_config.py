@@ -56,13 +56,6 @@ USER_CONFIG = textwrap.dedent('''
     def v5_tiny():
         return from_hf_weights(hf_v5.tiny())
 
-
-    def native_tp2_tiny():
-        config = native_tiny()
-        config.parallelism.tensor_parallel_degree = 2
-        return config
-
-
     def wrong_theta():
         config = native_tiny()
         for layer in config.model_spec.model.layers:
@@ -107,8 +100,11 @@ def test_what_is_checked_is_inferred_from_the_config(user_dir):
 def test_a_subjects_run_runs_the_parallel_degrees_its_config_sets(user_dir):
     from harness.launch.run import RunSpec
 
-    degrees = {name: RunSpec.for_subject(infer(Subject(USER_MODULE, name))).parallel_degrees(2)
-               for name in ("native_tiny", "native_tp2_tiny")}
+    subject = Subject(USER_MODULE, "native_tiny")
+    tp2 = subject.load()
+    tp2.parallelism.tensor_parallel_degree = 2
+    degrees = {"native_tiny": RunSpec.for_subject(infer(subject)).parallel_degrees(2),
+               "native_tp2_tiny": RunSpec.for_subject(infer(subject, tp2)).parallel_degrees(2)}
     assert degrees["native_tiny"] == {
         "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2, "context_parallel_degree": 1,
         "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "expert_parallel_degree": 1}
