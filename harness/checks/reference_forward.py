@@ -102,18 +102,19 @@ def hf_loss_parts(model_dir: str | Path, batches: list[Batch]) -> LossParts:
 
 def hf_forward(run) -> tuple[float, str]:
     """A full-size run's step-1 loss recomputed from its HF weights on its own step-1 batch."""
-    if run.weights_dir is None:
-        raise MissingExpectation(f"{run.name}: it recorded no HF weights folder "
-                                 f"(RunResult.weights_dir) to recompute its step 1 from")
-    weights = Path(run.weights_dir)
+    spec = run.spec
+    weights = spec.weights_dir()
+    if weights is None:
+        raise MissingExpectation(f"{spec.name}: a random init has no HF weights "
+                                 f"(RunSpec.weights_dir) to recompute its step 1 from")
     try:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
-        raise MissingExpectation(f"{run.name}: {error} (full-size configs dump each rank's "
+        raise MissingExpectation(f"{spec.name}: {error} (full-size configs dump each rank's "
                                  f"step-1 batch: harness/rank/observers.py)") from None
-    value = independent_first_step_loss(weights, batches, run.mask)
+    value = independent_first_step_loss(weights, batches, spec.mask)
     return value, (f"independent HF forward (float32, CPU) of {weights} on the run's own step-1 "
-                   f"batch ({len(batches)} rank(s), {run.mask} masking)")
+                   f"batch ({len(batches)} rank(s), {spec.mask} masking)")
 
 
 def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
@@ -124,31 +125,30 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     (harness/rank/step0.py), with the run's masking. None where the run dumped no
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
     (harness/registry/tolerances.py ``initial_weights_forward_band``)."""
-    from harness.backends import backend
     from harness.parity.conformance.native_to_hf import NotConvertible
     from harness.diagnosis import rank_dump
 
-    if run.init != "random" or run.run_dir is None:
+    spec = run.spec
+    if spec.init != "random" or run.run_dir is None:
         return None
     dumped = initial_weights_dir(run.run_dir)
-    spec = backend(run.backend).size(run.size)
-    band = initial_weights_forward_band(spec.precision, run.device)
+    band = initial_weights_forward_band(spec.size_spec.precision, run.device)
     if dumped is None or band is None:
         return None
     try:
         batches = load_batches(run.run_dir)
     except FileNotFoundError as error:
-        raise MissingExpectation(f"{run.name}: its step-0 weights were dumped but not its ranks' "
+        raise MissingExpectation(f"{spec.name}: its step-0 weights were dumped but not its ranks' "
                                  f"step-1 batches ({error}; the launcher installs them in every "
                                  f"rank: harness/rank/observers.py)") from None
     if len(batches) != run.nproc:
-        raise MissingExpectation(f"{run.name}: {len(batches)} rank batch dump(s) for "
+        raise MissingExpectation(f"{spec.name}: {len(batches)} rank batch dump(s) for "
                                  f"{run.nproc} ranks: a global-average loss needs every rank's")
-    model_dir = Path(run.model_dir) if run.model_dir else Path(spec.model_dir)
+    model_dir = spec.model_dir()
     try:
         weights = rank_dump.hf_weights_from_dump(dumped, model_dir)
     except NotConvertible as error:
-        raise MissingExpectation(f"{run.name}: its dumped step-0 weights ({dumped}) are not an HF "
+        raise MissingExpectation(f"{spec.name}: its dumped step-0 weights ({dumped}) are not an HF "
                                  f"checkpoint of {model_dir}: {error}") from None
     mask = model_masking(run)
     value = independent_first_step_loss(weights, batches, mask)
@@ -163,8 +163,8 @@ def model_masking(run) -> str:
     issue spring2026-hf_v5-row-positions and is held by the checks that see it (the parity
     suite's attention_mask and logits_vs_reference); the forward of the run's weights holds
     the rest of its step 1."""
-    if run.backend != "hf_v5" or run.mask != "causal":
-        return run.mask
+    if run.spec.backend != "hf_v5" or run.spec.mask != "causal":
+        return run.spec.mask
     from harness.upstream import titan_api
 
     return titan_api.transformers_backend().masking
@@ -172,9 +172,7 @@ def model_masking(run) -> str:
 
 def run_model_dir(run) -> Path | None:
     """A full-size run's model config dir (the one it read); None: the fixtures' by model key."""
-    if run.size != "full" or run.model_dir is None:
-        return None
-    return Path(run.model_dir)
+    return run.spec.model_dir() if run.spec.size == "full" else None
 
 
 def expectation_for_run(run) -> Expectation:
@@ -182,16 +180,17 @@ def expectation_for_run(run) -> Expectation:
     computed. A random-init run that dumped its step-0 weights is held to their forward
     (``initial_weights_forward``), and that forward to ln V + s^2/2 in the draw band (``init``;
     harness/registry/tolerances.py RANDOM_INIT_DRAW)."""
-    if run.model is None:
-        raise MissingExpectation(f"{run.name}: the model it trains is not one the harness "
+    spec = run.spec
+    if spec.model is None:
+        raise MissingExpectation(f"{spec.name}: the model it trains is not one the harness "
                                  f"knows, so it has no expectation")
     model_dir = run_model_dir(run)
-    rule = ExpectationRegistry().rule(run.backend, run.model, run.init, run.device, run.mask,
+    rule = ExpectationRegistry().rule(spec.backend, spec.model, spec.init, run.device, spec.mask,
                                       run.nproc, run.versions.get("torchtitan-generation"),
                                       own_config=model_dir is not None)
     if rule.hf_forward:
         return rule.expectation(*hf_forward(run))
-    expected = expectation_of(rule, run.model, model_dir)
+    expected = expectation_of(rule, spec.model, model_dir)
     forward = initial_weights_forward(run) if rule.initial_weights_forward else None
     if forward is None:
         return expected

@@ -36,7 +36,7 @@ def completed(run: RunResult, steps: int) -> Outcome:
     elif run.returncode != 0:
         problems.append(f"the launcher exited with code {run.returncode}")
     logged = [s.step for s in run.steps]
-    first = run.first_planned_step
+    first = run.spec.first_step
     if logged != list(range(first, steps + 1)):
         problems.append(f"logged steps {logged}, expected {first}..{steps}")
     observed = {"steps_logged": len(logged)}
@@ -95,10 +95,7 @@ def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
     if not dirs:
         problem = f"no HF checkpoint under {dump_layout.checkpoints(run.run_dir)}"
         return Outcome(problem, {"error": problem})
-    if run.model_dir is None:
-        problem = f"{run.name} recorded no model config dir (RunResult.model_dir) to reload against"
-        return Outcome(problem, {"error": problem})
-    return _reload_problems(dirs[-1], Path(run.model_dir))
+    return _reload_problems(dirs[-1], run.spec.model_dir())
 
 
 def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
@@ -175,9 +172,7 @@ def moe_routing_counts(run: RunResult, steps: int) -> Outcome:
     records = dump_layout.balance_records(run.run_dir)
     if not records:
         return Outcome(None, {}, "no MoE layer recorded load balancing: nothing to count")
-    from harness.registry.layouts import layout
-
-    cp = layout(run.layout).cp
+    cp = run.degrees["context_parallel_degree"]
     ratios: dict[str, float] = {}
     for rank, steps_records in sorted(records.items()):
         first = next((r for r in steps_records if r.get("step") == 1), None)
@@ -217,7 +212,8 @@ def published_loss(run: RunResult, steps: int) -> Outcome:
         return Outcome("no step was logged")
     expectation = ExpectationRegistry().published(run)
     if expectation is None:
-        return Outcome(f"{run.name}: no published number for {run.backend}/{run.model}/{run.init} "
+        spec = run.spec
+        return Outcome(f"{spec.name}: no published number for {spec.backend}/{spec.model}/{spec.init} "
                        f"on {run.device} with the data it read (published values hold only on "
                        f"the source's data, C4)")
     observed = run.steps[0].loss
@@ -253,7 +249,7 @@ def verdict(check: str, run: RunResult, steps: int) -> tuple[known_issues.Verdic
             return known_issues.Verdict(
                 "known", f"not checkable: the run stopped early ({completed_verdict.message})",
                 completed_verdict.issues, completed_verdict.inherited_from), outcome
-    return known_issues.judge(check, outcome.problem, outcome.observed, run.workarounds,
+    return known_issues.judge(check, outcome.problem, outcome.observed, run.spec.all_workarounds,
                               **run.where()), outcome
 
 
@@ -314,7 +310,7 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
 
     done = readers_done or all(dump_layout.verdict_file(run.run_dir, check).is_file()
                                for check in CHECKPOINT_READERS)
-    if run.size != "full" or not done or os.environ.get(environment.KEEP_CHECKPOINTS):
+    if run.spec.size != "full" or not done or os.environ.get(environment.KEEP_CHECKPOINTS):
         return False
     remove_checkpoints(run.run_dir)
     return True

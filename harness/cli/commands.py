@@ -114,9 +114,9 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: s
 def compare_table(a, b) -> tuple[str, int | None]:
     """The two runs' loss curves side by side and the first step where they differ by more
     than the loss-curve parity tolerance of their precision regime."""
-    regime = "bf16_experts" if "nki_moe" in (a.backend, b.backend) else "float32"
+    regime = "bf16_experts" if "nki_moe" in (a.spec.backend, b.spec.backend) else "float32"
     band = parity_tolerance("torchrun_loss", regime).atol
-    rows = [("step", a.name, b.name, "diff")]
+    rows = [("step", a.spec.name, b.spec.name, "diff")]
     first = None
     for sa, sb in zip(a.steps, b.steps):
         diff = sb.loss - sa.loss

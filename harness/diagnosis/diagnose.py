@@ -8,6 +8,7 @@ harness process, and a full-size model's memory is the child's own. Hints need n
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -65,22 +66,16 @@ class Diagnosis:
                 "wall_s": round(self.wall_s, 1), "lines": self.lines()}
 
 
-def plants_of(run) -> tuple[str, ...]:
-    """The plants a self-test put into the run's ranks (they are part of its name)."""
-    return tuple(re.findall(r"\+plant:([A-Za-z0-9_]+)", run.name))
-
-
 def request(run) -> dict:
-    """Everything the child needs, from the run's result alone."""
-    from harness.backends import backend
-
-    size = backend(run.backend).size(run.size)
-    return {"backend": run.backend, "attention": run.attention, "model_dir": run.model_dir,
-            "weights_dir": run.weights_dir,
+    """Everything the child needs, from the run's result alone (its spec: the folders it read,
+    the plants a self-test put into its ranks)."""
+    spec = run.spec
+    weights, precision = spec.weights_dir(), spec.size_spec.precision
+    return {"backend": spec.backend, "attention": spec.attention, "model_dir": str(spec.model_dir()),
+            "weights_dir": None if weights is None else str(weights),
             "run_dir": str(run.run_dir), "nproc": run.nproc, "device": run.device,
-            "plants": list(plants_of(run)), "workarounds": list(run.workarounds),
-            "regime": size.precision
-            if size.precision in ("float32", "bf16_experts") else "float32"}
+            "plants": list(spec.plants), "workarounds": list(spec.all_workarounds),
+            "regime": precision if precision in ("float32", "bf16_experts") else "float32"}
 
 
 def known_explanation(run, deviation: float | None) -> str | None:
@@ -90,7 +85,7 @@ def known_explanation(run, deviation: float | None) -> str | None:
     if deviation is None:
         return None
     verdict = known_issues.judge("first_step_loss", "the step-1 loss is off", {"deviation": deviation},
-                                 run.workarounds, **run.where())
+                                 run.spec.all_workarounds, **run.where())
     return ", ".join(i.name for i in verdict.issues) if verdict.status == "known" else None
 
 
@@ -136,7 +131,7 @@ def diagnose(run, observed: float | None = None, deviation: float | None = None)
     if not launched(run):
         return None
     key = str(Path(run.run_dir).resolve())
-    if key in _DONE and (observed is None or _DONE[key].hints or run.init != "pretrained"):
+    if key in _DONE and (observed is None or _DONE[key].hints or run.spec.init != "pretrained"):
         return _DONE[key]
     _DONE[key] = _diagnose(run, observed, deviation)
     return _DONE[key]
@@ -154,8 +149,8 @@ def _diagnose(run, observed, deviation) -> Diagnosis:
     except Exception as error:  # a subject the registry does not describe
         diagnosis.not_diagnosed = f"{type(error).__name__}: {error}"
     else:
-        if run.backend not in NATIVE_BUILDS:
-            diagnosis.not_diagnosed = (f"backend {run.backend!r}: the diagnosis rebuilds only "
+        if run.spec.backend not in NATIVE_BUILDS:
+            diagnosis.not_diagnosed = (f"backend {run.spec.backend!r}: the diagnosis rebuilds only "
                                        f"{sorted(NATIVE_BUILDS)}")
         elif req["weights_dir"] is None and dump_layout.initial_weights_dir(run.run_dir) is None:
             diagnosis.not_diagnosed = (f"random init, and the ranks dumped no step-0 weights "

@@ -63,21 +63,21 @@ def _where(where) -> str:
 
 def hints_for(run, observed: float, deviation: float | None) -> list[str]:
     """Every hint for a failing pretrained ``run`` (harness.results.run_result.RunResult)."""
-    if run.init != "pretrained":
+    spec = run.spec
+    if spec.init != "pretrained":
         return []
     from harness.references.expected_loss import configured_lm_head_std
 
-    weights = run.weights_dir
-    arch = Qwen3Arch.from_dir(run.model_dir)
+    arch = Qwen3Arch.from_dir(spec.model_dir())
     hints = []
     try:
-        std = configured_lm_head_std(run.backend, arch.hidden_size,
+        std = configured_lm_head_std(spec.backend, arch.hidden_size,
                                      run.versions.get("torchtitan-generation") or None)
     except Exception:  # no random-init rule recorded for this backend: no signature to try
         std = None
     if std is not None:
         hint = random_init_hint(observed, arch.vocab_size, arch.hidden_size, std,
-                                run.assets_dir or weights)
+                                spec.hf_assets_path or spec.weights_dir())
         if hint:
             hints.append(hint)
     if deviation is not None:

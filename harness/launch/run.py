@@ -19,14 +19,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from harness.registry import dump_layout, known_issues
 from harness.registry.hf_config import read_config_json
-from harness.registry.layouts import FSDP, Layout, layout as layout_entry
+from harness.registry.layouts import DEGREES, FSDP, Layout, layout as layout_entry, resolved_degrees
 from harness.rank import observers as rank_observers
 from harness.backends import BackendSpec, backend
 from harness import plants
@@ -88,6 +88,11 @@ class RunSpec:
     # A name of its own for a run that must never be taken for the template's run of the same
     # backend (a report, the nightly's baseline pair runs by name): "<name>@<label>".
     label: str = ""
+    # A full checkpoint (model, optimizer, lr schedule, train state: torchtitan's
+    # ``--checkpoint.no-initial-load-model-only``) the run resumes from, and the step it was
+    # saved at: the run logs steps ``resume_step + 1`` on (``first_step``).
+    resume_from: str | None = None
+    resume_step: int = 0
 
     @classmethod
     def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
@@ -106,6 +111,13 @@ class RunSpec:
             raise ValueError(f"data must be one of {DATA_SOURCES}, not {self.data!r}")
         if self.start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, not {self.start!r}")
+        if (self.resume_from is None) != (self.resume_step == 0) or self.resume_step < 0:
+            raise ValueError(f"a resumed run names its checkpoint and the step it was saved at "
+                             f"(resume_from={self.resume_from!r}, resume_step={self.resume_step!r})")
+        degrees = [flag for flag in self.overrides if flag.removeprefix("--parallelism.") in DEGREES]
+        if degrees:
+            raise ValueError(f"overrides {degrees}: a run's parallel degrees are its layout's "
+                             f"(RunSpec.layout, harness/registry/layouts.py), which it records")
         if not isinstance(self.nodes, int) or self.nodes < 1:
             raise ValueError(f"nodes must be a whole number of at least 1, not {self.nodes!r}")
         if self.nodes > 1 and self.rendezvous:
@@ -145,11 +157,55 @@ class RunSpec:
         return layout_entry(self.layout)
 
     @property
-    def degrees(self) -> Layout:
+    def launched_layout(self) -> Layout:
         """The layout whose parallel degrees the ranks run: the run's, or on the assets twin its
         twin's (``Layout.twin``)."""
         entry = self.layout_spec
         return layout_entry(entry.twin) if self.twin and entry.twin else entry
+
+    def parallel_degrees(self, ranks: int) -> dict[str, int]:
+        """The parallel degrees its ``ranks`` ranks run, named as torchtitan names them
+        (harness/registry/layouts.py ``DEGREES``): the launched layout's (its flags,
+        ``layout_flags``), or a subject's own config's (no flag overrides them)."""
+        if self.subject:
+            return resolved_degrees(dict(self.subject.degrees), ranks)
+        return self.launched_layout.degrees(ranks)
+
+    def with_layout(self, name: str) -> "RunSpec":
+        """The same run in layout ``name`` (on the assets twin, a full-size layout runs its twin's
+        degrees; FSDP is the configs' own)."""
+        return replace(self, layout=name, twin=self.twin and name != FSDP)
+
+    def model_dir(self) -> Path:
+        """The folder whose config.json its model is built from (a subject's: ``Facts.config_dir``)."""
+        if self.subject:
+            return self.subject.config_dir
+        return self.size_spec.resolve(self.size_spec.model_dir, self.hf_assets_path)
+
+    def weights_dir(self) -> Path | None:
+        """The HF safetensors it starts from; None: a random init."""
+        if self.init != "pretrained":
+            return None
+        if self.subject:
+            return self.subject.weights_dir
+        return self.size_spec.resolve(self.size_spec.weights_dir, self.hf_assets_path)
+
+    def assets_dir(self) -> Path:
+        """Its tokenizer's folder (torchtitan's hf_assets_path)."""
+        if self.subject:
+            return self.subject.assets_dir
+        return Path(self.hf_assets_path) if self.hf_assets_path else self.model_dir()
+
+    @property
+    def first_step(self) -> int:
+        """The first step it logs: 1, or the step after the one it resumes from."""
+        return self.resume_step + 1
+
+    @property
+    def setting(self) -> tuple:
+        """What it trains on beyond its configuration (backend, size, init, attention, layout):
+        its data, the weights and checkpoint it starts from, and its own overrides."""
+        return (self.data, self.data_path, self.weights_dir(), self.resume_from, self.overrides)
 
     @property
     def model_kind(self) -> str:
@@ -159,8 +215,7 @@ class RunSpec:
 
     @property
     def model_config(self) -> dict:
-        model_dir = self.size_spec.resolve(self.size_spec.model_dir, self.hf_assets_path)
-        return read_config_json(model_dir)
+        return read_config_json(self.model_dir())
 
     @property
     def size_spec(self):
@@ -243,27 +298,6 @@ class RunSpec:
         return f"{self.backend}-{self.size}{attention}-{self.init}{suffix}"
 
 
-def pretrained_weights_dir(spec: RunSpec) -> Path:
-    """The HF safetensors a pretrained run starts from."""
-    if spec.subject:
-        return spec.subject.weights_dir
-    path = spec.size_spec.resolve(spec.size_spec.weights_dir, spec.hf_assets_path)
-    if path is None:
-        raise ValueError(f"{spec.name}: {spec.backend}/{spec.size} has no pretrained weights")
-    return path
-
-
-def run_inputs(spec: RunSpec) -> tuple[Path, Path, Path | None]:
-    """(model config dir, tokenizer assets dir, weights dir or None) that ``spec`` reads."""
-    if spec.subject:
-        facts = spec.subject
-        return facts.model_dir or facts.weights_dir or facts.assets_dir, facts.assets_dir, facts.weights_dir
-    model_dir = spec.size_spec.resolve(spec.size_spec.model_dir, spec.hf_assets_path)
-    assets = Path(spec.hf_assets_path) if spec.hf_assets_path else model_dir
-    weights = pretrained_weights_dir(spec) if spec.init == "pretrained" else None
-    return model_dir, assets, weights
-
-
 def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path,
                   node: tuple[int, int] | None = None) -> list[str]:
     """The torchrun command of ``spec``; ``node``: (node rank, rendezvous port) of one of
@@ -292,13 +326,16 @@ def build_command(spec: RunSpec, profile: DeviceProfile, run_dir: Path,
         for flag in spec.spec.asset_flags:
             command += [flag, spec.hf_assets_path]
     command += data_flags(spec.data, spec.data_path, nproc)
-    if spec.init == "pretrained" or spec.save_hf:
+    if spec.init == "pretrained" or spec.save_hf or spec.resume_from:
         command += ["--checkpoint.enable"]
     if spec.init == "pretrained" and not spec.subject:  # a subject's config loads its own
         command += [
             "--checkpoint.initial_load_in_hf",
-            "--checkpoint.initial_load_path", str(pretrained_weights_dir(spec).resolve()),
+            "--checkpoint.initial_load_path", str(spec.weights_dir().resolve()),
         ]
+    if spec.resume_from:
+        command += ["--checkpoint.initial_load_path", str(Path(spec.resume_from).resolve()),
+                    "--checkpoint.no-initial-load-model-only"]
     if spec.save_hf:
         command += [
             "--checkpoint.last_save_in_hf",
@@ -340,7 +377,7 @@ def layout_flags(spec: RunSpec, compile_backend: str) -> tuple[str, ...]:
     (``titan_cli.layout_overrides``)."""
     if spec.layout == FSDP:
         return ()
-    lay = spec.degrees
+    lay = spec.launched_layout
     flags = (
         "--parallelism.tensor_parallel_degree", str(lay.tp),
         "--parallelism.context_parallel_degree", str(lay.cp),
@@ -480,14 +517,15 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     ``on_step(StepRecord)`` is called as steps are logged (progress display).
     """
     per_node = spec.ranks_per_node(profile)  # nodes that do not divide the ranks: refused here
-    model_dir, _, weights_dir = inputs = run_inputs(spec)
-    check_run_inputs(*inputs)
+    check_run_inputs(spec.model_dir(), spec.assets_dir(), spec.weights_dir())
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale dump/checkpoint would be resumed instead of loaded
     run_dir.mkdir(parents=True)
     commands = node_commands(spec, profile, run_dir)
     command = commands[0]
+    ranks = spec.ranks(profile)
+    degrees = spec.parallel_degrees(ranks)  # what the command runs (``layout_flags``)
     dump_layout.command_file(run_dir).write_text("".join(" ".join(c) + "\n" for c in commands))
     cache_before = cache_entries(profile.compile_cache_dir)
     start = time.monotonic()
@@ -527,21 +565,11 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     returncode = None if timed_out else next((c for c in codes if c not in (None, 0)), 0)
     rank_logs = dump_layout.find_rank_logs(run_dir, per_node)
     return RunResult(
-        name=spec.name,
-        backend=spec.backend,
-        size=spec.size,
-        init=spec.init,
+        spec=spec,
         device=profile.kind,
-        nproc=spec.ranks(profile),
-        nodes=spec.nodes,
-        attention=spec.attention_name,
-        model=spec.model,
-        mask=spec.mask,
-        workarounds=spec.all_workarounds,
-        layout=spec.layout,
-        assets_dir=spec.hf_assets_path,
-        model_dir=str(model_dir),
-        weights_dir=None if weights_dir is None else str(weights_dir),
+        nproc=ranks,
+        layout=spec.launched_layout.name,
+        degrees=degrees,
         command=command,
         returncode=returncode,
         timed_out=timed_out,
@@ -549,7 +577,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
         run_dir=run_dir,
         # Multi-node: this node may not hold global rank 0; any rank logs the global loss, but
         # under pipeline parallelism only the last stage's ranks (the highest) do.
-        steps=read_step_records(dump_layout.loss_rank_metrics(run_dir, last=spec.layout_spec.pp > 1)
+        steps=read_step_records(dump_layout.loss_rank_metrics(run_dir, last=degrees["pipeline_parallel_degree"] > 1)
                                 or sink),
         rank_logs=rank_logs,
         started=warm.started_warm(rank_logs, why_cold),

@@ -97,11 +97,12 @@ class RunCache:
         run_dir = self.run_dir(spec)
         stored = dump_layout.stored_result(run_dir)
         with FileLock(str(dump_layout.lock_file(run_dir)), blocking=blocking):
-            if stored.is_file():
+            found = read_stored(stored, spec)
+            if found is not None:
                 if not blocking:
                     return None
                 dump_layout.read_mark(run_dir).touch()
-                return pickle.loads(stored.read_bytes())
+                return found
             before, start = _children_cpu_s(), time.monotonic()
             result = launch(spec, self.profile, run_dir)
             # The launch's whole process tree (torchrun and its ranks, all reaped by now), so
@@ -135,14 +136,35 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def read_stored(stored: Path, spec: RunSpec | None = None) -> RunResult | None:
+    """The result stored at ``stored``, if it is a result of ``spec`` (any spec: None) in this
+    harness's form: None where there is none, or it is another run's or of an older form (a
+    result without the spec it ran), which is launched again rather than read as one."""
+    if not stored.is_file():
+        return None
+    try:
+        result = pickle.loads(stored.read_bytes())
+    except (pickle.UnpicklingError, AttributeError, ImportError, EOFError, TypeError):
+        # a form this harness can no longer load (a class or module since renamed)
+        return None
+    if not isinstance(result, RunResult) or not isinstance(vars(result).get("spec"), RunSpec):
+        return None
+    return result if spec is None or result.spec == spec else None
+
+
 def stored_results(root: Path) -> list[RunResult]:
     """Every run the session whose temporary root is ``root`` launched, whichever process
-    launched it (each stored its result beside its folder), in launch order."""
+    launched it (each stored its result beside its folder), in launch order. A stored result
+    this harness cannot read as one (``read_stored``) is refused, named."""
     entries = {entry["run"]: entry for entry in ledger_entries(root)}
     results = []
     for name in entries:
         for stored in dump_layout.cache_files(root, name, dump_layout.STORED_RESULT):
-            results.append(pickle.loads(stored.read_bytes()))
+            result = read_stored(stored)
+            if result is None:
+                raise ValueError(f"{stored} is not a run result of this harness's form (a result "
+                                 f"without the RunSpec it ran): launch its run again")
+            results.append(result)
     return results
 
 

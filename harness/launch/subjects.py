@@ -21,6 +21,7 @@ from pathlib import Path
 from harness.backends import BACKENDS
 from harness.registry import known_issues, paths
 from harness.registry.hf_config import read_config_json
+from harness.registry.layouts import DEGREES
 from harness.upstream.versions import package_versions
 
 # The models the harness knows (the expectations' model keys) and their config.json folders.
@@ -92,10 +93,19 @@ class Facts:
     mask: str  # "row_causal", "causal" or "document" (harness/backends BackendSpec.attention)
     parameters: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The parallel degrees its config sets ((name, degree) as torchtitan's ParallelismConfig
+    # names them: harness/registry/layouts.py ``DEGREES``); the launcher passes none of its own.
+    degrees: tuple[tuple[str, int], ...] = ()
 
     @property
     def size(self) -> str:
         return "tiny" if self.model in ("tiny_dense", "tiny_moe") else "full"
+
+    @property
+    def config_dir(self) -> Path:
+        """The folder whose config.json its model is built from: the one it is matched to, else
+        its weights' or its assets' (``RunSpec.model_dir`` of a subject's run)."""
+        return self.model_dir or self.weights_dir or self.assets_dir
 
     def describe(self) -> str:
         return (f"{self.kind} backend, model {self.model or 'unknown'} ({self.parameters:,} "
@@ -199,7 +209,8 @@ def infer(subject: Subject, config=None) -> Facts:
     return Facts(module=subject.module, config=subject.config, kind=kind, model=model, model_dir=model_dir, assets_dir=assets,
                  init="pretrained" if pretrained else "random", weights_dir=weights,
                  precision=config.training.mixed_precision_param, attention=attention, mask=mask,
-                 parameters=parameters, notes=tuple(notes))
+                 parameters=parameters, notes=tuple(notes),
+                 degrees=tuple((name, getattr(config.parallelism, name)) for name in DEGREES))
 
 
 @dataclass
@@ -246,7 +257,7 @@ def lint(subject: Subject) -> LintReport:
     # The config.json the weights come with (pretrained) or the assets dir's.
     reference = facts.weights_dir or facts.assets_dir
     try:
-        check_run_inputs(facts.model_dir or reference, facts.assets_dir, facts.weights_dir)
+        check_run_inputs(facts.config_dir, facts.assets_dir, facts.weights_dir)
     except (PreflightError, FileNotFoundError) as error:
         report.violations.append(f"inputs: {error}")
         return report

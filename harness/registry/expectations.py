@@ -224,15 +224,15 @@ class ExpectationRegistry:
     def published(self, run) -> Expectation | None:
         """The source's published first-step loss for ``run``, where it has one: same backend,
         model, init, device, and the source's data (``[[published]]`` entries)."""
-        data = run_data(run)
+        spec = run.spec
         for entry in self.published_entries:
             if ((entry["backend"], entry["model"], entry["init"], entry["device"])
-                    == (run.backend, run.model, run.init, run.device)):
-                if entry["data"] != data:
+                    == (spec.backend, spec.model, spec.init, run.device)):
+                if entry["data"] != spec.data:
                     return None
                 band = loss_band(entry["tolerance"])
                 value, source = self._published_value(entry, run)
-                return Expectation((run.backend, run.model, run.init, run.device, entry["data"]),
+                return Expectation((spec.backend, spec.model, spec.init, run.device, entry["data"]),
                                    value, band.value, band.name, source)
         return None
 
@@ -250,13 +250,3 @@ class ExpectationRegistry:
     @property
     def published_entries(self) -> list[dict]:
         return tomllib.loads(self.path.read_text()).get("published", [])
-
-
-def run_data(run) -> str:
-    """What a launched run read: "c4" when its command switched the dataloader to C4 (the
-    launcher's ``data_flags``), else the fixture corpus."""
-    command = list(run.command)
-    for i, arg in enumerate(command[:-1]):
-        if arg == "--dataloader.dataset":
-            return command[i + 1]
-    return "fixture"

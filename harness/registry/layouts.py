@@ -113,6 +113,33 @@ class Layout:
     def applies_to(self, kind: str) -> bool:
         return kind in self.kinds
 
+    def degrees(self, ranks: int) -> dict[str, int]:
+        """Its parallel degrees over ``ranks`` ranks, named as torchtitan names them
+        (``DEGREES``)."""
+        return resolved_degrees({"data_parallel_replicate_degree": self.replicate,
+                                 "context_parallel_degree": self.cp,
+                                 "tensor_parallel_degree": self.tp,
+                                 "pipeline_parallel_degree": self.pp,
+                                 "expert_parallel_degree": self.ep}, ranks)
+
+
+# The parallel degrees of a run, as torchtitan's ``ParallelismConfig`` names them (its
+# ``--parallelism.<name>`` flags); torchtitan's defaults where a config sets none.
+DEGREES = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1,
+           "context_parallel_degree": 1, "tensor_parallel_degree": 1,
+           "pipeline_parallel_degree": 1, "expert_parallel_degree": 1}
+
+
+def resolved_degrees(degrees: dict[str, int], ranks: int) -> dict[str, int]:
+    """``degrees`` (``DEGREES``' names) over ``ranks`` ranks, a data-parallel shard degree of -1
+    resolved as torchtitan's ``ParallelDims`` resolves it: the ranks the others leave."""
+    out = {**DEGREES, **degrees}
+    if out["data_parallel_shard_degree"] == -1:
+        rest = (out["data_parallel_replicate_degree"] * out["context_parallel_degree"]
+                * out["tensor_parallel_degree"] * out["pipeline_parallel_degree"])
+        out["data_parallel_shard_degree"] = ranks // rest
+    return out
+
 
 LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout(FSDP, "FSDP over every rank (the source's configurations)", ranks=2,

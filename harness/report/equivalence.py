@@ -6,7 +6,7 @@ and the main job's console and exit status all read its ``Pair`` list.
 Two kinds of pair should agree, step by step, on the loss:
 
 - **backends**: two runs on the same weights and model, the same data and ranks (the same
-  ``model`` key, size, init, device, ranks, layout and ``setting``), each of another
+  ``model`` key, size, init, device, ranks, layout and ``RunSpec.setting``), each of another
   configuration: two backends (hf_v5 and titan_native tiny pretrained), or one backend's two
   config functions (two subjects of one kind). Two backends' random inits are two draws, not
   the same weights: random-init runs pair only within one backend. Held within
@@ -15,10 +15,11 @@ Two kinds of pair should agree, step by step, on the loss:
   backend>`` (the reference is torchtitan's native Qwen3 where one side is it), observed
   ``deviation`` (the judged run's step-1 loss minus the reference's), the judged run's
   workarounds and ``where``, with the reference's attention (the comparator's mask).
-- **layout**: a layout's run and the FSDP run of the same backend, size, init, attention,
-  workarounds and setting, where the layout reads the FSDP run's batches row for row
-  (``Layout.same_batches_as_fsdp``). Held within ``layout_loss`` and judged as
-  tests/parity/test_layouts.py judges it (check ``layout_vs_fsdp``).
+- **layout**: a layout's run and the FSDP run that is the same run but the layout (their specs
+  equal once the layout's is FSDP: ``RunSpec.with_layout``), on the same device, where the
+  layout reads the FSDP run's batches row for row (``Layout.same_batches_as_fsdp``). Held
+  within ``layout_loss`` and judged as tests/parity/test_layouts.py judges it (check
+  ``layout_vs_fsdp``).
 
 Masking decides what is one model (``same_model``): two runs whose packed rows are masked alike
 are; native Qwen3's two, "row_causal" (sdpa) and "document" (flex), are two models (they part
@@ -44,9 +45,8 @@ import math
 from dataclasses import asdict, dataclass
 from itertools import combinations
 
-from harness.backends import BACKENDS
 from harness.registry import known_issues
-from harness.registry.layouts import FSDP, layout
+from harness.registry.layouts import FSDP
 from harness.registry.tolerances import parity_tolerance
 from harness.results.run_result import RunResult
 
@@ -57,15 +57,6 @@ REFERENCE_BACKEND = "titan_native"
 # The transformers backend's masking as configured (causal over the row, per-document
 # positions): the source takes it for native Qwen3, and it is held against either native mask.
 HELD_TO_EITHER_NATIVE_MASK = "causal"
-# Options of a run's command that name the configuration or where it writes and how long it
-# runs, not what it trains on: left out of its ``setting``.
-NAMING_OPTIONS = ("--module", "--config", "--dump_folder", "--training.steps", "--checkpoint.interval")
-# Flags of what a run saves after its last step, not of what it trains (a backend that cannot
-# save HF weights here, a known issue, runs without them).
-SAVING_FLAGS = ("--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only")
-# Where a layout's own flags begin on the command line (harness/launch/run.py ``layout_flags``,
-# always last): a layout run's setting is what comes before them.
-LAYOUT_FLAGS_START = "--parallelism.tensor_parallel_degree"
 
 
 @dataclass(frozen=True)
@@ -110,79 +101,50 @@ class Pair:
         return data
 
 
-def setting(run: RunResult) -> tuple[str, ...]:
-    """What the run trains on beyond its configuration: its torchtitan command line (after
-    ``torchtitan.train``) less the options that name the config, its folders and its length,
-    what it saves at the end, its backend's asset flags, its workarounds' own overrides and its
-    layout's flags."""
-    command = list(run.command)
-    tail = command[command.index("torchtitan.train") + 1:] if "torchtitan.train" in command else command
-    if LAYOUT_FLAGS_START in tail:
-        tail = tail[:tail.index(LAYOUT_FLAGS_START)]
-    for name in run.workarounds:
-        known = known_issues.REGISTRY.workarounds.get(name)
-        overrides = list(known.rank_overrides) if known else []
-        for i in range(len(tail) - len(overrides) + 1) if overrides else ():
-            if tail[i:i + len(overrides)] == overrides:
-                del tail[i:i + len(overrides)]
-                break
-    named = {*NAMING_OPTIONS, *(flag for spec in BACKENDS.values() for flag in spec.asset_flags)}
-    kept, skip = [], False
-    for token in tail:
-        if skip:
-            skip = False
-        elif token in named:
-            skip = True
-        elif token not in SAVING_FLAGS:
-            kept.append(token)
-    return tuple(kept)
-
-
 def regime(run: RunResult) -> str | None:
     """The parity precision regime of the run's model (its backend size's, the backend
     registry's: "float32", "bf16_experts", "bfloat16")."""
-    spec = BACKENDS.get(run.backend)
-    return spec.sizes[run.size].precision if spec and run.size in spec.sizes else None
+    return run.spec.size_spec.precision
 
 
 def same_model(a: RunResult, b: RunResult) -> bool:
     """Whether the two runs' maskings make one model (see the module's docstring)."""
+    a, b = a.spec, b.spec
     if a.mask == b.mask:
         return True
     return a.backend != b.backend and HELD_TO_EITHER_NATIVE_MASK in (a.mask, b.mask)
 
 
-def _planted(run: RunResult) -> bool:
-    return "+plant:" in run.name
-
-
-def _backend_candidates(a: RunResult, b: RunResult) -> bool:
+def _backend_candidates(run_a: RunResult, run_b: RunResult) -> bool:
+    a, b = run_a.spec, run_b.spec
     same = (a.model is not None and a.model == b.model and a.size == b.size and a.init == b.init
-            and a.device == b.device and a.nproc == b.nproc and a.layout == b.layout
-            and setting(a) == setting(b))
+            and run_a.device == run_b.device and run_a.nproc == run_b.nproc and a.layout == b.layout
+            and a.setting == b.setting)
     if not same:
         return False
     if a.backend != b.backend:
         return a.init == "pretrained"  # two backends' random inits are two draws
     # one backend: another attention or config function (a subject) with the same workarounds
     # (a workaround is meant to change the run)
-    return a.workarounds == b.workarounds
+    return a.all_workarounds == b.all_workarounds
 
 
 def _mask_text(a: RunResult, b: RunResult) -> str:
+    a, b = a.spec, b.spec
     return f"masks {a.mask} vs {b.mask}" if a.mask != b.mask else f"mask {a.mask}"
 
 
 def _order(a: RunResult, b: RunResult) -> tuple[RunResult, RunResult]:
     """(judged, reference): the reference is torchtitan's native Qwen3 where one side is it."""
-    return (b, a) if a.backend == REFERENCE_BACKEND and b.backend != REFERENCE_BACKEND else (a, b)
+    return ((b, a) if a.spec.backend == REFERENCE_BACKEND and b.spec.backend != REFERENCE_BACKEND
+            else (a, b))
 
 
 def compare(kind: str, run: RunResult, reference: RunResult, why: str, quantity: str, check: str,
             context: dict[str, str]) -> Pair:
     """The two loss curves over their common steps, within ``quantity``'s band of the run's
     regime, judged as ``check`` with the known issues (``context``: where, in their terms)."""
-    base = dict(kind=kind, run=run.name, reference=reference.name, why=why, check=check)
+    base = dict(kind=kind, run=run.spec.name, reference=reference.spec.name, why=why, check=check)
     ref_losses = {s.step: s.loss for s in reference.steps}
     common = [(s.step, s.loss - ref_losses[s.step]) for s in run.steps if s.step in ref_losses]
     if not common:
@@ -200,10 +162,10 @@ def compare(kind: str, run: RunResult, reference: RunResult, why: str, quantity:
     step1, worst = deltas[0], max((abs(d) for d in deltas), key=lambda d: (math.isnan(d), d))
     outside = [(step, d) for step, d in common if not abs(d) <= band]
     problem = None if not outside else (
-        f"{run.name} vs {reference.name}: loss differs by more than {band:g} ({quantity} {name}) at "
+        f"{run.spec.name} vs {reference.spec.name}: loss differs by more than {band:g} ({quantity} {name}) at "
         f"{len(outside)} of {len(common)} step(s), first at step {outside[0][0]} ({outside[0][1]:+.3e}), "
         f"max |delta| {worst:.3e}")
-    verdict = known_issues.judge(check, problem, {"deviation": step1}, run.workarounds, **context)
+    verdict = known_issues.judge(check, problem, {"deviation": step1}, run.spec.all_workarounds, **context)
     # the band's kind: measured on the run's device, or its coarse bound (never measured there)
     measured = dict(tolerance=f"{quantity} {name}" + ("" if tolerance.kind == "measured" else
                                                       f" (coarse on {run.device})"),
@@ -222,46 +184,42 @@ def compare(kind: str, run: RunResult, reference: RunResult, why: str, quantity:
 
 def _backend_pair(a: RunResult, b: RunResult) -> Pair:
     run, reference = _order(a, b)
-    why = f"same weights ({run.model}, {run.init}), {_mask_text(run, reference)}"
+    why = f"same weights ({run.spec.model}, {run.spec.init}), {_mask_text(run, reference)}"
     if not same_model(run, reference):
-        return Pair("backends", run.name, reference.name, "not comparable", why,
+        return Pair("backends", run.spec.name, reference.spec.name, "not comparable", why,
                     "different masking: two models")
-    context = {**run.where(), "attention": reference.attention}
+    context = {**run.where(), "attention": reference.spec.attention}
     return compare("backends", run, reference, why, "torchrun_loss",
-                   f"loss_curve_vs_{reference.backend}", context)
+                   f"loss_curve_vs_{reference.spec.backend}", context)
 
 
 def _layout_pair(run: RunResult, fsdp: RunResult) -> Pair:
-    entry = layout(run.layout)
+    spec, entry = run.spec, run.spec.layout_spec
+    names, why = (spec.name, fsdp.spec.name), f"layout {spec.layout} vs {FSDP}"
     if entry.full_size and not entry.same_batches_as_fsdp:
-        return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
+        return Pair("layout", *names, "not comparable", why,
                     "other batches than the FSDP run (the size's local batch on fewer data-parallel "
                     "ranks): its step-1 loss is held to the HF forward on its own batches")
-    if entry.full_size and run.init == "random":
-        return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
+    if entry.full_size and spec.init == "random":
+        return Pair("layout", *names, "not comparable", why,
                     "other weights than the FSDP run: a random init drawn under another sharding "
                     "(the layout's experts or tensors are split otherwise)")
     if not entry.same_batches_as_fsdp:
-        return Pair("layout", run.name, fsdp.name, "not comparable", f"layout {run.layout} vs {FSDP}",
+        return Pair("layout", *names, "not comparable", why,
                     f"other batches than the FSDP run ({entry.data_parallel} data-parallel ranks x "
                     f"{entry.rows_per_rank} rows): held to the reference trajectory on its own batches")
-    return compare("layout", run, fsdp, f"layout {run.layout} vs {FSDP}, the same batches", "layout_loss",
+    return compare("layout", run, fsdp, f"{why}, the same batches", "layout_loss",
                    "layout_vs_fsdp", run.where())
-
-
-def _layout_partner(run: RunResult, fsdp: RunResult) -> bool:
-    return (fsdp.layout == FSDP and run.layout != FSDP
-            and (run.backend, run.size, run.init, run.attention, run.model, run.device, run.workarounds)
-            == (fsdp.backend, fsdp.size, fsdp.init, fsdp.attention, fsdp.model, fsdp.device, fsdp.workarounds)
-            and setting(run) == setting(fsdp))
 
 
 def pairs(runs: list[RunResult]) -> list[Pair]:
     """Every pair of ``runs`` that should agree, compared and judged, and the near pairs that
     are not comparable, said why; in the report's order."""
-    runs = [r for r in runs if not _planted(r)]
+    runs = [r for r in runs if not r.spec.plants]
     found = [_backend_pair(a, b) for a, b in combinations(runs, 2) if _backend_candidates(a, b)]
-    found += [_layout_pair(run, fsdp) for run in runs for fsdp in runs if _layout_partner(run, fsdp)]
+    found += [_layout_pair(run, fsdp) for run in runs for fsdp in runs
+              if run.spec.layout != FSDP == fsdp.spec.layout and run.device == fsdp.device
+              and run.spec.with_layout(FSDP) == fsdp.spec]
     return found
 
 

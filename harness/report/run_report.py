@@ -70,14 +70,14 @@ def table_rows(verdicts: list[RunVerdict], baseline=None) -> list[tuple[str, ...
                 if first is not None and v.expected_first_loss is not None else None)
         later = steps[1:] or steps
         rows.append((
-            v.run.name, _fmt(first, 6), _fmt(v.expected_first_loss, 6),
+            v.run.spec.name, _fmt(first, 6), _fmt(v.expected_first_loss, 6),
             "n/a" if diff is None else f"{diff:+.2e}",
             _fmt(steps[-1].loss if steps else None),
             _fmt(sum(s.tokens_per_s for s in later) / len(later), 0) if later else "n/a",
             _fmt(sum(s.step_time_s for s in later) / len(later), 3) if later else "n/a",
             _fmt(max((s.peak_memory_gib for s in steps), default=None), 2),
             _verdict_text(v),
-        ) + ((baseline.runs[v.run.name].cell() if v.run.name in baseline.runs else "n/a",)
+        ) + ((baseline.runs[v.run.spec.name].cell() if v.run.spec.name in baseline.runs else "n/a",)
              if baseline is not None else ()))
     return rows
 
@@ -108,11 +108,11 @@ def plot_losses(verdicts: list[RunVerdict], path: Path, baseline: dict | None = 
     for v in verdicts:
         if v.run.steps:
             line, = ax.plot([s.step for s in v.run.steps], v.run.losses, marker="o",
-                            label=v.run.name)
-            old = before.get(run_key(v.run.name), {}).get("steps")
+                            label=v.run.spec.name)
+            old = before.get(run_key(v.run.spec.name), {}).get("steps")
             if old:
                 ax.plot([s["step"] for s in old], [s["loss"] for s in old], linestyle="--",
-                        color=line.get_color(), alpha=0.7, label=f"{v.run.name} (baseline)")
+                        color=line.get_color(), alpha=0.7, label=f"{v.run.spec.name} (baseline)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (global average)")
     ax.set_title("Loss curves per backend run")
@@ -140,11 +140,11 @@ def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None, pairs=())
             ET.SubElement(case, "skipped", type="pytest.xfail", message=pair.message)
     if baseline is not None:
         for v in verdicts:
-            c = baseline.runs.get(v.run.name)
+            c = baseline.runs.get(v.run.spec.name)
             if c is None:
                 continue
             tests += 1
-            case = ET.SubElement(suite, "testcase", classname=v.run.name, name="vs_baseline", time="0")
+            case = ET.SubElement(suite, "testcase", classname=v.run.spec.name, name="vs_baseline", time="0")
             if c.flags:
                 failures += 1
                 text = "\n".join(f.text() for f in c.flags) + (
@@ -152,7 +152,7 @@ def write_junit(verdicts: list[RunVerdict], path: Path, baseline=None, pairs=())
                 ET.SubElement(case, "failure", message=c.cell()).text = text
     for v in verdicts:
         for check, (verdict, _) in v.checks.items():
-            case = ET.SubElement(suite, "testcase", classname=v.run.name, name=check,
+            case = ET.SubElement(suite, "testcase", classname=v.run.spec.name, name=check,
                                  time=f"{v.run.duration_s:.1f}")
             if verdict.status == "fail":
                 failures += 1
@@ -214,7 +214,7 @@ def _write_summary(verdicts, out: Path, header, rows, compared, pairs) -> None:
         for check, (verdict, outcome) in v.checks.items():
             mark = {"pass": "pass", "fail": "FAIL", "known": "xfail"}[verdict.status]
             detail = f" ({verdict.message.splitlines()[0]})" if verdict.message else ""
-            lines.append(f"- `{v.run.name}` {check}: {mark}{detail}")
+            lines.append(f"- `{v.run.spec.name}` {check}: {mark}{detail}")
             if outcome.how:
                 lines.append(f"  - how: {outcome.how}")
             for line in (outcome.observed.get("diagnosis") or {}).get("lines", ()):

@@ -54,14 +54,18 @@ CAUSE_WRAPPERS = ("CheckpointException",)
 
 @dataclass
 class RunResult:
-    """What one launch produced. ``ok`` is the process outcome; checks live in tests."""
+    """What one launch produced: the spec it ran (harness/launch/run.py ``RunSpec``: what was
+    asked, and through its methods the folders it read) and what came of it. ``ok`` is the
+    process outcome; checks live in tests."""
 
-    name: str
-    backend: str
-    size: str
-    init: str
+    spec: "RunSpec"  # harness/launch/run.py (a stage above this one: read, not imported)
     device: str
     nproc: int  # every node's ranks
+    # The layout whose degrees the ranks ran (harness/registry/layouts.py): the spec's, or on the
+    # assets twin its twin (``Layout.twin``); and those degrees, as torchtitan names them
+    # (``data_parallel_shard_degree``, ``tensor_parallel_degree``, ...: ``DEGREES``).
+    layout: str
+    degrees: dict[str, int]
     command: list[str]
     returncode: int | None
     timed_out: bool
@@ -70,20 +74,8 @@ class RunResult:
     steps: list[StepRecord] = field(default_factory=list)
     rank_logs: dict[int, list[Path]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
-    attention: str = ""
-    model: str | None = None  # the expectations' model key
-    mask: str = ""  # how attention treats packed rows (the recorded loss that applies)
-    workarounds: tuple[str, ...] = ()
-    layout: str = "fsdp"  # harness/registry/layouts.py
-    assets_dir: str | None = None  # the HF assets dir of a full-size run
-    # The folders the run read (harness/launch/run.py ``run_inputs``, subjects included): the
-    # config.json its model was built from, and its HF weights (None: random init). Every
-    # later stage reads these; none resolves them again.
-    model_dir: str | None = None
-    weights_dir: str | None = None
     # The device's compile cache around the run (``CompileCache``), where it has one.
     compile_cache: dict | None = None
-    nodes: int = 1  # the torchrun agents the ranks were spread over (RunSpec.nodes)
     # How its ranks started: {"warm": forked from a zygote, "cold": plain torchrun workers}
     # (harness/rank/warm_start.py), counted from their stderr.
     started: dict = field(default_factory=dict)
@@ -91,26 +83,6 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
-
-    def _option(self, name: str) -> str | None:
-        command = list(self.command)
-        return command[command.index(name) + 1] if name in command[:-1] else None
-
-    @property
-    def planned_steps(self) -> int | None:
-        """The last step the run's own command asked for (``--training.steps``)."""
-        value = self._option("--training.steps")
-        return int(value) if value is not None else None
-
-    @property
-    def first_planned_step(self) -> int:
-        """1, or K + 1 for a run resumed from a full step-K checkpoint
-        (``--checkpoint.no-initial-load-model-only`` with ``initial_load_path`` .../step-K)."""
-        path = self._option("--checkpoint.initial_load_path")
-        if path is None or "--checkpoint.no-initial-load-model-only" not in self.command:
-            return 1
-        name = Path(path).name
-        return int(name[len("step-"):]) + 1 if name.startswith("step-") and name[5:].isdigit() else 1
 
     @property
     def losses(self) -> list[float]:
@@ -126,9 +98,11 @@ class RunResult:
         return dump_layout.hf_checkpoint_dirs(self.run_dir)
 
     def where(self) -> dict[str, str]:
-        """Where the run happened, in the known-issues registry's terms."""
-        return {"backend": self.backend, "size": self.size, "init": self.init, "device": self.device,
-                "attention": self.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", ""),
+        """Where the run happened, in the known-issues registry's terms (the layout: the one
+        whose degrees it ran)."""
+        spec = self.spec
+        return {"backend": spec.backend, "size": spec.size, "init": spec.init, "device": self.device,
+                "attention": spec.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", ""),
                 "ranks": str(self.nproc), "collectives": self.versions.get("collectives", "")}
 
     def first_error(self) -> str | None:
@@ -167,17 +141,21 @@ class RunResult:
         return "\n".join(out)
 
     def describe(self) -> str:
+        spec = self.spec
         state = "timed out" if self.timed_out else f"exit code {self.returncode}"
         return (
-            f"{self.name}: {self.backend}/{self.size}/{self.init} ({self.attention} attention, "
-            f"workarounds: {', '.join(self.workarounds) or 'none'}) on {self.device} x{self.nproc}"
-            f"{f' ({self.nodes} nodes)' if self.nodes > 1 else ''}, "
+            f"{spec.name}: {spec.backend}/{spec.size}/{spec.init} ({spec.attention} attention, "
+            f"workarounds: {', '.join(spec.all_workarounds) or 'none'}) on {self.device} x{self.nproc}"
+            f"{f' ({spec.nodes} nodes)' if spec.nodes > 1 else ''}, layout {self.layout} "
+            f"({', '.join(f'{k} {v}' for k, v in self.degrees.items())}), "
             f"{state}, {len(self.steps)} step(s) in {self.duration_s:.1f}s\n"
             f"command: {' '.join(self.command)}\nrun dir: {self.run_dir}"
         )
 
     def to_json(self) -> dict:
+        """Plain values (results.json): the run's name, its spec's fields, and what it produced."""
         data = asdict(self)
+        data["name"] = self.spec.name
         data["run_dir"] = str(self.run_dir)
         data["rank_logs"] = {r: [str(p) for p in ps] for r, ps in self.rank_logs.items()}
         return data

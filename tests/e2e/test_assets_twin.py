@@ -25,7 +25,6 @@ from harness.upstream import titan_api
 from harness.registry.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, derived_assets,
                                  full_size_assets_dir)
 from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
-from harness.registry.expectations import run_data
 from harness.checks.reference_forward import independent_first_step_loss
 from harness.references.batch import Batch
 from harness.registry.tolerances import loss_band
@@ -200,13 +199,16 @@ def test_rank_environment_drops_inherited_core_visibility(monkeypatch):
     assert "NEURON_RT_VISIBLE_CORES" not in env and env["NEURON_CC_FLAGS"] == "--auto-cast=none"
 
 
-def test_run_data_is_read_from_the_command():
-    class Run:
-        command = ["torchrun", "--dataloader.dataset", "c4"]
+def test_the_data_a_run_reads_is_its_specs_and_its_command_names_it(tmp_path):
+    from harness.device.devices import profile_for
+    from harness.launch.run import RunSpec, build_command
 
-    assert run_data(Run()) == "c4"
-    Run.command = ["torchrun"]
-    assert run_data(Run()) == "fixture"
+    c4 = RunSpec("titan_native", data="c4")  # no local copy: the Hub's repository
+    command = build_command(c4, profile_for("cpu"), tmp_path)
+    assert command[command.index("--dataloader.dataset") + 1] == c4.data == "c4"
+    fixture = RunSpec("titan_native")
+    assert fixture.data == "fixture"
+    assert "--dataloader.dataset" not in build_command(fixture, profile_for("cpu"), tmp_path)
 
 
 def test_independent_forward_tells_the_masks_apart():

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.backends import ASSETS_MODEL, BACKENDS
+from harness.launch.run import RunSpec
 from harness.registry import paths
 from harness.upstream.metrics_sink import JsonlMetricsProcessor
 
@@ -39,7 +40,7 @@ def _hf_parameter_count(config_dir) -> int:
 def _model_dir(backend: str, size: str):
     size_spec = BACKENDS[backend].size(size)
     assets = paths.FIXTURES / "reference_configs" / size_spec.assets if size_spec.assets else REFERENCE_ASSETS
-    return size_spec.resolve(size_spec.model_dir, assets)
+    return RunSpec(backend, size=size, hf_assets_path=str(assets)).model_dir()
 
 
 @pytest.mark.parametrize("backend,size,attention", CONFIGS)

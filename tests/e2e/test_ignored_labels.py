@@ -90,7 +90,7 @@ def sft_run(backend_runs, name, plants=(), layout=SFT_LAYOUT):
     spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET),
                    layout=layout)
     result = backend_runs.get(spec)
-    assert result.ok, f"{result.name} failed: see {result.run_dir}"
+    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
     assert len(result.steps) == 1
     return result
 
@@ -108,9 +108,7 @@ def check(result):
 def microbatches(result) -> list[Batch]:
     """Every rank's step-1 microbatches, rank by rank (a ``ga=k`` run's dump holds the rows of
     all k, in feeding order)."""
-    from harness.registry.layouts import layout
-
-    rows = layout(result.layout).local_batch_size
+    rows = result.spec.layout_spec.local_batch_size
     return [b.apply(lambda t, i=i: t[i:i + rows])
             for b in load_batches(result.run_dir) for i in range(0, len(b.fed.labels), rows)]
 

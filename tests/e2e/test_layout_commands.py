@@ -6,7 +6,9 @@ Specification:
   "neuron" backend on trn2 (``DeviceProfile.compile_backend``), never torchtitan's default by
   omission;
 - a full-size layout runs its own degrees on trn2 and its twin layout's on the CPU assets twin
-  (``Layout.twin``), whose model is the tiny one; only a full-size run can be a twin's;
+  (``Layout.twin``), whose model is the tiny one; only a full-size run can be a twin's; the
+  launch records the layout and the degrees its command ran (``RunResult.layout``,
+  ``RunResult.degrees``, named as torchtitan names them), not the layout it was asked for;
 - a full-size layout reads the FSDP run's rows only where every rank stays data-parallel (EP),
   and the layouts that recompute the MoE forward (the routing-count known issue's ``where``)
   are read off the registry;
@@ -15,6 +17,9 @@ Specification:
 """
 
 from __future__ import annotations
+
+import sys
+from dataclasses import replace
 
 import pytest
 
@@ -65,6 +70,38 @@ def test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin(name, flag
         assert _flag(flags, flag) == degree, (device, flags)
         assert "--training.local_batch_size" not in flags  # the size's own, as users run it
         assert spec.ranks(profile) == ranks
+
+
+@pytest.mark.parametrize("name, ran, degree", [("tp4+fsdp", "tp", "tensor_parallel_degree"),
+                                               ("ep64", "ep", "expert_parallel_degree")])
+def test_an_assets_twin_run_records_the_layout_and_degrees_it_ran(name, ran, degree, twin_root, tmp_path,
+                                                                 monkeypatch):
+    from harness.launch import run as launcher
+
+    backend = "titan_native" if layout(name).applies_to("dense") else "nki_moe"
+    init = "pretrained" if backend == "titan_native" else "random"
+    spec = replace(RunCase("cpu", backend, "full", init, "sdpa", layout=name).run_spec(
+        STEPS, assets_root=str(twin_root), workdir=str(tmp_path)), start="cold")
+    commands = []
+
+    def no_ranks(spec, profile, run_dir):  # the launch as it is, its ranks left out
+        commands.extend(launcher_commands(spec, profile, run_dir))
+        return [[sys.executable, "-c", "pass"]]
+
+    launcher_commands = launcher.node_commands
+    monkeypatch.setattr(launcher, "node_commands", no_ranks)
+    result = launcher.launch(spec, profile_for("cpu"), tmp_path / "run")
+    assert result.ok and result.spec == spec and spec.layout == name, result.describe()
+    assert (result.layout, result.where()["layout"]) == (ran, ran), result.describe()
+    assert result.degrees == {
+        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2 if ran == "ep" else 1,
+        "context_parallel_degree": 1, "tensor_parallel_degree": 2 if ran == "tp" else 1,
+        "pipeline_parallel_degree": 1, "expert_parallel_degree": 2 if ran == "ep" else 1}
+    (command,) = commands
+    for flag, value in result.degrees.items():  # what the command says, where it says it
+        if f"--parallelism.{flag}" in command:
+            assert _flag(command, f"--parallelism.{flag}") == str(value), (flag, command)
+    assert _flag(command, f"--parallelism.{degree}") == "2"
 
 
 @pytest.fixture(scope="module")

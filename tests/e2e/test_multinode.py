@@ -68,8 +68,8 @@ def test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit(device_runs, ste
     spec = TEMPLATE.run_spec(steps, workarounds=workarounds)
     one = checks.completed_or_known(runs.get(spec), steps)
     two = checks.completed_or_known(runs.get(replace(spec, nodes=2)), steps)
-    assert (two.nproc, two.nodes, one.nproc) == (2, 2, 2), two.describe()
-    assert "@2nodes" in two.name and two.name != one.name, (two.name, one.name)
+    assert (two.nproc, two.spec.nodes, one.nproc) == (2, 2, 2), two.describe()
+    assert "@2nodes" in two.spec.name and two.spec.name != one.spec.name, (two.spec.name, one.spec.name)
     problems = rank_problems(two)
     assert not problems, "\n".join([*problems, two.describe()])
     differ = bitwise_differences(two, one)
@@ -84,10 +84,10 @@ def test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run(device_runs, steps, wo
     spec = case.run_spec(steps, workarounds=workarounds)
     one = checks.completed_or_known(runs.get(spec), steps)
     two = checks.completed_or_known(runs.get(replace(spec, nodes=2)), steps)
-    assert (two.nproc, two.nodes) == (4, 2) and "@hsdp@2nodes" in two.name, two.describe()
+    assert (two.nproc, two.spec.nodes) == (4, 2) and "@hsdp@2nodes" in two.spec.name, two.describe()
     problems = rank_problems(two)
     assert not problems, "\n".join([*problems, two.describe()])
-    reports = curves.curve_reports(two.name, two, "the 1-node run", one, "float32",
+    reports = curves.curve_reports(two.spec.name, two, "the 1-node run", one, "float32",
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     problem = curves.curves_problem(reports, two.describe(), one.describe())
     assert problem is None, problem

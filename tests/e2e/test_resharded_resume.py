@@ -59,15 +59,15 @@ WITHOUT_DATALOADER = ("--checkpoint.exclude_from_loading", "dataloader")
 
 
 def resharded_spec(first: RunSpec, checkpoint: Path, case: ReshardCase, plants=()) -> RunSpec:
-    """``first`` resumed from ``checkpoint`` (model, optimizer, lr schedule, train state) in
+    """``first`` resumed from ``checkpoint``, its step-``QUICK_K`` checkpoint or a copy of it
+    (model, optimizer, lr schedule, train state: ``RunSpec.resume_from``) in
     ``case``'s world size or layout, the dataloader left out. Its last step saves the model as
     a DCP checkpoint, which is what the comparison reads, not in HF: torchtitan 0.3.0's MoE
     adapter cannot save HF when the experts do not split evenly over the ranks (known issue
     ``titan-moe-hf-save-uneven-experts``, held by the test below)."""
-    resume = ("--checkpoint.initial_load_path", str(Path(checkpoint).resolve()),
-              "--checkpoint.no-initial-load-model-only", *WITHOUT_DATALOADER)
-    return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants),
-                   nproc=case.ranks, layout=case.layout, save_hf=False)
+    return replace(first, overrides=(*first.overrides, *WITHOUT_DATALOADER), plants=tuple(plants),
+                   resume_from=str(checkpoint), resume_step=QUICK_K, nproc=case.ranks,
+                   layout=case.layout, save_hf=False)
 
 
 def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
@@ -92,8 +92,8 @@ def resumed_ok(result):
     ``resume``, observed: its first error), any other failure fails."""
     if not result.ok:
         error = result.first_error() or ""
-        problem = f"{result.name} did not resume: {error or 'no error logged'}"
-        verdict = known_issues.judge("resume", problem, {"error": error}, result.workarounds,
+        problem = f"{result.spec.name} did not resume: {error or 'no error logged'}"
+        verdict = known_issues.judge("resume", problem, {"error": error}, result.spec.all_workarounds,
                                      **result.where())
         known_issues.settle(verdict, problem, result.describe())
     return result
@@ -220,7 +220,7 @@ class _Resumed:
 
     def __init__(self, error: str | None, generation: str, ok: bool = False):
         self.ok, self.error, self.generation = ok, error, generation
-        self.name, self.workarounds = "hf_v5-tiny-random-2-to-3", ()
+        self.spec = RunSpec("hf_v5", init="random", nproc=3)
 
     def first_error(self):
         return self.error
@@ -230,7 +230,7 @@ class _Resumed:
                 "attention": "sdpa", "layout": "fsdp", "generation": self.generation}
 
     def describe(self):
-        return f"{self.name}: exit code 1"
+        return f"{self.spec.name}: exit code 1"
 
 
 SPRING_OPTIMIZER_KEY = "KeyError: 'param_groups.layers.0.self_attn.q_proj.weight.pattern'"
@@ -263,8 +263,8 @@ def test_the_moe_hf_save_at_the_uneven_world_size(device_runs, steps, workaround
     result = device_runs("cpu").get(spec)
     error = result.first_error() or ""
     problem = None if result.ok and result.hf_checkpoint_dirs else (
-        f"{result.name} did not save HF: {error or 'no error logged'}")
-    verdict = known_issues.judge("hf_save", problem, {"error": error}, result.workarounds,
+        f"{result.spec.name} did not save HF: {error or 'no error logged'}")
+    verdict = known_issues.judge("hf_save", problem, {"error": error}, result.spec.all_workarounds,
                                  **result.where())
     known_issues.settle(verdict, problem, result.describe())
     checks.completed_or_known(result, 2)

@@ -19,5 +19,5 @@ def test_vs_baseline(launched_run, baseline_document):
     tonight = results_document([RunVerdict(launched_run, checks.recorded(launched_run))], header())
     compared = baseline.compare(tonight, {**baseline_document, "runs": [
         r for r in baseline_document["runs"]
-        if baseline.run_key(r["name"]) == baseline.run_key(launched_run.name)]})
+        if baseline.run_key(r["name"]) == baseline.run_key(launched_run.spec.name)]})
     assert compared.ok, "\n".join(compared.lines())

@@ -56,7 +56,7 @@ def instrumented_names():
 
 
 def _ok(result):
-    assert result.ok, f"{result.name} failed: see {result.run_dir}"
+    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
     return result
 
 
@@ -82,11 +82,9 @@ def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_pl
     ``first_plants`` break the first run too."""
     env = instrumented.env(f"harness.backends.{base}")
     first = _ok(first_run(backend_runs, names, base, first_plants, k, steps))
-    resume = checkpointing(k) + (
-        "--checkpoint.initial_load_path", str(dump_layout.checkpoint_dir(first.run_dir, k).resolve()),
-        "--checkpoint.no-initial-load-model-only")
     second = _ok(backend_runs.get(RunSpec(
-        names[base], steps=steps, overrides=resume, plants=plants, extra_env=env)))
+        names[base], steps=steps, overrides=checkpointing(k), plants=plants, extra_env=env,
+        resume_from=str(dump_layout.checkpoint_dir(first.run_dir, k)), resume_step=k)))
     return first, second
 
 
@@ -100,10 +98,9 @@ def template_run_spec(backend: str, steps: int, workarounds, plants=()) -> RunSp
 
 def resumed_spec(first: RunSpec, first_dir, k: int, plants=()) -> RunSpec:
     """``first`` resumed from its step-``k`` checkpoint: model, optimizer, lr schedule,
-    dataloader and train state (``--checkpoint.no-initial-load-model-only``)."""
-    resume = ("--checkpoint.initial_load_path", str(dump_layout.checkpoint_dir(first_dir, k).resolve()),
-              "--checkpoint.no-initial-load-model-only")
-    return replace(first, overrides=(*first.overrides, *resume), plants=tuple(plants))
+    dataloader and train state (``RunSpec.resume_from``)."""
+    return replace(first, resume_from=str(dump_layout.checkpoint_dir(first_dir, k)), resume_step=k,
+                   plants=tuple(plants))
 
 
 def quick_pair(device_runs, steps, workarounds, plants=(), first_plants=()):
@@ -149,7 +146,7 @@ def judge_balance(found: list[str], run):
     ``finding_kinds``), against the known issues of its generation."""
     problem = "\n".join(found) or None
     return problem, known_issues.judge(
-        "moe_load_balancing", problem, {"finding_kinds": ts.finding_kinds(found)}, run.workarounds,
+        "moe_load_balancing", problem, {"finding_kinds": ts.finding_kinds(found)}, run.spec.all_workarounds,
         backend="nki_moe", generation=run.versions.get("torchtitan-generation", ""))
 
 

@@ -2,8 +2,8 @@
 
 Specification:
 - a config module written outside harness/ is linted, run through the CLI and through pytest,
-  and its verdict comes from the registry: which model, which init, which masking are inferred
-  from the config, never typed;
+  and its verdict comes from the registry: which model, which init, which masking, which
+  parallel degrees are inferred from the config, never typed;
 - a config with a wrong rope theta fails the lint before any rank starts, naming the field,
   both values and the file they came from;
 - ``--compare`` runs two configs on the same data and seed: native Qwen3 with flex attention
@@ -56,7 +56,6 @@ USER_CONFIG = textwrap.dedent('''
     def v5_tiny():
         return from_hf_weights(hf_v5.tiny())
 
-
     def wrong_theta():
         config = native_tiny()
         for layer in config.model_spec.model.layers:
@@ -96,6 +95,21 @@ def test_what_is_checked_is_inferred_from_the_config(user_dir):
     assert (facts.kind, facts.model, facts.init, facts.mask, facts.precision) == (
         "titan_native", "tiny_dense", "pretrained", "row_causal", "float32")
     assert facts.weights_dir == paths.TINY_DENSE
+
+
+def test_a_subjects_run_runs_the_parallel_degrees_its_config_sets(user_dir):
+    from harness.launch.run import RunSpec
+
+    subject = Subject(USER_MODULE, "native_tiny")
+    tp2 = subject.load()
+    tp2.parallelism.tensor_parallel_degree = 2
+    degrees = {"native_tiny": RunSpec.for_subject(infer(subject)).parallel_degrees(2),
+               "native_tp2_tiny": RunSpec.for_subject(infer(subject, tp2)).parallel_degrees(2)}
+    assert degrees["native_tiny"] == {
+        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 2, "context_parallel_degree": 1,
+        "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "expert_parallel_degree": 1}
+    assert degrees["native_tp2_tiny"] == {**degrees["native_tiny"], "data_parallel_shard_degree": 1,
+                                          "tensor_parallel_degree": 2}
 
 
 def test_the_built_in_backends_are_subjects_too():

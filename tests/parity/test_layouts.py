@@ -28,12 +28,9 @@ the reference's), the saved weights as ``saved_weights_vs_reference``, the FSDP 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from harness.backends import BACKENDS
 from harness.checks import run_checks as checks
 from harness.parity import curves
 from harness.parity import models as M
@@ -47,12 +44,9 @@ from harness.upstream import titan_api
 LAYOUT_RUN_CHECKS = [c for c in checks.RUN_CHECKS if c != "first_step_loss"]
 
 
-def _model_dir(backend: str) -> Path:
-    return Path(BACKENDS[backend].size("tiny").weights_dir)
-
-
-def _regime(backend: str) -> str:
-    return parity_regime_for(M.Qwen3Arch.from_dir(_model_dir(backend)))
+def _regime(result) -> str:
+    """The parity regime of the model the run trained."""
+    return parity_regime_for(M.Qwen3Arch.from_dir(result.spec.model_dir()))
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +67,18 @@ def layout_run(device_runs, steps, workarounds):
     return get
 
 
-def reference_of(case, steps, result):
-    """The reference trajectory on the run's own batches, masked as the run's model masks
-    packed rows (the transformers backend: as its generation masks them)."""
+def reference_of(steps, result):
+    """The reference trajectory from the run's weights on its own batches, masked as the run's
+    model masks packed rows (the transformers backend: as its generation masks them)."""
     from harness.checks.reference_forward import model_masking
 
-    lay = case.layout_spec
-    return curves.reference_trajectory(_model_dir(case.backend), steps, model_masking(result),
+    lay = result.spec.layout_spec
+    return curves.reference_trajectory(result.spec.weights_dir(), steps, model_masking(result),
                                        dp=lay.data_parallel, rows_per_rank=lay.rows_per_rank)
 
 
 def _judge(check, problem, result, deviation):
-    verdict = known_issues.judge(check, problem, {"deviation": deviation}, result.workarounds,
+    verdict = known_issues.judge(check, problem, {"deviation": deviation}, result.spec.all_workarounds,
                                  **result.where())
     known_issues.settle(verdict, problem)
 
@@ -98,9 +92,9 @@ def test_layout_run(layout_case, check, layout_run, steps):
 
 def test_layout_follows_the_reference_trajectory(layout_case, layout_run, steps):
     result = layout_run(layout_case)
-    ref = reference_of(layout_case, steps, result)
+    ref = reference_of(steps, result)
     reports = curves.curve_reports(layout_case.id, result, "reference (its own batches)", ref,
-                                   _regime(layout_case.backend))
+                                   _regime(result))
     _judge("first_step_loss", curves.curves_problem(reports, result.describe()), result,
            result.losses[0] - ref.losses[0])
 
@@ -111,11 +105,10 @@ def test_layout_saved_weights_are_the_reference_trajectorys(layout_case, layout_
     result = layout_run(layout_case)
     verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
     known_issues.settle(verdict, outcome.problem, result.describe())
-    model_dir = _model_dir(layout_case.backend)
-    ref = reference_of(layout_case, steps, result)
+    ref = reference_of(steps, result)
     saved = load_hf_tensors(sorted(set(result.hf_checkpoint_dirs))[-1])
-    problem = curves.saved_weights_problem(layout_case.id, saved, load_hf_tensors(model_dir), ref,
-                                           _regime(layout_case.backend), device=result.device)
+    problem = curves.saved_weights_problem(layout_case.id, saved, load_hf_tensors(result.spec.weights_dir()), ref,
+                                           _regime(result), device=result.device)
     _judge("saved_weights_vs_reference", problem and f"{problem}\n{result.describe()}", result,
            result.losses[0] - ref.losses[0])
 
@@ -124,7 +117,7 @@ def test_layout_equals_the_fsdp_run(fsdp_layout_case, layout_run, device_runs, s
     case = fsdp_layout_case
     result = layout_run(case)
     fsdp = device_runs(case.device).get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
-    reports = curves.curve_reports(case.id, result, "the FSDP run", fsdp, _regime(case.backend),
+    reports = curves.curve_reports(case.id, result, "the FSDP run", fsdp, _regime(result),
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     _judge("layout_vs_fsdp", curves.curves_problem(reports, result.describe(), fsdp.describe()), result,
            result.losses[0] - fsdp.losses[0])
@@ -138,11 +131,10 @@ def _step1_balance(run, steps) -> dict[str, tuple]:
     group), and the expert_bias after the update of the lowest rank holding the layer (a
     pipeline stage holds its own layers only)."""
     from harness.registry import dump_layout
-    from harness.registry.layouts import layout
 
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
-    tp = layout(run.layout).tp
+    tp = run.degrees["tensor_parallel_degree"]
     names = sorted({name for layers in first.values() for name in layers})
     holding = {name: [layers[name] for _, layers in sorted(first.items()) if name in layers]
                for name in names}
@@ -169,7 +161,7 @@ def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_ru
     differ = [f"{first}: {what}" for what, a, b in (("routing counts", mine[first][0], theirs[first][0]),
                                                    ("expert_bias", mine[first][1], theirs[first][1]))
               if not torch.equal(a, b)]
-    band = parity_tolerance("router_flips", _regime(case.backend)).atol
+    band = parity_tolerance("router_flips", _regime(result)).atol
     moved = {name: float((mine[name][0] - theirs[name][0]).abs().sum() / 2 / theirs[name][0].sum())
              for name in mine}
     differ += [f"{name}: {share:.3%} of routing choices moved (> {band:.0%})"
@@ -205,12 +197,12 @@ def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_ru
                     f"trained experts only")
     planted = layout_run(case, plants=EP_PLANTS)
     fsdp = device_runs("cpu").get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
-    reports = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
+    reports = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(planted),
                                    loss="layout_loss", grad_norm="layout_grad_norm")
     failing = [r.what for r in reports if not r.ok]
     assert "grad norm (pre-clip)" in failing, curves.curves_problem(reports) or "the planted run passed"
     # trn2's coarse bounds, before its bands are measured, still catch it
-    coarse = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(case.backend),
+    coarse = curves.curve_reports(case.id, planted, "the FSDP run", fsdp, _regime(planted),
                                   loss="layout_loss", grad_norm="layout_grad_norm", device="neuron")
     assert "grad norm (pre-clip)" in [r.what for r in coarse if not r.ok], curves.curves_problem(coarse)
 
@@ -218,11 +210,11 @@ def test_an_expert_gradient_doubled_under_ep_is_caught_by_the_fsdp_run(layout_ru
 def test_a_tp_partial_sum_left_unreduced_is_caught_by_the_reference(layout_run, steps):
     case = _case("titan_native", "tp")
     planted = layout_run(case, plants=("tp_partial_sums_unreduced",))
-    reference = reference_of(case, steps, planted)
-    reports = curves.curve_reports(case.id, planted, "reference", reference, _regime(case.backend))
+    reference = reference_of(steps, planted)
+    reports = curves.curve_reports(case.id, planted, "reference", reference, _regime(planted))
     assert curves.curves_problem(reports) is not None, "the planted TP run follows the reference"
     # and at trn2's coarse bounds, before its bands are measured
-    coarse = curves.curve_reports(case.id, planted, "reference", reference, _regime(case.backend),
+    coarse = curves.curve_reports(case.id, planted, "reference", reference, _regime(planted),
                                   device="neuron")
     assert curves.curves_problem(coarse) is not None, (
         f"the planted TP run passes the coarse bounds; at the CPU's: {curves.curves_problem(reports)}")

@@ -29,8 +29,6 @@ expectation measures).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from harness.checks import run_checks as checks
@@ -50,10 +48,6 @@ DP = 2  # ranks per tiny CPU run (harness/backends SizeSpec nproc)
 ATTENTION_OF_MASK = {"document": "flex", "row_causal": "sdpa"}
 # whether hf_block_causal exists here (spring 2026's backend has no per-document mask)
 BLOCK_CAUSAL = titan_api.transformers_backend().block_causal
-
-
-def _model_dir(backend: str):
-    return Path(BACKENDS[backend].size("tiny").weights_dir)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +86,7 @@ NATIVE_RUNS = [(b, a) for b in ("titan_native", "nki_moe") for a in BACKENDS[b].
 @pytest.mark.parametrize("backend,attention", NATIVE_RUNS, ids=[f"{b}-{a}" for b, a in NATIVE_RUNS])
 def test_native_run_follows_the_reference_trajectory(backend, attention, run, steps):
     result = run(backend, attention)
-    model_dir = _model_dir(backend)
+    model_dir = result.spec.weights_dir()
     mask = BACKENDS[backend].mask(attention)
     regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
     ref = reference_trajectory(model_dir, steps, mask)
@@ -100,7 +94,7 @@ def test_native_run_follows_the_reference_trajectory(backend, attention, run, st
     problem = None if all(r.ok for r in reports) else compare.parity_message(
         *(r.format() for r in reports), result.describe())
     verdict = known_issues.judge("first_step_loss", problem, {"deviation": result.losses[0] - ref.losses[0]},
-                                 result.workarounds, **result.where())
+                                 result.spec.all_workarounds, **result.where())
     known_issues.settle(verdict, problem)
 
 
@@ -150,7 +144,7 @@ def test_saved_checkpoint_is_complete_and_reloads(backend, run, tmp_path):
     result = run(backend)
     verdict, outcome = checks.verdict("hf_checkpoint_complete", result, len(result.steps))
     known_issues.settle(verdict, outcome.problem, result.describe())
-    model_dir = _model_dir(backend)
+    model_dir = result.spec.model_dir()
     directory = _checkpoint_dir(result)
     violations = C.checkpoint_violations(directory, config_dir=model_dir)
     _, reload_violations = C.reload_report(C.with_config(directory, model_dir, tmp_path / "loadable"))
@@ -179,9 +173,9 @@ def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention,
                                                             workarounds):
     from harness.references.model import load_hf_tensors
 
-    model_dir = _model_dir(backend)
-    regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
     result = run(backend, attention, extra)
+    model_dir = result.spec.weights_dir()
+    regime = parity_regime_for(M.Qwen3Arch.from_dir(model_dir))
     verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
     known_issues.settle(verdict, outcome.problem, result.describe())
     ref = reference_trajectory(model_dir, steps, mask)

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from harness.checks import run_checks as checks
+from harness.device.devices import profile_for
+from harness.launch.run import RunSpec, build_command
+from harness.launch.subjects import Facts
 from harness.registry import known_issues, paths
 from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
 from harness.references.expected_loss import expected_loss
@@ -28,13 +31,13 @@ EXPECTED = expected_loss("titan_native", "tiny_dense", "pretrained", "cpu", "row
 
 
 def _run(losses, returncode=0, timed_out=False, backend="titan_native", init="pretrained",
-         attention="sdpa", mask="row_causal", grad_norm=1.0) -> RunResult:
+         grad_norm=1.0, spec=None) -> RunResult:
     steps = [StepRecord(step=i + 1, loss=loss, grad_norm=grad_norm, tokens_per_s=1.0,
                         step_time_s=1.0, peak_memory_gib=1.0) for i, loss in enumerate(losses)]
-    return RunResult(name="planted", backend=backend, size="tiny", init=init,
-                     device="cpu", nproc=2, command=["torchrun"], returncode=returncode,
-                     timed_out=timed_out, duration_s=1.0, run_dir=Path("/nonexistent"),
-                     steps=steps, attention=attention, model="tiny_dense", mask=mask)
+    spec = spec or RunSpec(backend, init=init)
+    return RunResult(spec=spec, device="cpu", nproc=2, layout="fsdp", degrees=spec.parallel_degrees(2),
+                     command=["torchrun"], returncode=returncode, timed_out=timed_out,
+                     duration_s=1.0, run_dir=Path("/nonexistent"), steps=steps)
 
 
 def _problem(check, run, steps):
@@ -51,22 +54,30 @@ def test_catches_a_missing_step():
     assert _problem("completed", _run([1.0, 1.0]), 3) == "logged steps [1, 2], expected 1..3"
 
 
-RESUMED_FROM_STEP_1 = ["torchrun", "--training.steps", "3", "--checkpoint.initial_load_path",
-                       "/runs/first/dump/checkpoint/step-1", "--checkpoint.no-initial-load-model-only"]
+STEP_1 = "/runs/first/dump/checkpoint/step-1"
 
 
-def test_a_run_resumed_from_step_k_is_complete_with_steps_k_plus_1_on():
-    resumed = replace(_run([1.0, 1.0]), command=RESUMED_FROM_STEP_1)
+def test_a_run_resumed_from_step_k_is_complete_with_steps_k_plus_1_on(tmp_path):
+    spec = RunSpec("titan_native", init="random", steps=3, resume_from=STEP_1, resume_step=1)
+    resumed = _run([1.0, 1.0], spec=spec)
     for i, step in enumerate(resumed.steps):
         resumed.steps[i] = replace(step, step=i + 2)
-    assert (resumed.planned_steps, resumed.first_planned_step) == (3, 2)
+    assert spec.first_step == 2
     assert _problem("completed", resumed, 3) is None
     assert _problem("completed", replace(resumed, steps=resumed.steps[:1]), 3) == \
         "logged steps [2], expected 2..3"
+    # the launch loads the whole training state, not the model only
+    command = build_command(spec, profile_for("cpu"), tmp_path)
+    at = command.index(STEP_1)
+    assert command[at - 1:at + 2] == ["--checkpoint.initial_load_path", STEP_1,
+                                      "--checkpoint.no-initial-load-model-only"], command
     # a pretrained run's initial load (HF weights, model only) is no resume
-    pretrained = replace(_run([1.0, 1.0]), command=RESUMED_FROM_STEP_1[:-1])
-    assert pretrained.first_planned_step == 1
+    pretrained = _run([1.0, 1.0])
+    assert pretrained.spec.first_step == 1 and "--checkpoint.no-initial-load-model-only" not in \
+        build_command(pretrained.spec, profile_for("cpu"), tmp_path)
     assert _problem("completed", pretrained, 2) is None
+    with pytest.raises(ValueError, match="the step it was saved at"):
+        RunSpec("titan_native", resume_from=STEP_1)
 
 
 def test_catches_a_crash_and_a_timeout():
@@ -104,7 +115,11 @@ def test_missing_expectation_names_the_key():
 
 
 def test_a_run_without_expectation_fails_with_the_observed_value_and_how_to_record_it():
-    run = replace(_run([3.25]), device="cuda", model="tiny_moe")  # native dense code, MoE weights
+    moe_weights = Facts(module="m", config="c", kind="titan_native", model="tiny_moe",
+                        model_dir=paths.TINY_MOE, assets_dir=paths.TINY_MOE, init="pretrained",
+                        weights_dir=paths.TINY_MOE, precision="float32", attention="sdpa",
+                        mask="row_causal", parameters=0)
+    run = replace(_run([3.25], spec=RunSpec.for_subject(moe_weights)), device="cuda")  # native dense code, MoE weights
     problem = _problem("first_step_loss", run, 1)
     assert "no expectation" in problem and "3.250000" in problem and "record it" in problem
 
@@ -112,9 +127,9 @@ def test_a_run_without_expectation_fails_with_the_observed_value_and_how_to_reco
 def test_device_specific_expectation_is_not_used_elsewhere():
     """The source's published 12.43 was measured on neuron: a CPU run of the same model, init
     and data has no published number (and is held to its own expectations only)."""
-    neuron = replace(_run([12.43]), device="neuron", size="full", init="random",
-                     model="Qwen3-4B-Instruct-2507",
-                     command=["torchrun", "--dataloader.dataset", "c4"])
+    neuron = replace(_run([12.43], spec=RunSpec("titan_native", size="full", init="random", data="c4")),
+                     device="neuron")
+    assert neuron.spec.model == "Qwen3-4B-Instruct-2507"
     assert ExpectationRegistry().published(neuron).value == 12.43
     assert ExpectationRegistry().published(replace(neuron, device="cpu")) is None
 
@@ -126,8 +141,7 @@ TIED = known_issues.issue("hf_v5-tied-embedding-init-scale")
 
 def _hf_random(deviation):
     expected = expected_loss("hf_v5", "tiny_dense", "random", "cpu")
-    return _run([expected.value + deviation], backend="hf_v5", init="random", attention="causal",
-                mask="causal")
+    return _run([expected.value + deviation], backend="hf_v5", init="random")
 
 
 def test_known_issue_is_accepted_only_with_its_recorded_signature():
@@ -338,7 +352,7 @@ def test_a_runs_first_error_is_its_first_cause(tmp_path, log, first):
     from harness.results.run_result import RunResult
 
     (tmp_path / "stderr.log").write_text(log)
-    result = RunResult(name="r", backend="hf_v5", size="tiny", init="pretrained", device="cpu",
-                       nproc=2, command=[], returncode=1, timed_out=False, duration_s=1.0,
+    result = RunResult(spec=RunSpec("hf_v5"), device="cpu", nproc=2, layout="fsdp", degrees={},
+                       command=[], returncode=1, timed_out=False, duration_s=1.0,
                        run_dir=tmp_path, rank_logs={0: [tmp_path / "stderr.log"]})
     assert result.first_error() == first

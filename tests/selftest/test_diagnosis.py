@@ -211,15 +211,16 @@ def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_pa
 
 
 def _pretrained_result(loss, tmp_path):
+    from harness.launch.run import RunSpec
     from harness.results.run_result import RunResult, StepRecord
 
     step = StepRecord(step=1, loss=loss, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
                       peak_memory_gib=1.0)
-    return RunResult(name="titan_native-tiny-pretrained", backend="titan_native", size="tiny",
-                     init="pretrained", device="cpu", nproc=2, command=[], returncode=0,
-                     timed_out=False, duration_s=1.0, run_dir=tmp_path, steps=[step],
-                     attention="sdpa", versions={"torchtitan-generation": generation()},
-                     model_dir=str(paths.TINY_DENSE), weights_dir=str(paths.TINY_DENSE))
+    spec = RunSpec("titan_native", init="pretrained")
+    assert spec.model_dir() == spec.weights_dir() == paths.TINY_DENSE
+    return RunResult(spec=spec, device="cpu", nproc=2, layout="fsdp", degrees=spec.parallel_degrees(2),
+                     command=[], returncode=0, timed_out=False, duration_s=1.0, run_dir=tmp_path,
+                     steps=[step], versions={"torchtitan-generation": generation()})
 
 
 def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
@@ -262,9 +263,9 @@ def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk
     import dataclasses
 
     from harness.diagnosis.diagnose import Diagnosis, known_explanation
+    from harness.launch.run import RunSpec
 
-    run = dataclasses.replace(_pretrained_result(11.8, tmp_path), backend="hf_v5", init="random",
-                              name="hf_v5-tiny-random")
+    run = dataclasses.replace(_pretrained_result(11.8, tmp_path), spec=RunSpec("hf_v5", init="random"))
     assert known_explanation(run, 3.6) == "hf_v5-tied-embedding-init-scale"
     assert known_explanation(run, 0.5) is None
     assert known_explanation(run, None) is None  # a finite failure: always diagnosed

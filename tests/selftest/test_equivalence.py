@@ -47,12 +47,12 @@ def _result(spec, losses, generation="v0_3") -> RunResult:
     profile = detect("cpu")
     run_dir = Path("/nonexistent") / spec.name
     return RunResult(
-        name=spec.name, backend=spec.backend, size=spec.size, init=spec.init, device=profile.kind,
-        nproc=spec.ranks(profile), command=build_command(spec, profile, run_dir), returncode=0,
+        spec=spec, device=profile.kind, nproc=spec.ranks(profile), layout=spec.launched_layout.name,
+        degrees=spec.parallel_degrees(spec.ranks(profile)),
+        command=build_command(spec, profile, run_dir), returncode=0,
         timed_out=False, duration_s=1.0, run_dir=run_dir,
         steps=[StepRecord(i + 1, loss, 1.0, 1000.0, 0.2, 0.9) for i, loss in enumerate(losses)],
-        versions={"torchtitan-generation": generation}, attention=spec.attention_name,
-        model=spec.model, mask=spec.mask, workarounds=spec.all_workarounds, layout=spec.layout)
+        versions={"torchtitan-generation": generation})
 
 
 def _run(backend, attention=None, losses=CURVE, init="pretrained", workarounds=(), **kw) -> RunResult:
@@ -66,7 +66,7 @@ def _shifted(losses, step, by):
 
 
 def _pair(found, run, reference):
-    matches = [p for p in found if (p.run, p.reference) == (run.name, reference.name)]
+    matches = [p for p in found if (p.run, p.reference) == (run.spec.name, reference.spec.name)]
     assert len(matches) == 1, [p.line() for p in found]
     return matches[0]
 
@@ -104,10 +104,10 @@ def test_a_pair_outside_the_band_differs_and_fails_the_main_job(tmp_path):
                                                     flex])) == 0
     out = write_report(verdicts, tmp_path / "report", {"device": "cpu"})
     summary = (out / "summary.md").read_text()
-    assert f"- `{hf.name}` vs `{flex.name}` (backends; " in summary and ": DIFFER: " in summary
+    assert f"- `{hf.spec.name}` vs `{flex.spec.name}` (backends; " in summary and ": DIFFER: " in summary
     document = json.loads((out / "results.json").read_text())
     assert [(p["run"], p["reference"], p["status"], p["ok"]) for p in document["equivalence"]] == [
-        (hf.name, flex.name, "DIFFER", False)]
+        (hf.spec.name, flex.spec.name, "DIFFER", False)]
     assert 'failures="1"' in (out / "junit.xml").read_text()
 
 

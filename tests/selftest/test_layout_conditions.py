@@ -20,13 +20,10 @@ default tier ran before: a 1-rank resume, ``ga=2`` on packed rows, AC only as ``
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from harness.backends import BACKENDS
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import RESHARD_CASES, LayoutCase, layout_cases
 from harness.registry.layouts import (CONDITIONS, LAYOUTS, PARTIAL_SUMS, STATEFUL_RECOMPUTE,
@@ -52,7 +49,7 @@ def _slow(obj) -> bool:
 def _sharded_dims(backend: str) -> set[int]:
     """The first dimensions FSDP shards in the backend's tiny fixture: the vocabulary, the
     hidden size and, for a MoE, the routed experts."""
-    config = json.loads((Path(BACKENDS[backend].size("tiny").weights_dir) / "config.json").read_text())
+    config = RunSpec(backend).model_config
     return {config[k] for k in ("vocab_size", "hidden_size", "num_local_experts") if k in config}
 
 

@@ -7,6 +7,9 @@ Specification:
   their tests;
 - ``RunCache.prefetch`` launches a run that is neither stored nor being launched, and only
   then; the test that reads it later gets the stored result without a launch of its own;
+- a stored result is read back with the spec it ran, and only as the result of that spec: one
+  stored in an older form (a result without its ``RunSpec``) is launched again, never read,
+  and the session's report refuses it, named;
 - a run launched ahead and read by no test fails the session, named
   (``run_cache.unread_prefetches``): the prefetcher's spec of a test differs from the test's;
 - the prefetcher stops between launches when told, and one process of a session starts it;
@@ -80,9 +83,9 @@ def _fake_cache(tmp_path, monkeypatch):
 
     def fake_launch(spec, profile, run_dir):
         launched.append(spec)
-        return RunResult(name=spec.name, backend=spec.backend, size=spec.size, init=spec.init,
-                         device=profile.kind, nproc=2, command=[], returncode=0, timed_out=False,
-                         duration_s=0.0, run_dir=run_dir)
+        return RunResult(spec=spec, device=profile.kind, nproc=2, layout=spec.layout,
+                         degrees=spec.parallel_degrees(2), command=[], returncode=0,
+                         timed_out=False, duration_s=0.0, run_dir=run_dir)
 
     monkeypatch.setattr(run_cache, "launch", fake_launch)
     return RunCache(profile_for("cpu"), dump_layout.runs_folder(tmp_path, "cpu")), launched
@@ -99,6 +102,26 @@ def test_a_prefetched_run_is_launched_once_and_read_by_its_test(tmp_path, monkey
     assert unread_prefetches(tmp_path) == []
     entry = json.loads(dump_layout.ledger(cache.root).read_text().splitlines()[0])
     assert entry["prefetched"] is True
+
+
+def test_a_stored_result_is_its_specs_and_one_of_an_older_form_is_launched_again(tmp_path, monkeypatch):
+    cache, launched = _fake_cache(tmp_path, monkeypatch)
+    spec = RunSpec("titan_native", init="pretrained")
+    assert cache.get(spec).spec == spec and launched == [spec]
+    stored = cache.root / (cache._dirname(spec) + ".result.pickle")
+    assert RunCache(cache.profile, cache.root).get(spec).spec == spec and launched == [spec]
+    # a result stored before results carried their spec: its fields as strings, no spec
+    old = object.__new__(RunResult)
+    old.__dict__.update(name=spec.name, backend="titan_native", size="tiny", init="pretrained",
+                        device="cpu", nproc=2, command=[], returncode=0, timed_out=False,
+                        duration_s=0.0, run_dir=stored.parent / "old", layout="fsdp")
+    stored.write_bytes(pickle.dumps(old))
+    assert run_cache.read_stored(stored) is None
+    with pytest.raises(ValueError, match="without the RunSpec it ran"):
+        run_cache.stored_results(tmp_path)
+    again = RunCache(cache.profile, cache.root).get(spec)
+    assert again.spec == spec and launched == [spec, spec], "the older result was read as this run's"
+    assert run_cache.stored_results(tmp_path)[-1].spec == spec
 
 
 def test_a_run_another_process_is_launching_is_not_prefetched(tmp_path, monkeypatch):

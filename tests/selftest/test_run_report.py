@@ -17,6 +17,7 @@ import shutil
 from dataclasses import replace
 
 from harness.checks import run_checks as checks
+from harness.launch.run import RunSpec
 from harness.registry import dump_layout, paths
 from harness.report.pytest_plugin import write_session_report
 from harness.results.run_result import RunResult, StepRecord
@@ -28,11 +29,11 @@ def _run(tmp_path, size: str) -> RunResult:
     checkpoint.mkdir(parents=True)
     shutil.copy(paths.TINY_DENSE / "model.safetensors", checkpoint / "model.safetensors")
     steps = [StepRecord(i, 1.3, 1.0, 1000.0, 0.2, 0.9) for i in (1, 2)]
-    return RunResult(name=f"titan_native-{size}-pretrained", backend="titan_native", size=size,
-                     init="pretrained", device="cpu", nproc=2, command=["torchrun", "--training.steps", "2"],
-                     returncode=0, timed_out=False, duration_s=1.0, run_dir=run_dir, steps=steps,
-                     assets_dir=str(paths.TINY_DENSE) if size == "full" else None,
-                     model_dir=str(paths.TINY_DENSE))
+    spec = RunSpec("titan_native", size=size, init="pretrained", steps=2,
+                   hf_assets_path=str(paths.TINY_DENSE) if size == "full" else None)
+    return RunResult(spec=spec, device="cpu", nproc=2, layout="fsdp", degrees=spec.parallel_degrees(2),
+                     command=["torchrun", "--training.steps", "2"], returncode=0, timed_out=False,
+                     duration_s=1.0, run_dir=run_dir, steps=steps)
 
 
 def _enforced(check: str, run: RunResult):
@@ -57,6 +58,7 @@ def test_a_tiny_run_keeps_its_checkpoints_and_an_unchecked_run_is_said_to_be(tmp
     run = _run(tmp_path, "tiny")
     _enforced("hf_checkpoint_complete", replace(run))
     assert dump_layout.checkpoints(run.run_dir).is_dir()
-    unchecked = replace(_run(tmp_path / "other", "full"), name="titan_native-full-random")
+    other = _run(tmp_path / "other", "full")
+    unchecked = replace(other, spec=replace(other.spec, init="random"))
     out = write_session_report([unchecked], tmp_path / "report", steps=2)
     assert "| not checked in this session |" in (out / "summary.md").read_text()

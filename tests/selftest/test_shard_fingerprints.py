@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from harness.checks import run_checks as checks
+from harness.launch.run import RunSpec
 from harness.registry import dump_layout, known_issues
 from harness.rank import step0 as rank_step0
 from harness.results.run_result import RunResult
@@ -59,14 +60,16 @@ def two_ranks(duplicated: int, distinct: int, constant: int = 2) -> dict[int, di
     return records(ranks)
 
 
-def run_with(tmp_path, by_rank, init="random", device="cpu", workarounds=()) -> RunResult:
+def run_with(tmp_path, by_rank, init="random", device="cpu", workarounds=(),
+             backend="titan_native") -> RunResult:
     for rank, record in by_rank.items():
         path = dump_layout.shard_file(dump_layout.dump_folder(tmp_path), rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
-    return RunResult(name="r", backend="titan_native", size="tiny", init=init, device=device,
-                     nproc=len(by_rank), command=[], returncode=0, timed_out=False, duration_s=0,
-                     run_dir=tmp_path, attention="sdpa", workarounds=tuple(workarounds),
+    spec = RunSpec(backend, init=init, workarounds=tuple(workarounds))
+    return RunResult(spec=spec, device=device, nproc=len(by_rank), layout="fsdp",
+                     degrees=spec.parallel_degrees(len(by_rank)), command=[], returncode=0,
+                     timed_out=False, duration_s=0, run_dir=tmp_path,
                      versions={"torchtitan-generation": "v0_3"})
 
 
@@ -120,7 +123,7 @@ def test_a_run_without_fingerprints_fails_saying_where_they_should_be(tmp_path):
 def test_the_known_issue_excuses_only_its_signature(tmp_path, duplicated, distinct, init, workarounds, status):
     run = run_with(tmp_path, two_ranks(duplicated, distinct), init=init, workarounds=workarounds)
     outcome = checks.shards_distinct(run, 2)
-    verdict = known_issues.judge("shards_distinct", outcome.problem, outcome.observed, run.workarounds,
+    verdict = known_issues.judge("shards_distinct", outcome.problem, outcome.observed, run.spec.all_workarounds,
                                  **run.where())
     assert verdict.status == status, verdict.message
     if status == "known":
@@ -143,7 +146,7 @@ def test_the_unloaded_experts_of_spring_moe_are_excused_only_as_exactly_the_expe
         if wo_too:
             wo = "layers.0.attention.wo.weight"
             ranks[1]["params"][wo] = {**ranks[0]["params"][wo], "shard_coordinate": [1]}
-        run = replace(run_with(tmp_path / f"{generation}{wo_too}", ranks, init="pretrained"), backend="nki_moe",
+        run = replace(run_with(tmp_path / f"{generation}{wo_too}", ranks, init="pretrained", backend="nki_moe"),
                       versions={"torchtitan-generation": generation})
         outcome = checks.shards_distinct(run, 2)
         verdict = known_issues.judge("shards_distinct", outcome.problem, outcome.observed, (), **run.where())
