@@ -78,8 +78,8 @@ def test_the_registry_states_the_rule_and_the_checks_compute_it(dense_random, mo
     """The registry states the rule, a value it computes none of (harness/registry/
     expectations.py ``ExpectationRule``); the checks hold the run to what their forward of the
     step-0 weights computes (harness/checks/reference_forward.py ``expectation_for_run``)."""
-    rule = ExpectationRegistry().rule(dense_random.backend, dense_random.model, "random", "cpu",
-                                      dense_random.mask, dense_random.nproc)
+    rule = ExpectationRegistry().rule(dense_random.spec.backend, dense_random.spec.model, "random", "cpu",
+                                      dense_random.spec.mask, dense_random.nproc)
     assert rule.value is None and rule.lm_head_std and rule.initial_weights_forward, rule
     band = initial_weights_forward_band("float32", "cpu")
     monkeypatch.setattr(reference_forward, "initial_weights_forward",

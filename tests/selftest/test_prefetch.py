@@ -108,7 +108,7 @@ def test_a_stored_result_is_its_specs_and_one_of_an_older_form_is_launched_again
     cache, launched = _fake_cache(tmp_path, monkeypatch)
     spec = RunSpec("titan_native", init="pretrained")
     assert cache.get(spec).spec == spec and launched == [spec]
-    stored = cache.root / (cache._dirname(spec) + ".result.pickle")
+    stored = dump_layout.stored_result(cache.run_dir(spec))
     assert RunCache(cache.profile, cache.root).get(spec).spec == spec and launched == [spec]
     # a result stored before results carried their spec: its fields as strings, no spec
     old = object.__new__(RunResult)
