@@ -768,7 +768,8 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     idx = _first_matches(row, _free(needles, data.partitions), reversed(range(8)), dtypes.INTEGER_RANGE["uint32"][1])
     rows, slots = (idx != dtypes.INTEGER_RANGE["uint32"][1]).nonzero(as_tuple=True)
     in_place = (dst.storage is data.storage and dst.offset == data.offset and dst.shape == data.shape
-                and dst.strides == data.strides and dst.dynamic is None and data.dynamic is None)
+                and dst.strides == data.strides and dst.dynamic is None and data.dynamic is None
+                and not dst.storage.reinterpreted)
     if in_place:  # dst is data (topk's use): only the matched elements change
         replaced = _converted(dst, torch.full((rows.numel(),), float(imm)))
         try:
@@ -832,14 +833,27 @@ def _started(dst: NkiTensor) -> tuple[bool, object]:
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
-    if perf_mode is not matmul_perf_mode.none:
-        raise NotImplementedError("nki emulator: nki.isa.nc_matmul(perf_mode=double_row) is not implemented")
     dst = _tensor(dst, "nc_matmul", "dst")
     stationary, moving = _tensor(stationary, "nc_matmul", "stationary"), _tensor(moving, "nc_matmul", "moving")
     check(stationary.buffer is SBUF and moving.buffer is SBUF and dst.buffer is PSUM, "matmul-memory",
           lambda: f"nki.isa.nc_matmul: stationary in {stationary.buffer!r}, moving in {moving.buffer!r}, dst in {dst.buffer!r}")
     k, m, n = stationary.partitions, stationary.free_size, moving.free_size
     rows, columns = _tiling(tile_position, tile_size)
+    if isinstance(perf_mode, str):  # nki-library's qkv_cte and mlp_cte pass "double_row" / "none"
+        check(perf_mode in matmul_perf_mode.__members__, "matmul-double-row",
+              lambda: f"nki.isa.nc_matmul: perf_mode={perf_mode!r}")
+        perf_mode = matmul_perf_mode[perf_mode]
+    double = perf_mode is matmul_perf_mode.double_row
+    if double:  # contraction = partitions x the most major free dim of 2 (Trainium2 arch guide)
+        names = (dtypes.name_of(stationary.dtype), dtypes.name_of(moving.dtype))
+        check(set(names) <= {"float8_e4m3", "float8_e5m2"} and not is_transpose and columns == PMAX
+              and stationary.ndim >= 3 and moving.ndim >= 3 and stationary.shape[1] == 2 == moving.shape[1],
+              "matmul-double-row", lambda: f"nki.isa.nc_matmul(perf_mode=double_row): stationary {stationary.shape} "
+              f"{names[0]}, moving {moving.shape} {names[1]}, is_transpose={is_transpose}, column tile {columns}")
+        m, n = m // 2, n // 2
+    else:
+        check(perf_mode is matmul_perf_mode.none, "matmul-double-row",
+              lambda: f"nki.isa.nc_matmul: perf_mode={perf_mode!r}")
     check(k == moving.partitions and k <= rows, "matmul-contraction",
           lambda: f"nki.isa.nc_matmul: stationary {stationary.shape}, moving {moving.shape} (row tile {rows})")
     check(m <= columns, "matmul-stationary-fmax", lambda: f"nki.isa.nc_matmul: stationary {stationary.shape} has free size {m} "
@@ -860,7 +874,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     end = start + (dst.static_bounds()[1] - dst.offset) % dst.storage.partition_stride * dst.dtype.itemsize
     check(start // PSUM_BANK_BYTES == (end + dst.dtype.itemsize - 1) // PSUM_BANK_BYTES, "matmul-psum-bank",
           lambda: f"nki.isa.nc_matmul: dst {dst.shape} spans bytes {start}..{end + dst.dtype.itemsize} of a partition")
-    cost.active().instruction("nc_matmul", "tensor", 2 * k * m * n, matmul=True)
+    cost.active().instruction("nc_matmul", "tensor", 2 * (2 if double else 1) * k * m * n, matmul=True)
     started, key = _started(dst)
     if is_transpose:
         accumulate = False
@@ -875,6 +889,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if _shape_only(dst, stationary, moving, *((dst,) if accumulate else ())):
         return
     s, mv = _read(stationary), _read(moving)
+    if double:  # [k, 2, m] and [k, 2, n]: a contraction over 2k rows
+        k = 2 * k
     s, mv = s.reshape(k, m), mv.reshape(k, n)
     if is_transpose:
         check(k == n and bool(torch.equal(mv, torch.eye(k))), "matmul-transpose",
