@@ -30,6 +30,13 @@ Specification:
 - ``.ap(pattern, dtype=...)`` is a reinterpret cast: the same bytes, pattern and offset counted in
   elements of the new dtype, read and written bit for bit (rmsnorm_quant stores a float32 scale
   as four float8 bytes).
+- ``nki.isa.local_gather`` (GpSimd): each core's 16 partitions share one index list, its
+  16-partition slice of ``index`` read partition first; each partition gathers, at each of the
+  first ``num_valid_indices`` indices, ``num_elem_per_idx`` contiguous elements of its own row
+  (the docs' example: src [128, 512, 4], indices scaled by 4, 64 valid, dst [128, 4, 16, 4]).
+- A view is a description until an instruction consumes it: one reaching past its tile's
+  partition may be made (output_projection_tkg makes one for an index it then skips), and is
+  refused (``partition-access``) when an instruction reads or writes it.
 - An access pattern is a loop: a write through one that reaches an element more than once (a 0
   step, as qkv_cte's unused ``activation_reduce`` dst) leaves the last value of the loop there.
 """
@@ -377,3 +384,58 @@ def test_a_write_through_a_zero_step_keeps_the_last_value_of_the_loop():
     out = nki_emu.run(kernel)(x)
     assert out[:, 0].tolist() == (x[:, -1] ** 2).tolist()
     assert out[:, 1].tolist() == (x ** 2).sum(dim=1).tolist()
+
+
+def _past_the_partition(use: bool):
+    def kernel(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=x)
+        past = tile.ap(pattern=[[x.shape[1], x.shape[0]], [2, x.shape[1] // 2]], offset=2)  # ends one past the row
+        out = nl.ndarray((x.shape[0], x.shape[1] // 2), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=past if use else tile.ap(pattern=[[x.shape[1], x.shape[0]], [2, x.shape[1] // 2]]))
+        return out
+
+    return kernel
+
+
+def test_a_view_past_its_partition_is_refused_when_used_not_when_made():
+    x = torch.arange(16, dtype=torch.float32).reshape(2, 8)
+    assert nki_emu.run(_past_the_partition(use=False))(x).tolist() == [[0, 2, 4, 6], [8, 10, 12, 14]]
+    with pytest.raises(RuleViolation, match="partition-access.*reaches element 8 of a 8-element partition"):
+        nki_emu.run(_past_the_partition(use=True))(x)
+
+
+def _local_gather(num_valid, partitions=128):
+    def kernel(src, index):
+        src_sb = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+        index_sb = nl.ndarray(index.shape, dtype=index.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=src_sb, src=src)
+        nisa.dma_copy(dst=index_sb, src=index)
+        out_sb = nl.ndarray((partitions, num_valid // 16, 16, 4), dtype=src.dtype, buffer=nl.sbuf)
+        nisa.local_gather(dst=out_sb, src_buffer=src_sb, index=index_sb, num_elem_per_idx=4,
+                          num_valid_indices=num_valid)
+        out = nl.ndarray(out_sb.shape, dtype=src.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=out_sb)
+        return out
+
+    return kernel
+
+
+def test_local_gather_takes_each_cores_indices_partition_first_from_each_partitions_row():
+    rng = np.random.default_rng(0)
+    src = rng.random((128, 512, 4), dtype=np.float32)
+    per_core = rng.integers(0, 512, size=(16, 4)).astype(np.uint16)
+    index = np.tile(per_core, (8, 1)) * 4  # element offsets: 4 elements an index
+    out = nki_emu.run(_local_gather(64))(src, index)
+    order = per_core.T.reshape(-1)  # partition first: index[0, 0], index[1, 0], ..., index[15, 0], index[0, 1], ...
+    expected = src[:, order, :].reshape(128, 4, 16, 4)
+    assert np.array_equal(out.numpy(), expected)
+
+
+@pytest.mark.parametrize("case", ["more valid indices than a core holds", "partitions not a multiple of 16"])
+def test_local_gather_refuses_what_a_gpsimd_core_cannot_do(case):
+    partitions, num_valid = (128, 80) if case.startswith("more") else (8, 64)
+    src = np.ones((partitions, 512, 4), dtype=np.float32)
+    index = np.zeros((partitions, 4), dtype=np.uint16)
+    with pytest.raises(RuleViolation, match="local-gather"):
+        nki_emu.run(_local_gather(num_valid, partitions))(src, index)

@@ -804,6 +804,39 @@ def nc_n_gather(dst, data, indices, name=None):
     dst.write_raw(torch.gather(_free(data.read(), data.partitions), 1, index))
 
 
+GPSIMD_CORE_PARTITIONS = 16  # each of the eight GpSimd cores serves 16 contiguous SBUF partitions
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """GpSimd gather inside each core's 16 partitions: the core flattens its 16-partition slice of
+    ``index`` partition first, and every one of its partitions gathers, at each of the first
+    ``num_valid_indices`` indices, ``num_elem_per_idx`` contiguous elements of its own row of
+    ``src_buffer`` (the docs' NumPy reference: ``np.take(src[16c:16c+16], indices_1d, axis=1)``)."""
+    dst, src, index = (_on_chip(dst, "local_gather", "dst", "gpsimd"),
+                       _on_chip(src_buffer, "local_gather", "src_buffer", "gpsimd"),
+                       _on_chip(index, "local_gather", "index", "gpsimd"))
+    cores = index.partitions // GPSIMD_CORE_PARTITIONS
+    per_core = GPSIMD_CORE_PARTITIONS * index.free_size
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    n = int(num_elem_per_idx)
+    check(index.partitions % GPSIMD_CORE_PARTITIONS == 0 and dst.partitions == src.partitions == index.partitions
+          and 0 < valid <= per_core and n >= 1 and dst.free_size == valid * n and dst.dtype == src.dtype
+          and not dtypes.is_float(index.dtype), "local-gather",
+          lambda: f"nki.isa.local_gather: dst {dst.shape} {dtypes.name_of(dst.dtype)}, src_buffer {src.shape} "
+          f"{dtypes.name_of(src.dtype)}, index {index.shape} {dtypes.name_of(index.dtype)}, num_elem_per_idx={n}, "
+          f"num_valid_indices={num_valid_indices}")
+    cost.active().instruction("local_gather", "gpsimd", dst.size)
+    if _shape_only(dst, src, index):
+        return
+    rows = _free(src.read(), src.partitions)
+    indices = _free(index.read(), index.partitions).reshape(cores, GPSIMD_CORE_PARTITIONS, -1)
+    indices = indices.transpose(1, 2).reshape(cores, -1)[:, :valid]  # partition first, per core
+    check(bool((indices >= 0).all()) and bool((indices + n <= rows.shape[1]).all()), "bounds",
+          lambda: f"nki.isa.local_gather: an index + {n} elements leaves src_buffer's {rows.shape[1]} a partition")
+    columns = (indices.unsqueeze(-1) + torch.arange(n)).reshape(cores, 1, -1).expand(-1, GPSIMD_CORE_PARTITIONS, -1)
+    dst.write_raw(torch.gather(rows, 1, columns.reshape(index.partitions, -1)))
+
+
 # ------------------------------------------------------------------ tensor engine
 
 _MATMUL_DTYPES = {"float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"}
@@ -1137,7 +1170,7 @@ def register_store(dst, src):
 # imports some at module level), raising when called.
 DOCUMENTED_UNIMPLEMENTED = (
     "get_nc_sub_version nc_matmul_mx tensor_scalar_cumulative "
-    "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
+    "activate2 bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
     "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()
 

@@ -68,6 +68,9 @@ RULES = {
               "float8_e5m2 stationary [K, 2, M] and moving [K, 2, N], contracts over K x 2 (<= 128 x 2), and is not "
               "combined with column tiling or transpose mode; perf_mode is none or double_row",
               f"{_ISA}.nc_matmul.html (Performance mode); arch/trainium2_arch.html (Double FP8 Matmul Performance)"),
+        _rule("local-gather", "local_gather: dst, src_buffer and index on the same partitions, a multiple of a GpSimd "
+              "core's 16; integer indices; num_valid_indices at most a core's index count; dst holds num_valid_indices "
+              "x num_elem_per_idx elements a partition, of src_buffer's dtype", f"{_ISA}.local_gather.html"),
         _rule("matmul-shape", "dst is [stationary free, moving free]", f"{_ISA}.nc_matmul.html (Layout)"),
         _rule("transpose-memory", "Tensor Engine nc_transpose reads SBUF and writes PSUM",
               f"{_ISA}.nc_transpose.html (Memory types)"),

@@ -397,15 +397,22 @@ class NkiTensor:
 
     def _check_partitions(self) -> None:
         """On-chip views: dim 0 steps exactly one partition (the docs' NKI access patterns page:
-        "the access on the partition dimension must be contiguous"), the partitions exist, and
-        the free dims stay inside one partition."""
+        "the access on the partition dimension must be contiguous"), checked as the view is made."""
         pstride, where = self.storage.partition_stride, self
-        if not self.shape or self.empty:
-            return
-        if self.shape[0] > 1:
+        if self.shape and not self.empty and self.shape[0] > 1:
             check(self.strides[0] == pstride, "partition-access",
                   lambda: f"{where!r}: dim 0 stride {self.strides[0]} is not one partition ({pstride} elements): "
                           f"the access on the partition dimension must be contiguous")
+
+    def _check_partition_range(self) -> None:
+        """On-chip views an instruction reads or writes: the partitions exist and the free dims
+        stay inside one partition. Checked at use, not as the view is made: a view is only a
+        description until an instruction consumes it (the docs' access patterns page), and
+        nki-library's output_projection_tkg makes one past its tile for an h_2 index it then
+        skips."""
+        pstride, where = self.storage.partition_stride, self
+        if not self.shape or self.empty:
+            return
         first = self.offset // pstride
         last = first + self.shape[0] - 1
         check(0 <= first and last < self.storage.partitions, "partition-access",
@@ -572,6 +579,8 @@ class NkiTensor:
         self.storage.commit(data)
 
     def check_static_bounds(self, write: bool = False) -> None:
+        if self.buffer.on_chip:
+            self._check_partition_range()
         self.storage.touch(write)
         if self.dynamic is None and not self.empty:
             low, high = self.static_bounds()
