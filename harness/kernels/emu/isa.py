@@ -768,15 +768,16 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     idx = _first_matches(row, _free(needles, data.partitions), reversed(range(8)), dtypes.INTEGER_RANGE["uint32"][1])
     rows, slots = (idx != dtypes.INTEGER_RANGE["uint32"][1]).nonzero(as_tuple=True)
     in_place = (dst.storage is data.storage and dst.offset == data.offset and dst.shape == data.shape
-                and dst.strides == data.strides and dst.dynamic is None and data.dynamic is None
-                and not dst.storage.reinterpreted)
+                and dst.strides == data.strides and dst.dynamic is None and data.dynamic is None)
     if in_place:  # dst is data (topk's use): only the matched elements change
         replaced = _converted(dst, torch.full((rows.numel(),), float(imm)))
+        held = dst.storage.data
         try:
-            _view = dst._view(dst.storage.data).view(dst.partitions, -1)
+            _view = dst._view(held).view(dst.partitions, -1)
             _view[rows, idx[rows, slots]] = replaced
         except RuntimeError:  # free dims that do not flatten into a view: through the addresses
-            dst.storage.data[dst.addresses().reshape(dst.partitions, -1)[rows, idx[rows, slots]]] = replaced
+            held[dst.addresses().reshape(dst.partitions, -1)[rows, idx[rows, slots]]] = replaced
+        dst.storage.commit(held)
         dst.write_raw(None)
     else:
         out = row.clone()

@@ -87,8 +87,6 @@ class Storage:
         per_partition = self.partition_stride * dtype.itemsize
         program.allocated(self, "argument" if argument else buffer.kind, per_partition, self.numel * dtype.itemsize)
 
-    reinterpreted = False
-
     def commit(self, data: torch.Tensor) -> None:
         """``data`` (this storage's ``data``, changed in place) is stored: nothing more to do
         here; a reinterpreting view (``Reinterpreted``) writes its bytes back."""
@@ -163,8 +161,6 @@ class Reinterpreted(Storage):
     4 float8 elements). Reads decode the base's bytes; writes encode them back. Liveness, pinning
     and poison are the base's (poisoned bytes decode to whatever their bits are, as on chip)."""
 
-    reinterpreted = True
-
     def __init__(self, base: Storage, dtype):
         base = base.base if isinstance(base, Reinterpreted) else base
         dtypes.torch_of(dtype)  # the packed formats and tfloat32 raise here
@@ -193,23 +189,19 @@ class Reinterpreted(Storage):
     def data(self) -> torch.Tensor | None:
         if self.base.data is None:
             return None
-        held = self.base.data
-        if dtypes.name_of(self.base.dtype) in dtypes.IN_FLOAT32:
-            array = held.numpy().astype(self.base.dtype)
-        elif not self.base.is_float:
-            array = held.numpy().astype(self.base.dtype)  # int64 holders: the dtype's own bits
-        else:
-            array = torch_to_numpy(held, self.base.dtype)
-        values = numpy_to_torch(array.view(self.dtype)).clone()
+        values = numpy_to_torch(_bits(self.base.data, self.base.dtype).view(self.dtype)).clone()
         return values if self.is_float else values.to(torch.int64)
 
     def commit(self, data: torch.Tensor) -> None:
-        if self.is_float:
-            array = data.numpy().astype(self.dtype) if dtypes.name_of(self.dtype) in dtypes.IN_FLOAT32 \
-                else torch_to_numpy(data, self.dtype)
-        else:
-            array = data.numpy().astype(self.dtype)
-        self.base.data.copy_(numpy_to_torch(np.ascontiguousarray(array).view(self.base.dtype)).to(self.base.data.dtype))
+        array = np.ascontiguousarray(_bits(data, self.dtype)).view(self.base.dtype)
+        self.base.data.copy_(numpy_to_torch(array).to(self.base.data.dtype))
+
+
+def _bits(held: torch.Tensor, dtype) -> np.ndarray:
+    """Holder-form values as a NumPy array of their NKI dtype (its bytes are the tile's)."""
+    if dtypes.name_of(dtype) in dtypes.IN_FLOAT32 or not dtypes.is_float(dtype):
+        return held.numpy().astype(dtype)  # float32 or int64 holders: rounded / narrowed to the dtype's bits
+    return torch_to_numpy(held, dtype)
 
 
 def _shape(shape) -> tuple[int, ...]:
