@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -117,6 +118,21 @@ def forked_rank(zygote_pid: int, timeout_s: float = 60.0, before=frozenset()) ->
     raise AssertionError("the zygote forked no rank")
 
 
+def forwarding(worker: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Wait until ``worker`` catches SIGTERM (``SigCgt`` in /proc/PID/status): it has the rank's
+    pid and forwards the signal. Before that, SIGTERM ends the worker by default and the zygote
+    ends the rank when it sees the worker's connection close (the next test's case)."""
+    bit = 1 << (signal.SIGTERM - 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        if caught & bit:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {worker.pid} never took its rank's pid")
+
+
 def ranks_of(zygote_pid: int) -> frozenset:
     return frozenset(c.pid for c in psutil.Process(zygote_pid).children())
 
@@ -142,8 +158,10 @@ def test_torchruns_sigterm_reaches_the_rank_and_the_worker_dies_of_it(worker_env
     before = ranks_of(zygote_pid(worker_env))
     sleeper = worker(worker_env, "timeit", "-n1", "-r1", "__import__('time').sleep(120)")
     child = forked_rank(zygote_pid(worker_env), before=before)
+    forwarding(sleeper)  # as torchrun's SIGTERM finds it mid-run, not before it took the rank's pid
     sleeper.send_signal(signal.SIGTERM)
     assert sleeper.wait(timeout=30) == -signal.SIGTERM
+    # the worker ends when the zygote reports the rank reaped: nothing of it is left
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
 
 

@@ -771,11 +771,13 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
                 and dst.strides == data.strides and dst.dynamic is None and data.dynamic is None)
     if in_place:  # dst is data (topk's use): only the matched elements change
         replaced = _converted(dst, torch.full((rows.numel(),), float(imm)))
+        held = dst.storage.data
         try:
-            _view = dst._view(dst.storage.data).view(dst.partitions, -1)
+            _view = dst._view(held).view(dst.partitions, -1)
             _view[rows, idx[rows, slots]] = replaced
         except RuntimeError:  # free dims that do not flatten into a view: through the addresses
-            dst.storage.data[dst.addresses().reshape(dst.partitions, -1)[rows, idx[rows, slots]]] = replaced
+            held[dst.addresses().reshape(dst.partitions, -1)[rows, idx[rows, slots]]] = replaced
+        dst.storage.commit(held)
         dst.write_raw(None)
     else:
         out = row.clone()
@@ -801,6 +803,39 @@ def nc_n_gather(dst, data, indices, name=None):
     check(bool((index >= 0).all()) and bool((index < data.free_size).all()), "bounds",
           f"nki.isa.nc_n_gather: indices outside [0, {data.free_size})")
     dst.write_raw(torch.gather(_free(data.read(), data.partitions), 1, index))
+
+
+GPSIMD_CORE_PARTITIONS = 16  # each of the eight GpSimd cores serves 16 contiguous SBUF partitions
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """GpSimd gather inside each core's 16 partitions: the core flattens its 16-partition slice of
+    ``index`` partition first, and every one of its partitions gathers, at each of the first
+    ``num_valid_indices`` indices, ``num_elem_per_idx`` contiguous elements of its own row of
+    ``src_buffer`` (the docs' NumPy reference: ``np.take(src[16c:16c+16], indices_1d, axis=1)``)."""
+    dst, src, index = (_on_chip(dst, "local_gather", "dst", "gpsimd"),
+                       _on_chip(src_buffer, "local_gather", "src_buffer", "gpsimd"),
+                       _on_chip(index, "local_gather", "index", "gpsimd"))
+    cores = index.partitions // GPSIMD_CORE_PARTITIONS
+    per_core = GPSIMD_CORE_PARTITIONS * index.free_size
+    valid = per_core if num_valid_indices is None else int(num_valid_indices)
+    n = int(num_elem_per_idx)
+    check(index.partitions % GPSIMD_CORE_PARTITIONS == 0 and dst.partitions == src.partitions == index.partitions
+          and 0 < valid <= per_core and n >= 1 and dst.free_size == valid * n and dst.dtype == src.dtype
+          and not dtypes.is_float(index.dtype), "local-gather",
+          lambda: f"nki.isa.local_gather: dst {dst.shape} {dtypes.name_of(dst.dtype)}, src_buffer {src.shape} "
+          f"{dtypes.name_of(src.dtype)}, index {index.shape} {dtypes.name_of(index.dtype)}, num_elem_per_idx={n}, "
+          f"num_valid_indices={num_valid_indices}")
+    cost.active().instruction("local_gather", "gpsimd", dst.size)
+    if _shape_only(dst, src, index):
+        return
+    rows = _free(src.read(), src.partitions)
+    indices = _free(index.read(), index.partitions).reshape(cores, GPSIMD_CORE_PARTITIONS, -1)
+    indices = indices.transpose(1, 2).reshape(cores, -1)[:, :valid]  # partition first, per core
+    check(bool((indices >= 0).all()) and bool((indices + n <= rows.shape[1]).all()), "bounds",
+          lambda: f"nki.isa.local_gather: an index + {n} elements leaves src_buffer's {rows.shape[1]} a partition")
+    columns = (indices.unsqueeze(-1) + torch.arange(n)).reshape(cores, 1, -1).expand(-1, GPSIMD_CORE_PARTITIONS, -1)
+    dst.write_raw(torch.gather(rows, 1, columns.reshape(index.partitions, -1)))
 
 
 # ------------------------------------------------------------------ tensor engine
@@ -832,14 +867,27 @@ def _started(dst: NkiTensor) -> tuple[bool, object]:
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
-    if perf_mode is not matmul_perf_mode.none:
-        raise NotImplementedError("nki emulator: nki.isa.nc_matmul(perf_mode=double_row) is not implemented")
     dst = _tensor(dst, "nc_matmul", "dst")
     stationary, moving = _tensor(stationary, "nc_matmul", "stationary"), _tensor(moving, "nc_matmul", "moving")
     check(stationary.buffer is SBUF and moving.buffer is SBUF and dst.buffer is PSUM, "matmul-memory",
           lambda: f"nki.isa.nc_matmul: stationary in {stationary.buffer!r}, moving in {moving.buffer!r}, dst in {dst.buffer!r}")
     k, m, n = stationary.partitions, stationary.free_size, moving.free_size
     rows, columns = _tiling(tile_position, tile_size)
+    if isinstance(perf_mode, str):  # nki-library's qkv_cte and mlp_cte pass "double_row" / "none"
+        check(perf_mode in matmul_perf_mode.__members__, "matmul-double-row",
+              lambda: f"nki.isa.nc_matmul: perf_mode={perf_mode!r}")
+        perf_mode = matmul_perf_mode[perf_mode]
+    double = perf_mode is matmul_perf_mode.double_row
+    if double:  # contraction = partitions x the most major free dim of 2 (Trainium2 arch guide)
+        names = (dtypes.name_of(stationary.dtype), dtypes.name_of(moving.dtype))
+        check(set(names) <= {"float8_e4m3", "float8_e5m2"} and not is_transpose and columns == PMAX
+              and stationary.ndim >= 3 and moving.ndim >= 3 and stationary.shape[1] == 2 == moving.shape[1],
+              "matmul-double-row", lambda: f"nki.isa.nc_matmul(perf_mode=double_row): stationary {stationary.shape} "
+              f"{names[0]}, moving {moving.shape} {names[1]}, is_transpose={is_transpose}, column tile {columns}")
+        m, n = m // 2, n // 2
+    else:
+        check(perf_mode is matmul_perf_mode.none, "matmul-double-row",
+              lambda: f"nki.isa.nc_matmul: perf_mode={perf_mode!r}")
     check(k == moving.partitions and k <= rows, "matmul-contraction",
           lambda: f"nki.isa.nc_matmul: stationary {stationary.shape}, moving {moving.shape} (row tile {rows})")
     check(m <= columns, "matmul-stationary-fmax", lambda: f"nki.isa.nc_matmul: stationary {stationary.shape} has free size {m} "
@@ -860,7 +908,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     end = start + (dst.static_bounds()[1] - dst.offset) % dst.storage.partition_stride * dst.dtype.itemsize
     check(start // PSUM_BANK_BYTES == (end + dst.dtype.itemsize - 1) // PSUM_BANK_BYTES, "matmul-psum-bank",
           lambda: f"nki.isa.nc_matmul: dst {dst.shape} spans bytes {start}..{end + dst.dtype.itemsize} of a partition")
-    cost.active().instruction("nc_matmul", "tensor", 2 * k * m * n, matmul=True)
+    cost.active().instruction("nc_matmul", "tensor", 2 * (2 if double else 1) * k * m * n, matmul=True)
     started, key = _started(dst)
     if is_transpose:
         accumulate = False
@@ -875,6 +923,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if _shape_only(dst, stationary, moving, *((dst,) if accumulate else ())):
         return
     s, mv = _read(stationary), _read(moving)
+    if double:  # [k, 2, m] and [k, 2, n]: a contraction over 2k rows
+        k = 2 * k
     s, mv = s.reshape(k, m), mv.reshape(k, n)
     if is_transpose:
         check(k == n and bool(torch.equal(mv, torch.eye(k))), "matmul-transpose",
@@ -1121,7 +1171,7 @@ def register_store(dst, src):
 # imports some at module level), raising when called.
 DOCUMENTED_UNIMPLEMENTED = (
     "get_nc_sub_version nc_matmul_mx tensor_scalar_cumulative "
-    "activate2 local_gather bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
+    "activate2 bn_stats bn_aggr rng dropout set_rng_seed rand_set_state rand_get_state rand2 "
     "exponential sequence_bounds quantize_mx select_reduce "
     "nonzero_with_count topk").split()
 

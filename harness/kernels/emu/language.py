@@ -34,17 +34,38 @@ def _is_field_value(name: str, value) -> bool:
         and not hasattr(value, "__get__") and not isinstance(value, type)
 
 
+class _Unset:
+    """The class value of an NKIObject field declared without a default: a field its
+    constructor was not given stays unset, and reading it is an AttributeError naming it."""
+
+    def __init__(self, owner: str, name: str):
+        self.owner, self.name = owner, name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self  # the class's (and a dataclass's) default: "not given"
+        raise AttributeError(f"{type(instance).__name__}.{self.name}: this field was never given a value "
+                             "(an nl.NKIObject field its constructor was not given stays unset)")
+
+    def __repr__(self) -> str:
+        return f"<unset field {self.owner}.{self.name}>"
+
+
 class NKIObject:
     """Base class of NKI kernel dataclasses and configuration objects: fields are the class
     annotations and the plain class attributes, set from positional or keyword arguments (class
     attributes are defaults; a field given no value stays unset, for ``__post_init__`` or a later
-    method to derive), then ``__post_init__`` if defined -- a dataclass at trace time.
+    method to derive, and reading it unset is an AttributeError), then ``__post_init__`` if
+    defined -- a dataclass at trace time.
 
     The NKI language guide's classes take every field by keyword, defaulting to its class value,
     and nki-library builds ``@dataclass`` subclasses whose fields are plain class attributes
     (``attention_cte.SectionParams(section_idx=...)``): so each subclass, when it is created and
     before a ``@dataclass`` decorator reads it, gets its plain class attributes annotated, and
-    Python's dataclass generates an ``__init__`` that takes them."""
+    Python's dataclass generates an ``__init__`` that takes them. A field annotated without a
+    value gets the class value ``_Unset``, so a ``@dataclass`` subclass too leaves a field it was
+    not given unset (nki-library's ``mlp_tkg_constants.MLPTKGConstantsDimensionSizes`` declares
+    ``remainderIFused`` and its one constructor call never passes it, in all four releases)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -53,7 +74,16 @@ class NKIObject:
             # a mutable value (a dataclass refuses it as a default) stays a shared class attribute
             if name not in own and _is_field_value(name, value) and not isinstance(value, (list, dict, set)):
                 own[name] = object
+        for name in own:
+            if name not in vars(cls) and not any(name in vars(base) for base in cls.__mro__[1:]):
+                setattr(cls, name, _Unset(cls.__name__, name))
         cls.__annotations__ = own
+
+    def __setattr__(self, name, value):
+        if isinstance(value, _Unset):  # a dataclass __init__ storing "not given"
+            self.__dict__.pop(name, None)
+            return
+        super().__setattr__(name, value)
 
     def __init__(self, *args, **kwargs):
         names = list(dict.fromkeys(n for klass in reversed(type(self).__mro__)

@@ -64,6 +64,13 @@ RULES = {
               "through an identity moving tile", f"{_ISA}.nc_matmul.html (Transpose mode); {_ISA}.nc_transpose.html"),
         _rule("matmul-tiling", "tile_position and tile_size are set together; row and column tiles are 32, 64 or 128 "
               "and start at a multiple of their size inside the 128x128 array", f"{_ISA}.nc_matmul.html (Tiling mode)"),
+        _rule("matmul-double-row", "perf_mode=double_row (NeuronCore-v3's double FP8 matmul) takes float8_e4m3/"
+              "float8_e5m2 stationary [K, 2, M] and moving [K, 2, N], contracts over K x 2 (<= 128 x 2), and is not "
+              "combined with column tiling or transpose mode; perf_mode is none or double_row",
+              f"{_ISA}.nc_matmul.html (Performance mode); arch/trainium2_arch.html (Double FP8 Matmul Performance)"),
+        _rule("local-gather", "local_gather: dst, src_buffer and index on the same partitions, a multiple of a GpSimd "
+              "core's 16; integer indices; num_valid_indices at most a core's index count; dst holds num_valid_indices "
+              "x num_elem_per_idx elements a partition, of src_buffer's dtype", f"{_ISA}.local_gather.html"),
         _rule("matmul-shape", "dst is [stationary free, moving free]", f"{_ISA}.nc_matmul.html (Layout)"),
         _rule("transpose-memory", "Tensor Engine nc_transpose reads SBUF and writes PSUM",
               f"{_ISA}.nc_transpose.html (Memory types)"),
@@ -157,9 +164,17 @@ SEMANTICS = {
                    "after its last matmul)", f"{DOCS}/api/generated/nki.language.no_reorder.html"),
     "nki-object-fields": ("an nl.NKIObject class (a dataclass or not) takes each field by keyword, defaulting to its "
                           "class value, then runs __post_init__; a field is an annotated name or a plain class "
-                          "attribute", f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
+                          "attribute; a field not given stays unset (reading it is an AttributeError): nki-library's "
+                          "MLPTKGConstantsDimensionSizes never passes its remainderIFused, in all four releases", f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
                           f"{DOCS}/api/generated/nki.language.NKIObject.html (__init__(**kwargs)); nki-library's "
                           "attention_cte.SectionParams(section_idx=...)"),
+    "ap-reinterpret": ("ap(pattern, dtype=...) reinterprets the tensor's bytes as dtype, its pattern and offset "
+                       "counted in elements of dtype (a partition of a [P, 1] float32 tile is 4 float8 elements)",
+                       f"{DOCS}/deep-dives/nki-aps.html (Reinterpret Cast with ap)"),
+    "ap-loop-order": ("an access pattern is a loop over its [step, num] pairs, outermost first; a write through one "
+                      "that reaches an element twice (a 0 step) leaves the loop's last value there (nki-library's "
+                      "qkv_cte writes activation_reduce's unused dst through [[1, s], [0, H]])",
+                      f"{DOCS}/deep-dives/nki-aps.html (Semantics of the Access Pattern)"),
     "range-select": ("range_select keeps on_true_tile where free index + range_start passes comp_op0 against bound0 "
                      "and comp_op1 against bound1 (one value per partition), else on_false_value; reduce_op through "
                      "the Vector Engine's accumulator registers (reduce_cmd) into reduce_res; NeuronCore-v3 (trn2) "

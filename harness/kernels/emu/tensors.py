@@ -87,6 +87,10 @@ class Storage:
         per_partition = self.partition_stride * dtype.itemsize
         program.allocated(self, "argument" if argument else buffer.kind, per_partition, self.numel * dtype.itemsize)
 
+    def commit(self, data: torch.Tensor) -> None:
+        """``data`` (this storage's ``data``, changed in place) is stored: nothing more to do
+        here; a reinterpreting view (``Reinterpreted``) writes its bytes back."""
+
     def touch(self, write: bool) -> None:
         """An instruction reads or writes this storage now: its live spans (``cost.Program``).
         SBUF: a value is live from the write that produces it to its last read, in the kernel's
@@ -149,6 +153,55 @@ class Storage:
         name = f"{self.name!r} " if self.name else ""
         where = f" at address {self.address}" if self.address is not None else ""
         return f"tile {name}{list(self.shape)} {dtypes.name_of(self.dtype)} in {self.buffer!r}{where}"
+
+
+class Reinterpreted(Storage):
+    """A storage's bytes read as another dtype (``.ap(dtype=...)``, the docs' reinterpret cast):
+    the same bytes, counted in elements of the new dtype (a partition of a [P, 1] float32 tile is
+    4 float8 elements). Reads decode the base's bytes; writes encode them back. Liveness, pinning
+    and poison are the base's (poisoned bytes decode to whatever their bits are, as on chip)."""
+
+    def __init__(self, base: Storage, dtype):
+        base = base.base if isinstance(base, Reinterpreted) else base
+        dtypes.torch_of(dtype)  # the packed formats and tfloat32 raise here
+        old, new = base.dtype.itemsize, dtype.itemsize
+        per_partition = base.partition_stride * old
+        check(per_partition % new == 0, "bounds", lambda: f".ap(dtype={dtypes.name_of(dtype)}) of {base.describe()}: "
+              f"{per_partition} B a partition is no whole number of {new}-byte elements")
+        if base.races is not None or (base.buffer is SHARED_HBM and cost.active().trace.concurrent):
+            raise NotImplementedError("nki emulator: .ap(dtype=...) on shared HBM that concurrent programs write "
+                                      "(race tracking through a reinterpreting view) is not implemented")
+        self.base, self.dtype, self.buffer, self.name, self.address = base, dtype, base.buffer, base.name, base.address
+        self.is_float = dtypes.is_float(dtype)
+        self.partitions = base.partitions
+        self.partition_stride = per_partition // new
+        self.numel = self.partition_stride * self.partitions if base.buffer.on_chip else base.numel * old // new
+        self.shape = (self.partitions, self.partition_stride) if base.buffer.on_chip else (self.numel,)
+        self.owner, self.races = base.owner, None
+
+    live = property(lambda self: self.base.live)
+    overwritten_by = property(lambda self: self.base.overwritten_by)
+
+    def touch(self, write: bool) -> None:
+        self.base.touch(write)
+
+    @property
+    def data(self) -> torch.Tensor | None:
+        if self.base.data is None:
+            return None
+        values = numpy_to_torch(_bits(self.base.data, self.base.dtype).view(self.dtype)).clone()
+        return values if self.is_float else values.to(torch.int64)
+
+    def commit(self, data: torch.Tensor) -> None:
+        array = np.ascontiguousarray(_bits(data, self.dtype)).view(self.base.dtype)
+        self.base.data.copy_(numpy_to_torch(array).to(self.base.data.dtype))
+
+
+def _bits(held: torch.Tensor, dtype) -> np.ndarray:
+    """Holder-form values as a NumPy array of their NKI dtype (its bytes are the tile's)."""
+    if dtypes.name_of(dtype) in dtypes.IN_FLOAT32 or not dtypes.is_float(dtype):
+        return held.numpy().astype(dtype)  # float32 or int64 holders: rounded / narrowed to the dtype's bits
+    return torch_to_numpy(held, dtype)
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -336,15 +389,22 @@ class NkiTensor:
 
     def _check_partitions(self) -> None:
         """On-chip views: dim 0 steps exactly one partition (the docs' NKI access patterns page:
-        "the access on the partition dimension must be contiguous"), the partitions exist, and
-        the free dims stay inside one partition."""
+        "the access on the partition dimension must be contiguous"), checked as the view is made."""
         pstride, where = self.storage.partition_stride, self
-        if not self.shape or self.empty:
-            return
-        if self.shape[0] > 1:
+        if self.shape and not self.empty and self.shape[0] > 1:
             check(self.strides[0] == pstride, "partition-access",
                   lambda: f"{where!r}: dim 0 stride {self.strides[0]} is not one partition ({pstride} elements): "
                           f"the access on the partition dimension must be contiguous")
+
+    def _check_partition_range(self) -> None:
+        """On-chip views an instruction reads or writes: the partitions exist and the free dims
+        stay inside one partition. Checked at use, not as the view is made: a view is only a
+        description until an instruction consumes it (the docs' access patterns page), and
+        nki-library's output_projection_tkg makes one past its tile for an h_2 index it then
+        skips."""
+        pstride, where = self.storage.partition_stride, self
+        if not self.shape or self.empty:
+            return
         first = self.offset // pstride
         last = first + self.shape[0] - 1
         check(0 <= first and last < self.storage.partitions, "partition-access",
@@ -432,8 +492,9 @@ class NkiTensor:
 
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> "NkiTensor":
         """``[[stride, count], ...]`` over the storage from this view's offset (+ ``offset``)."""
-        if dtype is not None and dtypes.resolve(dtype) != self.dtype:
-            raise NotImplementedError("nki emulator: .ap(dtype=...) reinterpreting to another dtype is not implemented")
+        storage = self.storage
+        if dtype is not None and dtypes.resolve(dtype) != self.dtype:  # a reinterpret cast: elements of dtype
+            storage = Reinterpreted(self.storage, dtypes.resolve(dtype))
         if scalar_offset is not None and vector_offset is not None:
             raise ValueError("nki emulator: .ap() takes scalar_offset or vector_offset, not both (nki.isa.dma_copy)")
         pattern = [(int(step), int(num)) for step, num in pattern]
@@ -443,8 +504,10 @@ class NkiTensor:
             if not isinstance(index, NkiTensor) and not (scalar_offset is not None and hasattr(index, "__index__")):
                 raise TypeError(f"nki emulator: .ap() offset {index!r}: an SBUF tensor, or a register for scalar_offset")
             dynamic = ("scalar" if scalar_offset is not None else "vector", index, self.strides[indirect_dim])
-        return NkiTensor(self.storage, [n for _, n in pattern], [s for s, _ in pattern],
-                         self.offset + (offset or 0), dynamic)
+        check(self.offset * self.dtype.itemsize % storage.dtype.itemsize == 0, "bounds",
+              lambda: f".ap(dtype={dtypes.name_of(storage.dtype)}) of {self!r}: its offset is no whole element")
+        base_offset = self.offset * self.dtype.itemsize // storage.dtype.itemsize
+        return NkiTensor(storage, [n for _, n in pattern], [s for s, _ in pattern], base_offset + (offset or 0), dynamic)
 
     # ---------------------------------------------------------------- data
     def static_bounds(self) -> tuple[int, int]:
@@ -500,12 +563,16 @@ class NkiTensor:
     def write_where(self, values: torch.Tensor, ok: torch.Tensor) -> None:
         """Store holder-form ``values`` where ``ok``; the other elements are left untouched."""
         self.storage.touch(True)
-        if self.storage.data is None:
+        data = self.storage.data
+        if data is None:
             return
         index = self.addresses(checked=False)
-        self.storage.data[index[ok]] = values.reshape(self.shape)[ok].to(self.storage.data.dtype)
+        data[index[ok]] = values.reshape(self.shape)[ok].to(data.dtype)
+        self.storage.commit(data)
 
     def check_static_bounds(self, write: bool = False) -> None:
+        if self.buffer.on_chip:
+            self._check_partition_range()
         self.storage.touch(write)
         if self.dynamic is None and not self.empty:
             low, high = self.static_bounds()
@@ -560,10 +627,26 @@ class NkiTensor:
             self.storage.races = races.Writes(self.storage.numel)
         if self.storage.races is not None:
             self.storage.races.write(self, values)
-        if self.dynamic is None:
-            self._view(self.storage.data).copy_(values)
-        else:
-            self.storage.data[self.addresses()] = values.to(self.storage.data.dtype)
+        data = self.storage.data
+        if self.dynamic is None and not self.overlaps_itself():
+            self._view(data).copy_(values)
+        else:  # in the pattern's loop order (the docs' access-pattern semantics): an element written twice keeps the last
+            index, flat = self.addresses().reshape(-1), values.reshape(-1).to(data.dtype)
+            last = torch.full((data.numel(),), -1, dtype=torch.int64).scatter_reduce_(
+                0, index, torch.arange(index.numel()), "amax")
+            kept = last[index] == torch.arange(index.numel())
+            data[index[kept]] = flat[kept]
+        self.storage.commit(data)
+
+    def overlaps_itself(self) -> bool:
+        """Does the view reach one element more than once (a 0 step, or steps narrower than the
+        dims inside them)? Each step must pass the span of the smaller ones."""
+        span = 0
+        for stride, size in sorted((abs(st), n) for n, st in zip(self.shape, self.strides) if n > 1):
+            if stride <= span:
+                return True
+            span += stride * (size - 1)
+        return False
 
 
 DOCUMENTED_METHODS = frozenset(
