@@ -17,11 +17,20 @@ from harness.rank import startup_gc
 # collection), back on frozen once the tests are collected (harness/rank/startup_gc.py).
 startup_gc.pause()
 
-from harness.registry import dump_layout, environment, known_issues  # noqa: E402
-from harness.device.devices import (KINDS, THREADS_ENV, TIER_MARKERS, detect, profile_for,  # noqa: E402
-                             standin_for, tier_status, worker_threads, xdist_workers)
+from harness.device.devices import (  # noqa: E402
+    KINDS,
+    THREADS_ENV,
+    TIER_MARKERS,
+    detect,
+    profile_for,
+    standin_for,
+    tier_status,
+    worker_threads,
+    xdist_workers,
+)
 from harness.launch.children import leftover_processes  # noqa: E402
 from harness.launch.run_cache import RunCache, repeated_launches, session_root, unread_prefetches  # noqa: E402
+from harness.registry import dump_layout, environment, known_issues  # noqa: E402
 
 # --baseline and --run-report (tonight against a previous report): harness/diagnosis; a tier's
 # in-process device tests in child processes, or deselected on a stand-in: harness/launch/own_process.py.

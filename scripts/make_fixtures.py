@@ -257,8 +257,7 @@ def tokenizer_config() -> dict:
 
 def make_tokenizer(corpus_dir: Path, out_dir: Path) -> None:
     """Train a 2048-token byte-level BPE on the corpus (single-threaded: deterministic)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import resource
 import sys
 import tempfile
@@ -27,14 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.device import arithmetic  # noqa: E402
-from harness.device.devices import KINDS, profile_for  # noqa: E402
-from harness.launch.goldens import GOLDEN_BACKENDS, GOLDEN_STEPS, RECORD_COMMAND, GoldenCase  # noqa: E402
-from harness.launch.run import launch  # noqa: E402
-from harness.registry import paths  # noqa: E402
-from harness.results import goldens  # noqa: E402
-from harness.upstream.titan_api import generation  # noqa: E402
-from harness.upstream.versions import code_commit, package_versions  # noqa: E402
+from harness.device import arithmetic
+from harness.device.devices import KINDS, profile_for
+from harness.launch.goldens import GOLDEN_BACKENDS, GOLDEN_STEPS, RECORD_COMMAND, GoldenCase
+from harness.launch.run import launch
+from harness.registry import paths
+from harness.results import goldens
+from harness.upstream.titan_api import generation
+from harness.upstream.versions import code_commit, package_versions
 
 
 def _children_cpu_s() -> float:

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--c4-path", default=os.environ.get("C4_DIR") or str(Path.home() / "hf-data" / "c4"),
                         help="the night's local C4 copy (default $C4_DIR, else ~/hf-data/c4)")
     args = parser.parse_args(argv)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     output_dir = args.output_dir or ROOT / "reports" / "trn2_first_session" / stamp
     if args.stand_in:
         device = trn2_session.EmulatorDevice()

@@ -15,11 +15,10 @@ from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 
-from harness.registry import paths
-from harness.registry import environment
-from harness.upstream.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
-from harness.upstream.metrics_sink import JsonlMetricsProcessor
+from harness.registry import environment, paths
 from harness.registry.hf_config import read_config_json
+from harness.upstream.metrics_sink import JsonlMetricsProcessor
+from harness.upstream.titan_api import HuggingFaceTextDataLoader, LRSchedulersContainer
 
 
 @dataclass(frozen=True)

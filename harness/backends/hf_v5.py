@@ -10,10 +10,10 @@ shims (harness/upstream/hf_config_kw_only.py, hf_shape_from_config.py, hf_tied_f
 each generation routes HF attention differently (``titan_api.transformers_backend().attention``).
 """
 
-from harness.upstream import titan_api
-from harness.registry import paths
 from harness.backends.common import FULL, TINY, full_assets, shared_fields
 from harness.backends.titan_native import FULL_ASSETS
+from harness.registry import paths
+from harness.upstream import titan_api
 
 _backend = titan_api.transformers_backend()
 TransformersBackendConfig = _backend.TransformersBackendConfig

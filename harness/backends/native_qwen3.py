@@ -24,8 +24,8 @@ from torchtitan.models.common import CosSinRoPE, Embedding, Linear
 from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.protocols.model_spec import ModelSpec
 
-from harness.registry.hf_config import num_experts, read_config_json as read_hf_config, rope_theta
-
+from harness.registry.hf_config import num_experts, rope_theta
+from harness.registry.hf_config import read_config_json as read_hf_config
 from harness.upstream import titan_api
 
 # The source's configurations build native Qwen3 with model_registry(.., attn_backend="sdpa").

@@ -15,10 +15,10 @@ row (``tiny``, ``full``); ``tiny_flex``/``full_flex``: FlexAttention with the pe
 
 from torchtitan.trainer import Trainer
 
-from harness.registry import paths
 from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
 from harness.kernels.ops import use_custom_ops
+from harness.registry import paths
 
 FULL_SHAPE = paths.FIXTURES / "reference_configs" / "qwen3_30b_a3b_4l_64e_top4"
 # The default assets dir; the launcher sets the run's own (harness/registry/assets_twin.py: the MoE's

@@ -10,10 +10,10 @@ with the per-document (block-causal) mask. See harness.upstream.titan_api.ATTN_B
 
 from torchtitan.trainer import Trainer
 
-from harness.upstream import titan_api
-from harness.registry import paths
 from harness.backends.common import FULL, TINY, assets_config, full_assets, shared_fields
 from harness.backends.native_qwen3 import DEFAULT_ATTN_BACKEND, model_spec_from_hf
+from harness.registry import paths
+from harness.upstream import titan_api
 
 # The default assets dir; the launcher sets the run's (harness/registry/environment.py
 # FULL_ASSETS, --hf_assets_path).

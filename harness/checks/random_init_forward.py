@@ -55,8 +55,8 @@ from pathlib import Path
 
 import psutil
 
-from harness.registry import environment, paths
 from harness.device.devices import CPU_SHIMS
+from harness.registry import environment, paths
 from harness.upstream.versions import package_versions
 
 GIB = 1024**3
@@ -314,6 +314,7 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
 def _streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str, chunk: int,
                          keep_weights: bool) -> dict:
     import torch
+
     from harness.backends.common import SEED
     from harness.model.unit_walk import run_layer
 
@@ -440,6 +441,7 @@ def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> d
 
 def _whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
     import torch
+
     from harness.backends.common import SEED
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 

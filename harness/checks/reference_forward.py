@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
-from harness.upstream import hf_masking
-from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
 from harness.references.batch import Batch, load_batches
-from harness.registry.dump_layout import initial_weights_dir
 from harness.references.expected_loss import expectation_of
+from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
+from harness.registry.dump_layout import initial_weights_dir
 from harness.registry.expectations import Expectation, ExpectationRegistry, MissingExpectation
-from harness.registry.tolerances import RANDOM_INIT_DRAW, initial_weights_forward_band, LossBand
+from harness.registry.tolerances import RANDOM_INIT_DRAW, LossBand, initial_weights_forward_band
+from harness.upstream import hf_masking
 
 MASKINGS = ("document", "causal", "row_causal")
 
@@ -125,8 +125,8 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     (harness/rank/step0.py), with the run's masking. None where the run dumped no
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
     (harness/registry/tolerances.py ``initial_weights_forward_band``)."""
-    from harness.parity.conformance.native_to_hf import NotConvertible
     from harness.diagnosis import rank_dump
+    from harness.parity.conformance.native_to_hf import NotConvertible
 
     spec = run.spec
     if spec.init != "random" or run.run_dir is None:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from harness.checks.reference_forward import expectation_for_run
 from harness.references.batch import load_batches
 from harness.registry import dump_layout, environment, known_issues
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
-from harness.checks.reference_forward import expectation_for_run
 from harness.results.run_result import RunResult
 
 

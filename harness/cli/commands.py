@@ -16,17 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from harness.checks import run_checks as checks
-from harness.registry import dump_layout, known_issues
 from harness.backends import BACKENDS, INITS, SIZES
+from harness.checks import run_checks as checks
 from harness.device.devices import KINDS, detect
 from harness.launch.run import RunSpec, launch
-from harness.upstream.versions import code_commit, package_versions
+from harness.launch.subjects import Subject, SubjectError, infer, lint
+from harness.registry import dump_layout, known_issues
+from harness.registry.tolerances import parity_tolerance
 from harness.report import baseline as baseline_module
 from harness.report import equivalence
 from harness.report.run_report import RunVerdict, format_table, results_document, table_rows, write_report
-from harness.launch.subjects import Subject, SubjectError, infer, lint
-from harness.registry.tolerances import parity_tolerance
+from harness.upstream.versions import code_commit, package_versions
 
 
 def _parser() -> argparse.ArgumentParser:

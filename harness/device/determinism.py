@@ -15,7 +15,7 @@ restores the previous settings after it.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

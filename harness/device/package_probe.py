@@ -48,7 +48,7 @@ def nki_available() -> tuple[bool, str]:
     return _real_nki_available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _real_nki_available() -> tuple[bool, str]:
     ok, reason = probe_module("nki")
     if not ok:

@@ -8,8 +8,6 @@ harness process, and a full-size model's memory is the child's own. Hints need n
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
 import time

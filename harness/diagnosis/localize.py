@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from harness.parity.conformance.native_to_hf import module_of_weight
 from harness.diagnosis.live_bytes import LiveBytes
-from harness.registry.hf_config import Qwen3Arch
+from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
+from harness.parity.conformance.native_to_hf import module_of_weight
 from harness.references import model as reference_trace
 from harness.references.loss import avg_loss
-from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
+from harness.registry.hf_config import Qwen3Arch
 from harness.registry.tolerances import diagnosis_tolerance
 
 
@@ -181,7 +181,7 @@ class Recorder:
         self.out_grads: dict[str, dict[int, torch.Tensor]] = {}
         self._handles = []
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         for name, (_own, mods) in self.modules.items():
             for part, mod in enumerate(mods):
                 self._handles.append(mod.register_forward_hook(

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from harness.diagnosis.errors import NotDiagnosable
-from harness.references.model import WeightSource
 from harness.model.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
+from harness.references.model import WeightSource
 
 EMBED = "model.embed_tokens.weight"
 

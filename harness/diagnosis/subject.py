@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from harness.registry import dump_layout, known_issues
 from harness.diagnosis import rank_dump
-from harness.diagnosis.errors import NotDiagnosable  # noqa: F401  (subject.NotDiagnosable)
+from harness.diagnosis.errors import NotDiagnosable
 from harness.references.model import WeightSource
+from harness.registry import dump_layout, known_issues
 from harness.registry.hf_config import Qwen3Arch
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
@@ -177,9 +177,9 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
     known defects that the run did not work around are named; the mask one is compared like for
     like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
     it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
-    from harness.upstream import workarounds as W
     from harness.diagnosis.localize import hf_modules
     from harness.parity.models import build_hf_backend
+    from harness.upstream import workarounds as W
 
     applied = set(workarounds)
     parity = build_hf_backend(source, configure=W.hf_backend_configure(applied))
@@ -222,9 +222,9 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     """torchtitan's transformers backend on the meta device, built as the run built it (its
     config-level workarounds), streamed one unit at a time through its own forward
     (harness/diagnosis/streamed.py)."""
-    from harness.upstream import workarounds as W
     from harness.diagnosis import streamed
     from harness.diagnosis.localize import hf_modules
+    from harness.upstream import workarounds as W
     from harness.upstream.hf_rope_init import _recompute_inv_freq
 
     applied = set(workarounds)

@@ -24,19 +24,18 @@ from pathlib import Path
 
 import psutil
 
-from harness.registry import dump_layout, known_issues
-from harness.registry.hf_config import read_config_json
-from harness.registry.layouts import DEGREES, FSDP, Layout, layout as layout_entry, resolved_degrees
-from harness.rank import observers as rank_observers
-from harness.backends import BackendSpec, backend
 from harness import plants
-from harness.registry import environment
-from harness.backends import c4
+from harness.backends import BackendSpec, backend, c4
 from harness.device.devices import HF_ENV, DeviceProfile
 from harness.launch import warm
 from harness.launch.preflight import check_run_inputs
-from harness.results.run_result import RunResult, read_step_records
 from harness.launch.subjects import Facts
+from harness.rank import observers as rank_observers
+from harness.registry import dump_layout, environment, known_issues
+from harness.registry.hf_config import read_config_json
+from harness.registry.layouts import DEGREES, FSDP, Layout, resolved_degrees
+from harness.registry.layouts import layout as layout_entry
+from harness.results.run_result import RunResult, read_step_records
 from harness.upstream import install as shim_install
 from harness.upstream import titan_cli
 from harness.upstream.versions import package_versions
@@ -95,7 +94,7 @@ class RunSpec:
     resume_step: int = 0
 
     @classmethod
-    def for_subject(cls, facts: Facts, **fields) -> "RunSpec":
+    def for_subject(cls, facts: Facts, **fields) -> RunSpec:
         return cls(backend=facts.kind, size=facts.size, init=facts.init,
                    attention=facts.attention, subject=facts, **fields)
 
@@ -171,7 +170,7 @@ class RunSpec:
             return resolved_degrees(dict(self.subject.degrees), ranks)
         return self.launched_layout.degrees(ranks)
 
-    def with_layout(self, name: str) -> "RunSpec":
+    def with_layout(self, name: str) -> RunSpec:
         """The same run in layout ``name`` (on the assets twin, a full-size layout runs its twin's
         degrees; FSDP is the configs' own)."""
         return replace(self, layout=name, twin=self.twin and name != FSDP)

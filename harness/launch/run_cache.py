@@ -22,7 +22,6 @@ import re
 import resource
 import shutil
 import time
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 

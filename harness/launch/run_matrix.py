@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.registry import known_issues, paths
 from harness.backends import BACKENDS
 from harness.device.devices import KINDS, TIER_SIZES, TIMEOUTS_S, UNSUPPORTED_ATTENTION, runs_on
 from harness.launch.run import RunSpec
-from harness.registry.generations import installed_generation as generation
 from harness.launch.subjects import Subject, infer
+from harness.registry import known_issues, paths
 from harness.registry.assets_twin import full_size_assets_dir
+from harness.registry.generations import installed_generation as generation
 from harness.registry.layouts import FSDP, LAYOUTS
 
 # Per-run timeouts by device and size (harness/device/devices.py TIMEOUTS_S: a cold compile on

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import importlib
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from harness.backends import BACKENDS
@@ -42,7 +42,7 @@ class Subject:
     config: str
 
     @classmethod
-    def parse(cls, text: str) -> "Subject":
+    def parse(cls, text: str) -> Subject:
         module, sep, config = text.partition(":")
         if not sep or not module or not config:
             raise SubjectError(f"{text!r} is not MODULE:CONFIG (e.g. neuron_qwen3:v5_qwen3_4b, "
@@ -50,7 +50,7 @@ class Subject:
         return cls(module, config)
 
     @classmethod
-    def of_backend(cls, backend: str, size: str = "tiny", attention: str | None = None) -> "Subject":
+    def of_backend(cls, backend: str, size: str = "tiny", attention: str | None = None) -> Subject:
         spec = BACKENDS[backend]
         return cls(spec.module, spec.config_name(size, attention))
 
@@ -139,7 +139,7 @@ def _meta_parameters(config) -> int:
     return sum(p.numel() for p in on_meta(copy.deepcopy(config)).parameters())
 
 
-@lru_cache(maxsize=None)
+@cache
 def hf_parameters(model_dir: Path) -> int:
     """Parameters of the HF model a config.json describes (meta device: no memory)."""
     import torch

@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.rank.warm_start import IMPORTED_ENV, MODULES_FILE, STARTED_COLD, STARTED_WARM, USED_CPU, per_run, refusal
 from harness.registry import environment
-from harness.rank.warm_start import (IMPORTED_ENV, MODULES_FILE, STARTED_COLD, STARTED_WARM, USED_CPU,
-                                    per_run, refusal)
 
 MAX_ZYGOTES = 4
 START_TIMEOUT_S = 180.0  # its imports, on 2 busy cores

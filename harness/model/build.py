@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness.registry import environment
 from harness.backends import backend as backend_spec
+from harness.registry import environment
 
 
 @contextlib.contextmanager

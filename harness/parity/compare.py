@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.registry.tolerances import ParityTolerance as Tolerance
 from harness.registry import known_issues
+from harness.registry.tolerances import ParityTolerance as Tolerance
 from harness.upstream.versions import package_versions
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from harness.kernels.ops.rms_norm_torch import rms_norm
-from harness.references import model as reference
 from harness.parity.compare import TensorDiff, diff_id_sets, diff_tensors
 from harness.parity.models import ParityModel
+from harness.references import model as reference
 from harness.references.batch import Batch
 from harness.registry.tolerances import parity_tolerance as tolerance
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from harness.upstream import titan_api
 from harness.parity.models import ParityModel
 from harness.references.batch import Batch
 from harness.references.loss import avg_loss, valid_labels
+from harness.upstream import titan_api
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import contextlib
 import functools
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable
 
 from harness.registry import environment
 

@@ -17,10 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from harness.references.model import load_hf_tensors
-from harness.plants import Plant
 from harness.kernels.ops.rope_torch import rope_inv_freq
-
+from harness.plants import Plant
+from harness.references.model import load_hf_tensors
 
 # ------------------------------------------------------------------------------ checkpoints
 

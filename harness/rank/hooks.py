@@ -26,8 +26,8 @@ import json
 
 import torch
 
-from harness.registry import dump_layout
 from harness.rank.step0 import rank_of_process as _rank
+from harness.registry import dump_layout
 
 
 def _local(t):

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import os
 
-from harness.registry import environment
 from harness.rank import step0 as rank_step0
+from harness.registry import environment
 from harness.upstream.install import after_import
 
 OBSERVERS = ("step0_weights", "shard_fingerprints", "batches", "trainer_state", "load_balance",

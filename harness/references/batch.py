@@ -13,9 +13,9 @@ model and the loss got.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -36,28 +36,28 @@ class Batch:
     inputs: torch.Tensor  # [B, L] token ids
     positions: torch.Tensor | None  # [B, L] per-document positions (0 at each document start)
     labels: torch.Tensor  # [B, L] next-token targets (already shifted, torchtitan style)
-    fed: "Batch | None" = None  # these rows as the model and the loss got them (a dumped batch)
+    fed: Batch | None = None  # these rows as the model and the loss got them (a dumped batch)
 
     @classmethod
-    def from_loader(cls, input_dict: dict, labels: torch.Tensor) -> "Batch":
+    def from_loader(cls, input_dict: dict, labels: torch.Tensor) -> Batch:
         """A batch as torchtitan's dataloader yields it: ``(input_dict, labels)``."""
         return cls(input_dict["input"], input_dict.get("positions"), labels)
 
     @staticmethod
-    def cat(batches: Sequence["Batch"]) -> "Batch":
+    def cat(batches: Sequence[Batch]) -> Batch:
         """The rows of ``batches``, in order (positions None if any has none; ``fed`` where
         every one has it)."""
         fed = [b.fed for b in batches]
         return Batch(*(_cat([getattr(b, name) for b in batches]) for name in KEYS),
                      fed=None if any(f is None for f in fed) else Batch.cat(fed))
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Batch":
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
         """This batch with ``fn`` applied to each of its tensors (``fed``'s too)."""
         return Batch(*(None if getattr(self, name) is None else fn(getattr(self, name))
                        for name in KEYS),
                      fed=None if self.fed is None else self.fed.apply(fn))
 
-    def masked_as(self, mask: str) -> "Batch":
+    def masked_as(self, mask: str) -> Batch:
         """This batch as a model that treats packed rows as ``mask`` sees it, for models that
         derive the mask from positions (transformers without an attention mask, the
         reference): "document" (per-document positions: causal within each document) as is;
@@ -78,7 +78,7 @@ class Batch:
         return record
 
     @classmethod
-    def from_dump(cls, record: dict) -> "Batch":
+    def from_dump(cls, record: dict) -> Batch:
         """A batch from its dumped form (``to_dump``)."""
         def part(prefix: str) -> Batch:
             return cls(*(record.get(prefix + key) for key in KEYS.values()))

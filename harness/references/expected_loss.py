@@ -11,8 +11,14 @@ import math
 import re
 from pathlib import Path
 
-from harness.registry.expectations import (Expectation, ExpectationRegistry, ExpectationRule,
-                                           MissingExpectation, lm_head_std_rule, model_config)
+from harness.registry.expectations import (
+    Expectation,
+    ExpectationRegistry,
+    ExpectationRule,
+    MissingExpectation,
+    lm_head_std_rule,
+    model_config,
+)
 
 
 def analytic_random_init_loss(vocab_size: int, hidden_size: int, lm_head_std: float) -> float:

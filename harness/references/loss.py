@@ -19,8 +19,8 @@ harness/references/batch.py ``load_batches``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +67,7 @@ class LossParts:
     per_rank: list[tuple[float, int, int]]  # (ce_sum, valid, total) per rank
 
     @classmethod
-    def of(cls, rank_ce_sums: list[torch.Tensor], labels: list[torch.Tensor]) -> "LossParts":
+    def of(cls, rank_ce_sums: list[torch.Tensor], labels: list[torch.Tensor]) -> LossParts:
         per_rank = [(float(ce), valid_labels([rank_labels]), rank_labels.numel())
                     for ce, rank_labels in zip(rank_ce_sums, labels)]
         return cls(sum(c for c, _, _ in per_rank), sum(v for _, v, _ in per_rank),

@@ -52,18 +52,18 @@ come by HF name, all at once (``load_hf_tensors``) or read per unit on demand (`
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from harness.registry.hf_config import Qwen3Arch
 from harness.kernels.ops.grouped_swiglu_torch import swiglu
 from harness.kernels.ops.moe_router_torch import route as top_k_route
 from harness.kernels.ops.rms_norm_torch import rms_norm
 from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
+from harness.registry.hf_config import Qwen3Arch
 
 EMBED = "model.embed_tokens.weight"
 # A step of the reference -> the canonical activation name the parity models record it under.

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.registry import paths
-from harness.registry.tolerances import LossBand, loss_band
 from harness.registry.generations import api_generation_of, installed_generation
 from harness.registry.hf_config import read_config_json
+from harness.registry.tolerances import LossBand, loss_band
 
 EXPECTATIONS_FILE = paths.FIXTURES / "expectations.toml"
 
@@ -48,7 +48,7 @@ class ExpectationRule:
     hf_forward: bool = False
     initial_weights_forward: bool = False
 
-    def expectation(self, value: float, source: str) -> "Expectation":
+    def expectation(self, value: float, source: str) -> Expectation:
         """``value`` (from ``source``) held to in this rule's band."""
         return Expectation(self.key, value, self.band.value, self.band.name, source)
 
@@ -63,7 +63,7 @@ class Expectation:
     # A random-init run held to the forward of its own step-0 weights (``value``) is also held
     # to what a random init of its configured scale gives: that forward against ln V + s^2/2,
     # in the draw band (``init``; harness/registry/tolerances.py RANDOM_INIT_DRAW).
-    init: "Expectation | None" = None
+    init: Expectation | None = None
     what: str = "first-step loss"
 
     def _miss(self, observed: float) -> str | None:

@@ -66,7 +66,7 @@ class Qwen3Arch:
         return asdict(self)
 
     @classmethod
-    def from_hf_dict(cls, hf: dict) -> "Qwen3Arch":
+    def from_hf_dict(cls, hf: dict) -> Qwen3Arch:
         n_heads = int(hf["num_attention_heads"])
         hidden = int(hf["hidden_size"])
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -97,7 +97,7 @@ class Qwen3Arch:
         )
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "Qwen3Arch":
+    def from_dir(cls, model_dir: str | Path) -> Qwen3Arch:
         return cls.from_hf_dict(read_config_json(model_dir))
 
 

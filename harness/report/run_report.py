@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.checks.run_checks import Outcome
-from harness.report import equivalence
 from harness.registry.known_issues import Verdict
+from harness.report import equivalence
 from harness.results.run_result import RunResult
 
 

@@ -24,7 +24,7 @@ class StepRecord:
     lr: float | None = None
 
     @classmethod
-    def from_metrics(cls, metrics: dict) -> "StepRecord":
+    def from_metrics(cls, metrics: dict) -> StepRecord:
         return cls(
             step=int(metrics["step"]),
             loss=float(metrics[LOSS_KEY]),
@@ -58,7 +58,7 @@ class RunResult:
     asked, and through its methods the folders it read) and what came of it. ``ok`` is the
     process outcome; checks live in tests."""
 
-    spec: "RunSpec"  # harness/launch/run.py (a stage above this one: read, not imported)
+    spec: RunSpec  # harness/launch/run.py (a stage above this one: read, not imported)
     device: str
     nproc: int  # every node's ranks
     # The layout whose degrees the ranks ran (harness/registry/layouts.py): the spec's, or on the

@@ -17,8 +17,6 @@ import platform
 import resource
 import types
 
-import torch
-
 SHIM_NAME = "cpu_device"
 
 

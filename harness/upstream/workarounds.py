@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -46,7 +46,7 @@ def apply(name: str, workarounds: Iterable[str], *args):
     return in_process(name)(*args)
 
 
-def hf_backend_configure(workarounds) -> "Callable | None":
+def hf_backend_configure(workarounds) -> Callable | None:
     """``configure`` hook for :func:`harness.parity.models.build_hf_backend`: the
     config-level workarounds among ``workarounds`` (``hf_block_causal``)."""
     if "hf_block_causal" not in set(workarounds):

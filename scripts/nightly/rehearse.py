@@ -191,7 +191,7 @@ class Night:
     env: dict[str, str]
     path: list[str] = field(default_factory=list)
     results: list[tuple[str, str, float]] = field(default_factory=list)
-    user: "Runner | None" = None
+    user: Runner | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -513,7 +513,7 @@ class Api:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if self.path.startswith(("/api/models/", "/api/datasets/")):
                     return self._send(200, {"id": self.path.split("/", 3)[-1]})  # the Hub's stand-in
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.registry.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
 from harness.device.devices import TIER_MARKERS
 from harness.launch.run_cache import shared_folder
 from harness.launch.run_matrix import SubjectCase, cases
-
+from harness.registry.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
 
 
 def _param(case):

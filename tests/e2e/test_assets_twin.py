@@ -20,14 +20,20 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from harness.registry import known_issues, paths
-from harness.upstream import titan_api
-from harness.registry.assets_twin import (DENSE_ASSETS, INDEX, MOE_ASSETS, build_twin, derived_assets,
-                                 full_size_assets_dir)
-from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
 from harness.checks.reference_forward import independent_first_step_loss
+from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
 from harness.references.batch import Batch
+from harness.registry import known_issues, paths
+from harness.registry.assets_twin import (
+    DENSE_ASSETS,
+    INDEX,
+    MOE_ASSETS,
+    build_twin,
+    derived_assets,
+    full_size_assets_dir,
+)
 from harness.registry.tolerances import loss_band
+from harness.upstream import titan_api
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 

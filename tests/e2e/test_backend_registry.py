@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness import backends
+from harness.backends import BACKENDS, BackendSpec, register, unregister
 from harness.checks import run_checks as checks
 from harness.cli import commands as cli
-from harness.backends import BACKENDS, BackendSpec, register, unregister
 from harness.launch.run_matrix import cases
 
 MODULE = "harness_throwaway_backend"

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from harness.checks import run_checks as checks
+from harness.launch.run import RunSpec, launch
 from harness.registry import paths
 from harness.report import baseline
-from harness.launch.run import RunSpec, launch
 
 pytestmark = pytest.mark.slow
 STEPS = 3

@@ -18,10 +18,10 @@ import shutil
 
 import pytest
 
-from harness.registry import paths
 from harness.backends import c4
 from harness.launch.run import data_flags
 from harness.launch.run_matrix import C4_FIXTURE, RunCase, cases
+from harness.registry import paths
 
 
 def test_a_c4_run_always_names_its_dataset_path(tmp_path):

@@ -23,13 +23,13 @@ import pytest
 import torch
 
 from harness.backends import BACKENDS, titan_native
-from harness.registry import paths
-from harness.upstream import titan_api
 from harness.backends.common import TINY
-from harness.plants import planted
 from harness.launch import instrumented
+from harness.plants import planted
 from harness.references import data as ref
 from harness.references.batch import Batch, load_batches
+from harness.registry import paths
+from harness.upstream import titan_api
 
 DP = 2
 N_BATCHES = 3  # in process: the first three local batches of each rank

@@ -21,15 +21,21 @@ Specification:
   run's length, and equal them there under the same rule.
 """
 
-import json
 
 import pytest
 
 from harness import plants
 from harness.backends import BACKENDS
 from harness.device.devices import runs_on
-from harness.launch.goldens import (CPU_GOLDEN_GENERATIONS, GOLDEN_BACKENDS, GOLDEN_STEPS,
-                                    RECORD_COMMAND, GoldenCase, golden_cases, here)
+from harness.launch.goldens import (
+    CPU_GOLDEN_GENERATIONS,
+    GOLDEN_BACKENDS,
+    GOLDEN_STEPS,
+    RECORD_COMMAND,
+    GoldenCase,
+    golden_cases,
+    here,
+)
 from harness.launch.run_matrix import RunCase
 from harness.registry import paths
 from harness.registry.tolerances import parity_tolerance

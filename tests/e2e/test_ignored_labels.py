@@ -21,17 +21,17 @@ import math
 
 import pytest
 
-from harness.registry import paths
-from harness.backends.common import TINY
-from harness.launch import instrumented
 from harness.backends import sft_config
-from harness.references import data as ref
-from harness.references.batch import Batch, load_batches
-from harness.references.sft_data import sft_reference_batches
-from harness.references.loss import IGNORE_INDEX
+from harness.backends.common import TINY
+from harness.checks.reference_forward import hf_loss_parts
+from harness.launch import instrumented
 from harness.launch.run import RunSpec
 from harness.plants import planted
-from harness.checks.reference_forward import hf_loss_parts
+from harness.references import data as ref
+from harness.references.batch import Batch, load_batches
+from harness.references.loss import IGNORE_INDEX
+from harness.references.sft_data import sft_reference_batches
+from harness.registry import paths
 from harness.registry.tolerances import parity_tolerance
 
 # fp32 step-1 loss, torchrun 2 ranks vs in-process HF (the parity policy's torchrun_loss band;

@@ -22,13 +22,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.registry import dump_layout
 from harness.backends import BACKENDS
-from harness.registry.expectations import ExpectationRegistry
-from harness.launch.run import RunSpec
 from harness.checks import reference_forward
 from harness.checks.reference_forward import expectation_for_run
+from harness.launch.run import RunSpec
 from harness.launch.run_matrix import RunCase
+from harness.registry import dump_layout
+from harness.registry.expectations import ExpectationRegistry
 from harness.registry.tolerances import initial_weights_forward_band
 
 

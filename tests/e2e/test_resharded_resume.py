@@ -45,10 +45,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch.run import RunSpec
-from harness.launch.run_matrix import (RESHARD_CASES, RESHARD_UNEVEN_RANKS, TRAINING_STATE_BACKEND,
-                                       ReshardCase, training_state_spec)
 from harness.checks.training_state import resume_findings, resumed_state_findings
+from harness.launch.run import RunSpec
+from harness.launch.run_matrix import (
+    RESHARD_CASES,
+    RESHARD_UNEVEN_RANKS,
+    TRAINING_STATE_BACKEND,
+    ReshardCase,
+    training_state_spec,
+)
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as ts
 from tests.e2e.test_training_state import QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, template_run_spec

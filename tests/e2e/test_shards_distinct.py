@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from harness.checks import run_checks as checks
-from harness.registry import dump_layout, known_issues
 from harness.launch.run import RunSpec
+from harness.registry import dump_layout, known_issues
 
 pytestmark = pytest.mark.slow
 

@@ -36,14 +36,13 @@ from dataclasses import replace
 
 import pytest
 
-from harness.checks import training_state as ts
-from harness.registry import dump_layout, known_issues
-from harness.results import training_state as state
 from harness.backends import BACKENDS
+from harness.checks import training_state as ts
 from harness.launch import instrumented
 from harness.launch.run import RunSpec
-from harness.launch.run_matrix import (TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL,
-                                TRAINING_STATE_STEPS, RunCase)
+from harness.launch.run_matrix import TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS, RunCase
+from harness.registry import dump_layout, known_issues
+from harness.results import training_state as state
 
 K, STEPS = 2, 4  # the slow tier's form
 

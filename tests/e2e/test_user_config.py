@@ -21,12 +21,12 @@ import textwrap
 
 import pytest
 
-from harness.cli import commands as cli
-from harness.registry import paths
-from harness.upstream.titan_api import generation
 from harness.checks.run_checks import RUN_CHECKS
+from harness.cli import commands as cli
 from harness.launch.subjects import Subject, infer, lint
+from harness.registry import paths
 from harness.registry.tolerances import parity_tolerance
+from harness.upstream.titan_api import generation
 
 USER_MODULE = "my_qwen3"
 USER_CONFIG = textwrap.dedent('''

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from harness.kernels.checks import compare
-from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_table as table, kernel_tolerance as tolerance
+from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision
+from harness.registry.tolerances import kernel_table as table
+from harness.registry.tolerances import kernel_tolerance as tolerance
 
 TOL_BF16 = tolerance("elementwise", torch.bfloat16)
 TOL_ROUTING = tolerance("routing", torch.float32)

@@ -16,10 +16,10 @@ import warnings
 
 import pytest
 
-from harness.registry import known_issues
 from harness.kernels.checks.registry import OPS
 from harness.kernels.checks.runner import outcome, run
 from harness.kernels.checks.spec import DEVICE_MARKERS, device_status, dtype_name
+from harness.registry import known_issues
 
 
 def _params():

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 import harness.kernels.ops
-from harness.registry import known_issues
-from harness.upstream import titan_api
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops import neuron
-from harness.kernels.ops.nki import simulation
 from harness.kernels.ops import rope as _rope
-from harness.kernels.ops.nki import grouped_swiglu_kernel, rope_kernel
+from harness.kernels.ops.nki import grouped_swiglu_kernel, rope_kernel, simulation
 from harness.kernels.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
+from harness.registry import known_issues
+from harness.upstream import titan_api
 
 
 def _gen(seed):
@@ -188,7 +187,7 @@ def _raised(fn, marker: str) -> tuple[str | None, dict]:
     message contains ``marker``, else the whole message."""
     try:
         fn()
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         message = f"{type(error).__name__}: {error}"
         return message, {"error": f"{type(error).__name__}: {marker}" if marker in str(error) else message}
     return None, {}

@@ -11,13 +11,13 @@ from harness.upstream import titan_api
 
 pytest.importorskip("torchtitan")
 
-import torchtitan.models.qwen3 as qwen3  # noqa: E402
-from torchtitan.models.common import CosSinRoPE, Embedding, Linear  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
-from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
-from torchtitan.models.common.rope import ComplexRoPE  # noqa: E402
+import torchtitan.models.qwen3 as qwen3
+from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.common.rope import ComplexRoPE
 
-from harness.kernels.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_custom_ops  # noqa: E402
+from harness.kernels.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_custom_ops
 
 DIM, VOCAB, LAYERS = 64, 128, 2
 

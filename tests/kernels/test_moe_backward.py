@@ -23,19 +23,18 @@ The full 30B-A3B cut (8192 routed rows, 64 experts) is in the slow tier.
 
 from __future__ import annotations
 
-
 import pytest
+import torch
 
 from harness.registry import upstream
-import torch
 
 if upstream.missing("nki-library"):
     pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
-from harness.kernels.checks.compare import arbitrate, elementwise  # noqa: E402
-from harness.kernels.ops import grouped_swiglu_torch  # noqa: E402
-from harness.kernels.ops.nki import grouped_swiglu_backward as gb  # noqa: E402
-from harness.registry.tolerances import kernel_tolerance  # noqa: E402
+from harness.kernels.checks.compare import arbitrate, elementwise
+from harness.kernels.ops import grouped_swiglu_torch
+from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+from harness.registry.tolerances import kernel_tolerance
 
 TOLERANCE = kernel_tolerance("grouped_matmul", torch.bfloat16)
 GRADS = ("dx", "dw1", "dw2", "dw3")

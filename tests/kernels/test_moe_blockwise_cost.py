@@ -19,13 +19,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.registry import upstream
-
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
-from harness.kernels.ops.nki.grouped_swiglu_cost import (SOURCE_SHAPE, blockwise_cost, capacity_padded_cost,
-                                                 previous_blockwise_cost)
+from harness.kernels.ops.nki.grouped_swiglu_cost import (
+    SOURCE_SHAPE,
+    blockwise_cost,
+    capacity_padded_cost,
+    previous_blockwise_cost,
+)
+from harness.registry import upstream
 
 BALANCED_FLOPS, WORST_FLOPS, INSTRUCTION_FACTOR, HBM_LIMIT = 1.25, 2.0, 6, 2**30
 

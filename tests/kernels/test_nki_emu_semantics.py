@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.kernels import emu as nki_emu
 from harness import plants
+from harness.kernels import emu as nki_emu
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
 from harness.kernels.emu import nki_module

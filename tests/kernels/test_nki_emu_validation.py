@@ -6,17 +6,15 @@ Then each deliberately wrong semantic (harness/plants/nki_emu.py) breaks what it
 
 from __future__ import annotations
 
-
 import pytest
 
-from harness.registry import upstream
-
 from harness import plants
+from harness.registry import upstream
 
 if upstream.missing("nki-library"):
     pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
-from harness.kernels.emu import validation  # noqa: E402
+from harness.kernels.emu import validation
 
 
 @pytest.mark.parametrize("case_id", [case.id for case in validation.CASES])

@@ -31,11 +31,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from harness.registry import paths, upstream
 from harness.kernels.emu import cpu_simulator
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
 from harness.kernels.emu.cpu_simulator import neuron_dtypes, pytest_plugin
+from harness.registry import paths, upstream
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "nkilib_tests.py"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.kernels.checks.spec import device_status
-from harness.kernels.checks import cli, runner
 from harness import plants
+from harness.kernels.checks import cli, runner
 from harness.kernels.checks.registry import OPS
 from harness.kernels.checks.runner import run
+from harness.kernels.checks.spec import device_status
 from harness.kernels.checks.xdist import visible_cores_for_worker
 
 

@@ -23,15 +23,15 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from harness.registry import upstream
-import torch
 
 if upstream.missing("nki-library"):
     pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
-from harness.registry import paths  # noqa: E402
-from harness.kernels.checks import trn2_session as session  # noqa: E402
+from harness.kernels.checks import trn2_session as session
+from harness.registry import paths
 
 MICRO_CUT = {"tokens": 4, "top_k": 2, "dim": 128, "hidden": 64, "experts": 2, "heads": 2, "head_dim": 128}
 SCRIPT = paths.REPO_ROOT / "scripts" / "trn2_first_session.py"

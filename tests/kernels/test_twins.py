@@ -10,12 +10,11 @@ import sys
 import pytest
 import torch
 
-from harness.registry import paths
 from harness import plants
-from harness.kernels.checks import registry
 from harness.kernels.checks.registry import OPS, op_twin_problems, twin_problems
 from harness.kernels.ops import rope_torch
 from harness.kernels.ops.nki import rope_kernel, rope_kernel_torch
+from harness.registry import paths
 
 
 @pytest.mark.parametrize("op_name", list(OPS))

@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.registry import paths
-from harness.upstream.versions import package_versions
 from harness.parity import models as M
 from harness.references.batch import Batch
+from harness.registry import paths
+from harness.upstream.versions import package_versions
 
 
 def pytest_report_header(config: pytest.Config) -> str:

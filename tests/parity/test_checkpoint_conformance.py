@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.parity import compare
+from harness.parity.conformance import checkpoint as C
+from harness.references.model import load_hf_tensors
 from harness.registry import known_issues
 from harness.upstream import titan_api
-from harness.parity.conformance import checkpoint as C
-from harness.parity import compare
-from harness.parity import models as M
-from harness.references.model import load_hf_tensors
-from harness.registry.tolerances import parity_tolerance as tolerance
 
 
 @pytest.fixture(scope="module")

@@ -14,19 +14,26 @@ import dataclasses
 import pytest
 import torch
 
-from harness.parity.conformance import checkpoint as C
 from harness import plants
 from harness.parity import compare, routing
-from harness.references import model as reference
 from harness.parity import models as M
 from harness.parity import training as T
+from harness.parity.conformance import checkpoint as C
 from harness.parity.conformance.config import config_violations
 from harness.parity.settings import settings_table
+from harness.plants.inputs import (
+    DOWN,
+    INV_FREQ,
+    O_PROJ,
+    ORPHAN_SHARD,
+    SECOND_SHARD,
+    Q,
+    copy_checkpoint,
+    first_key_in_shard,
+)
+from harness.references import model as reference
 from harness.registry.hf_config import read_config_json
 from harness.registry.tolerances import parity_tolerance as tolerance
-
-from harness.plants.inputs import (DOWN, INV_FREQ, O_PROJ, ORPHAN_SHARD, Q, SECOND_SHARD, copy_checkpoint,
-                                   first_key_in_shard)
 
 
 def _kinds(violations):
@@ -279,10 +286,9 @@ def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or
     fields; another violation on top is a failure, and so is conforming (fixed upstream)."""
     import torchtitan.models.qwen3 as qwen3
 
-    from harness.registry import known_issues
-    from harness.registry import paths
-    from harness.upstream import workarounds as W
     from harness.parity.conformance.config import conformance_outcome
+    from harness.registry import known_issues, paths
+    from harness.upstream import workarounds as W
 
     hf = read_config_json(paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507")
     cfg = qwen3.model_registry("4B").model
@@ -384,7 +390,6 @@ def test_hf_model_without_a_router_module_is_refused(moe_dir):
 
 
 def test_recording_refuses_a_registered_module_that_never_runs(dense_models, dense_batch):
-    import dataclasses
 
     native = dense_models["native"]
     ghost = dataclasses.replace(native, activation_modules={**native.activation_modules,

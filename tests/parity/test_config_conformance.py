@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.registry import known_issues
 from harness.backends import nki_moe, titan_native
-from harness.registry import paths
+from harness.parity.conformance.config import config_violations, conformance_outcome
+from harness.registry import known_issues, paths
 from harness.registry.hf_config import read_config_json
 from harness.upstream import workarounds as W
-from harness.parity.conformance.config import conformance_outcome, config_violations
 
 REFS = paths.FIXTURES / "reference_configs"
 CHECK = "config_conformance"

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.registry import known_issues
 from harness.parity import compare
 from harness.parity.settings import settings_table
-from harness.registry.tolerances import parity_regime_for as regime_for, parity_tolerance as tolerance
+from harness.registry import known_issues
+from harness.registry.tolerances import parity_regime_for as regime_for
+from harness.registry.tolerances import parity_tolerance as tolerance
 
 # (a, b = reference side, precision regime). native and reference are the same fp32 math;
 # transformers differs from both by fp32 rounding only.
@@ -172,7 +173,6 @@ def test_transformers_masks_a_packed_row_as_asked(dense_dir, dense_models, dense
     document on its own (the reference's document mask); an all-ones one, causally over the
     whole row at the same per-document positions (the reference's causal mask). On a packed
     row the two differ, so a reference masked the wrong way is told apart."""
-    import torch
 
     from harness.parity import models as M
 

@@ -26,15 +26,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.registry import known_issues
-from harness.upstream import titan_api
-from harness.registry.hf_config import Qwen3Arch, arch_from_config_object
-from harness.upstream import workarounds as W
 from harness.kernels.ops.rope_torch import rope_inv_freq
 from harness.parity import compare
 from harness.parity import models as M
 from harness.parity.settings import settings_table
+from harness.registry import known_issues
+from harness.registry.hf_config import Qwen3Arch, arch_from_config_object
 from harness.registry.tolerances import parity_tolerance as tolerance
+from harness.upstream import titan_api
+from harness.upstream import workarounds as W
 
 # comparison -> the reference's mask: "causal" (like for like with the backend's own default:
 # 0.3.0 causal over the row at per-document positions, "causal"; spring 2026 causal over the

@@ -155,7 +155,7 @@ def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_ru
     the bf16 experts' output of the layers before it, which the layout groups and reduces
     otherwise: there a token may swap near-tied experts, and the share of routing choices that
     moved is held to the policy's ``router_flips``."""
-    from harness.registry.tolerances import parity_tolerance  # noqa: F811
+    from harness.registry.tolerances import parity_tolerance
 
     case = moe_fsdp_layout_case
     result = layout_run(case)

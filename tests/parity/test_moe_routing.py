@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.registry import known_issues
 from harness.parity import compare, routing
+from harness.registry import known_issues
 from harness.registry.tolerances import parity_tolerance as tolerance
 
 

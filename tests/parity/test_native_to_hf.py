@@ -20,12 +20,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness.registry import known_issues, paths
-from harness.upstream import titan_api
-from harness.parity.conformance.native_to_hf import NotConvertible, hf_state_from_native
 from harness.parity import models as M
 from harness.parity.compare import diff_tensors
+from harness.parity.conformance.native_to_hf import NotConvertible, hf_state_from_native
+from harness.registry import known_issues, paths
 from harness.registry.tolerances import parity_regime_for, parity_tolerance
+from harness.upstream import titan_api
 
 CASES = [("tiny_dense", False), ("tiny_moe", False), ("tiny_moe", True)]
 

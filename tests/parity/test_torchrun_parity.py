@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checks import run_checks as checks
-from harness.registry import known_issues
-from harness.upstream import titan_api
 from harness.backends import BACKENDS
-from harness.parity.conformance import checkpoint as C
+from harness.checks import run_checks as checks
+from harness.launch.run_matrix import RunCase
 from harness.parity import compare, curves
 from harness.parity import models as M
-from harness.parity import training as T
-from harness.launch.run_matrix import RunCase
+from harness.parity.conformance import checkpoint as C
+from harness.registry import known_issues
 from harness.registry.tolerances import parity_regime_for
-from harness.registry.tolerances import parity_tolerance as tolerance
+from harness.upstream import titan_api
 
 DP = 2  # ranks per tiny CPU run (harness/backends SizeSpec nproc)
 # the attention backend whose mask a reference mask corresponds to (known-issue context)

@@ -20,8 +20,8 @@ import json
 
 import pytest
 
-from harness.report import baseline
 from harness.registry.tolerances import BASELINE_THRESHOLDS
+from harness.report import baseline
 
 HEADER = {"commit": "abc123", "version torch": "2.14.0", "version torchtitan": "0.3.0"}
 

@@ -21,10 +21,10 @@ from harness.checks import run_checks as checks
 from harness.device.devices import profile_for
 from harness.launch.run import RunSpec, build_command
 from harness.launch.subjects import Facts
-from harness.registry import known_issues, paths
-from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
 from harness.references.expected_loss import expected_loss
+from harness.registry import known_issues, paths
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
+from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
 from harness.results.run_result import RunResult, StepRecord
 
 EXPECTED = expected_loss("titan_native", "tiny_dense", "pretrained", "cpu", "row_causal", 2)

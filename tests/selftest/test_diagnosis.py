@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-import pytest
-
-from harness.registry import paths
 from harness.diagnosis import hints
 from harness.diagnosis.__main__ import localize_request
-from harness.upstream.titan_api import generation
+from harness.registry import paths
 from harness.registry.tolerances import diagnosis_tolerance
+from harness.upstream.titan_api import generation
 
 DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
 MOE = ("nki_moe", "sdpa", paths.TINY_MOE, "bf16_experts")
@@ -391,8 +390,8 @@ def _first_steps_moved(model_dir) -> dict[str, str]:
     """For each HF weight of ``model_dir`` (one routed expert per MoE layer), the first step of
     the float64 reference whose output moves when that weight alone is scaled by 1.5: each unit
     that reads it (``unit_weight_names``) run on its clean input, in forward order."""
-    from harness.registry.hf_config import Qwen3Arch
     from harness.references import model as reference
+    from harness.registry.hf_config import Qwen3Arch
 
     arch, source = Qwen3Arch.from_dir(model_dir), reference.WeightSource(model_dir)
     weights = {k: source[k] for k in source.keys()}

@@ -26,8 +26,16 @@ import pytest
 
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import RESHARD_CASES, LayoutCase, layout_cases
-from harness.registry.layouts import (CONDITIONS, LAYOUTS, PARTIAL_SUMS, STATEFUL_RECOMPUTE,
-                                      UNEVEN_ALL_TO_ALL, UNEVEN_SPLIT, UNEVEN_VALID_TOKENS, Layout)
+from harness.registry.layouts import (
+    CONDITIONS,
+    LAYOUTS,
+    PARTIAL_SUMS,
+    STATEFUL_RECOMPUTE,
+    UNEVEN_ALL_TO_ALL,
+    UNEVEN_SPLIT,
+    UNEVEN_VALID_TOKENS,
+    Layout,
+)
 
 SFT = "sft"  # data with ignored labels (prompts, EOS padding): harness/backends/sft_config.py
 PACKED = "packed"  # the layout runs' pretraining rows: every label valid

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.upstream.metrics_sink import LOSS_KEY, JsonlLogger, NonFiniteLossError
 from harness.results.run_result import read_step_records
+from harness.upstream.metrics_sink import LOSS_KEY, JsonlLogger, NonFiniteLossError
 
 METRICS = {"grad_norm": 1.0, "throughput(tps)": 10.0, "time_metrics/end_to_end(s)": 0.5,
            "memory/max_reserved(GiB)": 1.0, "lr": 1e-3}

@@ -23,10 +23,10 @@ import sys
 import pytest
 import torch
 
-from harness.registry import dump_layout, paths
 from harness.device.devices import THREADS_ENV, worker_threads, xdist_workers
 from harness.launch.run import RunSpec
 from harness.launch.run_cache import repeated_launches, shared_folder, spec_key
+from harness.registry import dump_layout, paths
 
 
 @pytest.mark.parametrize(("device", "markexpr", "cpus", "workers"), [

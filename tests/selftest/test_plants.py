@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-from harness.registry import environment, paths
 from harness import plants
 from harness.launch.run import RunSpec
 from harness.plants import Plant
+from harness.registry import environment, paths
 
 TESTS = paths.REPO_ROOT / "tests"
 

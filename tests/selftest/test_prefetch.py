@@ -37,8 +37,8 @@ from harness.launch import prefetch, run_cache
 from harness.launch.run import RunSpec
 from harness.launch.run_cache import RunCache, unread_prefetches
 from harness.launch.run_matrix import LayoutCase, RunCase, SubjectCase
-from harness.registry import dump_layout
 from harness.launch.subjects import Subject
+from harness.registry import dump_layout
 from harness.results.run_result import RunResult
 
 STEPS, WORKAROUNDS = 10, ("hf_block_causal",)

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from harness.registry import paths
-from harness.launch.run import RunSpec, launch
 from harness.launch.preflight import PreflightError, check_run_inputs
+from harness.launch.run import RunSpec, launch
+from harness.registry import paths
 
 
 @pytest.fixture

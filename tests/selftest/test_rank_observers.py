@@ -31,17 +31,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.references.batch import load_batches
-from harness.registry import dump_layout, environment, paths
-from harness.rank import observers as rank_observers
-from harness.upstream import titan_api
 from harness.backends import BACKENDS
 from harness.device.devices import detect, neuron_profile
 from harness.launch.run import RunSpec, rank_environment
 from harness.launch.run_matrix import RunCase
 from harness.launch.subjects import Facts
+from harness.rank import observers as rank_observers
+from harness.references.batch import load_batches
+from harness.registry import dump_layout, environment, paths
+from harness.upstream import titan_api
 from harness.upstream.install import SHIMS
-
 
 # ------------------------------------------------------------------ config functions are pure
 

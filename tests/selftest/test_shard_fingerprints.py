@@ -25,8 +25,8 @@ import torch
 
 from harness.checks import run_checks as checks
 from harness.launch.run import RunSpec
-from harness.registry import dump_layout, known_issues
 from harness.rank import step0 as rank_step0
+from harness.registry import dump_layout, known_issues
 from harness.results.run_result import RunResult
 
 ISSUE = "torch-dtensor-random-init-identical-shards-on-cpu"

@@ -21,13 +21,12 @@ import sys
 from typing import NamedTuple
 
 import pytest
+import torch
 
-from harness.registry import environment, known_issues
-from harness.upstream import titan_api
 from harness.device.devices import CPU_SHIMS
 from harness.launch.run_cache import shared_folder
-from harness.upstream import probes
-import torch
+from harness.registry import environment, known_issues
+from harness.upstream import probes, titan_api
 
 
 class Probe(NamedTuple):
@@ -506,8 +505,8 @@ REFERENCE_4B = "Qwen3-4B-Instruct-2507"
 def _thetas_of_the_full_titan_native_config(monkeypatch, patched: bool) -> set[float]:
     import torchtitan.models.qwen3 as qwen3
 
-    from harness.registry import paths
     from harness.backends.titan_native import full_model_spec
+    from harness.registry import paths
     from harness.upstream.titan_4b_theta import theta_from_assets
 
     assets = str(paths.FIXTURES / "reference_configs" / REFERENCE_4B)

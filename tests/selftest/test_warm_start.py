@@ -24,10 +24,10 @@ import pytest
 from harness import plants
 from harness.device.devices import ARROW_ENV, HF_ENV, detect
 from harness.launch import warm
-from harness.registry import environment
 from harness.launch.run import RunSpec, rank_environment, run_patches
 from harness.parity.env import prepare_in_process
 from harness.rank.warm_start import STARTED_COLD, STARTED_WARM, TORCHRUN_SET, USED_CPU, refusal
+from harness.registry import environment
 
 ZYGOTE = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", environment.SHIMS: "cpu_device,gloo_reduce_op",
           environment.ZYGOTE: "1"}

@@ -23,7 +23,6 @@ from harness.kernels.checks.runner import issues_for, run
 from harness.kernels.checks.spec import device_status, dtype_name
 from harness.registry.tolerances import kernel_tolerance as tolerance
 
-
 _PRECISIONS = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
 
 

@@ -288,7 +288,7 @@ def twin_problems(module_name: str, name: str) -> list[str]:
     NKI kernel, which is ``None`` without ``nki``), else ``name``."""
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return [f"kernel module {module_name} does not import: {type(error).__name__}: {error}"]
     kernel = getattr(module, f"{name}_source", None) or getattr(module, name, None)
     if kernel is None:

@@ -25,9 +25,10 @@ import torch
 from harness.kernels.checks import compare
 from harness.kernels.checks.compare import Check
 from harness.kernels.checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
-from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision, kernel_tolerance as tolerance
 from harness.registry import known_issues
 from harness.registry.known_issues import Verdict
+from harness.registry.tolerances import UNIT_ROUNDOFF, lowest_precision
+from harness.registry.tolerances import kernel_tolerance as tolerance
 
 
 @dataclass

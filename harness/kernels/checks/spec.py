@@ -34,7 +34,7 @@ def always() -> tuple[bool, str]:
 def module_probe(name: str) -> Callable[[], tuple[bool, str]]:
     """A probe for an importable module, treating the PyPI Neuron placeholders as absent."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def probe() -> tuple[bool, str]:
         if importlib.util.find_spec(name.split(".")[0]) is None:
             return False, f"{name} is not installed"

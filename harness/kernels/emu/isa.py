@@ -19,11 +19,18 @@ import numpy as np
 import torch
 
 from harness.kernels.emu import cost, dtypes, semantics
-from harness.kernels.emu.ops import Op, OPS, REDUCTIONS
+from harness.kernels.emu.ops import OPS, REDUCTIONS, Op
 from harness.kernels.emu.rules import check
-from harness.kernels.emu.tensors import PMAX, PSUM, PSUM_BANK_BYTES, SBUF, SHARED_HBM, NkiTensor
-from harness.kernels.emu.tensors import float_to_integer
-from harness.kernels.emu.tensors import wrap_integer
+from harness.kernels.emu.tensors import (
+    PMAX,
+    PSUM,
+    PSUM_BANK_BYTES,
+    SBUF,
+    SHARED_HBM,
+    NkiTensor,
+    float_to_integer,
+    wrap_integer,
+)
 
 __emulator__ = True
 

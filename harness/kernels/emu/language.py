@@ -13,10 +13,21 @@ import torch
 
 from harness.kernels.emu import cost, dtypes, isa
 from harness.kernels.emu.dtypes import DTYPES
-from harness.kernels.emu.ops import OPS
-from harness.kernels.emu.tensors import (HBM, PRIVATE_HBM, PSUM, PSUM_BANK_BYTES, PSUM_BANKS, SBUF, SBUF_BYTES_PER_PARTITION,
-                                     SHARED_HBM, NkiTensor, allocate, numpy_to_torch)
 from harness.kernels.emu.isa import unimplemented
+from harness.kernels.emu.ops import OPS
+from harness.kernels.emu.tensors import (
+    HBM,
+    PRIVATE_HBM,
+    PSUM,
+    PSUM_BANK_BYTES,
+    PSUM_BANKS,
+    SBUF,
+    SBUF_BYTES_PER_PARTITION,
+    SHARED_HBM,
+    NkiTensor,
+    allocate,
+    numpy_to_torch,
+)
 
 __emulator__ = True
 

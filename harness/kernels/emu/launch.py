@@ -110,7 +110,7 @@ class JitKernel:
         functools.update_wrapper(self, func)
         self.func, self.grid, self.options = func, tuple(grid), options
 
-    def __getitem__(self, grid) -> "JitKernel":
+    def __getitem__(self, grid) -> JitKernel:
         grid = grid if isinstance(grid, tuple) else (grid,)
         return JitKernel(self.func, grid, **self.options)
 

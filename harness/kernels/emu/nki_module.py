@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.kernels.emu import dtypes, isa, isa_constants, language
 from harness.kernels.emu.launch import JitKernel, jit, launch  # noqa: F401
-from harness.kernels.emu.rules import RuleViolation  # noqa: F401
+from harness.kernels.emu.rules import RuleViolation
 from harness.kernels.emu.tensors import NkiTensor, to_numpy
 
 __emulator__ = True

@@ -60,7 +60,7 @@ class Scheduler:
             self.results[program.index] = body(program)
         except _Aborted:
             pass
-        except BaseException as error:  # noqa: BLE001 -- re-raised in the launching thread
+        except BaseException as error:
             with self.cond:
                 if self.error is None:
                     self.error = error

@@ -143,7 +143,7 @@ class Storage:
             holders.remove(held)
         holders.append(self)
 
-    def overlaps(self, other: "Storage") -> bool:
+    def overlaps(self, other: Storage) -> bool:
         width, other_width = (s.partition_stride * s.dtype.itemsize for s in (self, other))
         return (self.partition_base < other.partition_base + other.partitions
                 and other.partition_base < self.partition_base + self.partitions
@@ -211,7 +211,7 @@ def _shape(shape) -> tuple[int, ...]:
     return shape
 
 
-def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, address=None) -> "NkiTensor":
+def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, address=None) -> NkiTensor:
     shape, dtype = _shape(shape), dtypes.resolve(dtype)
     if not isinstance(buffer, Buffer):
         raise TypeError(f"nki emulator: buffer must be nl.sbuf/nl.psum/nl.hbm/nl.shared_hbm/nl.private_hbm, got {buffer!r}")
@@ -256,7 +256,7 @@ def _address(address, shape, dtype, buffer: Buffer) -> tuple[int, int]:
     return partition, byte
 
 
-def from_torch(value: torch.Tensor, name: str = "", dtype=None) -> "NkiTensor":
+def from_torch(value: torch.Tensor, name: str = "", dtype=None) -> NkiTensor:
     """A kernel argument: a torch tensor (meta tensors in shape-only traces) copied into HBM
     (shared by every program of an SPMD launch); ``dtype`` when the NKI dtype is not the
     tensor's (float8_e4m3 values held in float32)."""
@@ -270,7 +270,7 @@ def from_torch(value: torch.Tensor, name: str = "", dtype=None) -> "NkiTensor":
     return NkiTensor.whole(Storage(_shape(value.shape), dtype, SHARED_HBM, program, name, argument=True, data=data))
 
 
-def to_torch(tensor: "NkiTensor") -> torch.Tensor:
+def to_torch(tensor: NkiTensor) -> torch.Tensor:
     torch_dtype = dtypes.torch_of(tensor.dtype)
     if tensor.storage.data is None:
         return torch.empty(tensor.shape, dtype=torch_dtype, device="meta")
@@ -280,7 +280,7 @@ def to_torch(tensor: "NkiTensor") -> torch.Tensor:
     return values.to(torch_dtype, copy=True)
 
 
-def to_numpy(tensor: "NkiTensor") -> np.ndarray:
+def to_numpy(tensor: NkiTensor) -> np.ndarray:
     """A launch's result as a NumPy array of its NKI dtype."""
     values = to_torch(tensor)
     if dtypes.name_of(tensor.dtype) in dtypes.IN_FLOAT32:
@@ -343,7 +343,7 @@ class NkiTensor:
             self._check_partitions()
 
     @classmethod
-    def whole(cls, storage: Storage) -> "NkiTensor":
+    def whole(cls, storage: Storage) -> NkiTensor:
         return cls(storage, storage.shape, cls._row_major(storage.shape), 0)
 
     # ---------------------------------------------------------------- attributes
@@ -414,7 +414,7 @@ class NkiTensor:
               lambda: f"{where!r}: free-dimension access reaches element {extent} of a {pstride}-element partition")
 
     # ---------------------------------------------------------------- views
-    def __getitem__(self, key) -> "NkiTensor":
+    def __getitem__(self, key) -> NkiTensor:
         if self.dynamic is not None:
             raise NotImplementedError("nki emulator: indexing an indirect (.ap with scalar/vector offset) view")
         key = key if isinstance(key, tuple) else (key,)
@@ -467,7 +467,7 @@ class NkiTensor:
     def get_pattern(self) -> list[list[int]]:
         return [[s, n] for n, s in zip(self.shape, self.strides)]
 
-    def reshape(self, shape) -> "NkiTensor":
+    def reshape(self, shape) -> NkiTensor:
         shape = list((shape,) if isinstance(shape, int) else shape)
         if -1 in shape:
             known = math.prod(s for s in shape if s != -1)
@@ -490,7 +490,7 @@ class NkiTensor:
             step *= size
         return tuple(reversed(strides))
 
-    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> "NkiTensor":
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None) -> NkiTensor:
         """``[[stride, count], ...]`` over the storage from this view's offset (+ ``offset``)."""
         storage = self.storage
         if dtype is not None and dtypes.resolve(dtype) != self.dtype:  # a reinterpret cast: elements of dtype

@@ -29,7 +29,7 @@ attribute access.
 
 from __future__ import annotations
 
-from harness.kernels.ops import grouped_swiglu, rope  # noqa: F401  (modules; importing registers the operators)
+from harness.kernels.ops import grouped_swiglu, rope
 from harness.kernels.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
 
 register_neuron_kernels()

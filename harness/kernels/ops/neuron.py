@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import functools
 
-from harness.device.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 from harness.device.devices import neuron_status
+from harness.device.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 
 # Filled by register_neuron_kernels(): {"registered": bool, "reason": str, "ops": [...]}.
 NEURON_REGISTRATION: dict = {"registered": False, "reason": "register_neuron_kernels() not called", "ops": []}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def neuron_available() -> tuple[bool, str]:
     """(available, reason) for running the NKI kernels: the 'neuron' device is present
     (``harness.device.devices.neuron_status``, the one device probe) and the real ``nki`` imports."""

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from harness.upstream import titan_api
+from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
 from harness.parity.conformance.checkpoint import Violation
 from harness.registry.hf_config import Qwen3Arch
-from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
+from harness.upstream import titan_api
 
 
 @dataclass
@@ -205,7 +205,7 @@ def _attention_scale_probe(attention: nn.Module, arch: Qwen3Arch, length: int = 
     return err, ""
 
 
-def _attention_scale_check(report: "ConformanceReport", atts, arch: Qwen3Arch, rtol: float) -> None:
+def _attention_scale_check(report: ConformanceReport, atts, arch: Qwen3Arch, rtol: float) -> None:
     """The scale the attention really applies, per distinct attention config (usually one)."""
     probed: dict[tuple, list] = {}
     for n, a in atts:

@@ -21,10 +21,17 @@ A new entry goes into the module of what it concerns, and into that module's ``I
 
 from __future__ import annotations
 
-from harness.registry.known_issues import (hf_backend, kernels, native_qwen3, neuron, pytorch,
-                                           spring2026)
-from harness.registry.known_issues.mechanism import (KnownIssue, Registry, Signature, Verdict, Where,
-                                            Workaround, inherited, settle)
+from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
+from harness.registry.known_issues.mechanism import (
+                                           KnownIssue,
+                                           Registry,
+                                           Signature,
+                                           Verdict,
+                                           Where,
+                                           Workaround,
+                                           inherited,
+                                           settle,
+)
 
 __all__ = ["ISSUES", "KnownIssue", "REGISTRY", "Signature", "Verdict", "WORKAROUNDS",
            "WORKAROUND_OPTION", "Where", "Workaround", "applicable", "inherited", "issue",

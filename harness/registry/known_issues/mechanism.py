@@ -30,10 +30,11 @@ Planted defects for the harness's self-tests are a different thing and live in
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 from harness.registry.generations import base_of
 
@@ -184,7 +185,7 @@ def _version_matches(package: str, specifier: str) -> bool:
     return version is not None and SpecifierSet(specifier).contains(version, prereleases=True)
 
 
-@lru_cache(maxsize=None)
+@cache
 def installed_version(package: str) -> str | None:
     try:
         return metadata.version(package)

@@ -44,10 +44,18 @@ API = (
 )
 
 from harness.registry.generations import (  # noqa: E402,F401
-    API_OF, FORK_OF, KNOWN_FORK_VERSIONS, SUPPORTED, UnsupportedTorchtitanError, api_generation_of,
-    base_of, fork_note, generation_of, is_fork)
+    API_OF,
+    FORK_OF,
+    KNOWN_FORK_VERSIONS,
+    SUPPORTED,
+    UnsupportedTorchtitanError,
+    api_generation_of,
+    base_of,
+    fork_note,
+    generation_of,
+    is_fork,
+)
 from harness.registry.generations import installed_version as torchtitan_version  # noqa: E402
-
 
 TORCHTITAN_VERSION = torchtitan_version()
 

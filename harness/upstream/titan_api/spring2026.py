@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import torchtitan.models.qwen3 as qwen3
 
 # spring main keeps the LR scheduler in its own module (0.3.0 moved it into optimizer/).
-from torchtitan.components.lr_scheduler import LRSchedulersContainer
+from torchtitan.components.lr_scheduler import LRSchedulersContainer as LRSchedulersContainer
 
 # Same class in both; spring's dataset shifts labels across the packed row (a document's
 # last token predicts the next document's first), 0.3.0's within each document.
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader as HuggingFaceTextDataLoader
 
 from harness.upstream import hf_config_kw_only, hf_shape_from_config, hf_tied_fsdp
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import torchtitan.models.qwen3 as qwen3
 
 # 0.3.0 moved the LR scheduler into the optimizer package (components/optimizer/lr_scheduler.py).
-from torchtitan.components.optimizer import LRSchedulersContainer
+from torchtitan.components.optimizer import LRSchedulersContainer as LRSchedulersContainer
 
 # Same class in both; 0.3.0's dataset shifts labels within each document (a document's last
 # token never predicts the next document's first), spring's shifts across the packed row.
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader as HuggingFaceTextDataLoader
 
 from harness.upstream import titan_sdpa_attention
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 
-from harness.upstream import titan_api
 from harness.kernels.checks.adapters.torchtitan import rope_max_seq_len
+from harness.upstream import titan_api
 
 
 def _on(device: str):

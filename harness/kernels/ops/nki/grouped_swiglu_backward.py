@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
 from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
 from harness.registry import known_issues
 
 BACKWARD_BLOCK = 256  # nki-library's backward block size at LNC=2 (see the module docstring)

@@ -58,9 +58,9 @@ from pathlib import Path
 import torch
 
 from harness.kernels.ops import grouped_swiglu as gs
-from harness.kernels.ops.nki import grouped_swiglu_cost as cost, grouped_swiglu_kernel as gk
-from harness.kernels.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK
-from harness.kernels.ops.nki.grouped_swiglu_backward import NKILIB_BACKWARD, backward_size
+from harness.kernels.ops.nki import grouped_swiglu_cost as cost
+from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK, NKILIB_BACKWARD, backward_size
 
 PREVIOUS_REV = "bc9d5d3"  # the last commit with the kernel that reloaded every block
 KERNEL_PATH = "harness/ops/nki/grouped_swiglu_kernel.py"  # its path at PREVIOUS_REV

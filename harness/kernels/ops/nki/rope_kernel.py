@@ -26,7 +26,7 @@ try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG
     import nki.language as nl
 
     NKI_IMPORT_ERROR = None
-except Exception as _error:  # noqa: BLE001
+except Exception as _error:
     nki = nisa = nl = None
     NKI_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
