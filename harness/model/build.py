@@ -68,9 +68,9 @@ def backend_config(backend: str, size: str = "tiny", attention: str | None = Non
 def trainer_config_for(model_spec, hf_assets_path: str | Path, trainer_cls=None):
     """A ``Trainer.Config`` holding ``model_spec``, with the tiny runs' shape and the backends'
     shared settings (harness/backends/common.py), reading ``hf_assets_path``."""
-    from torchtitan.trainer import Trainer
+    from torchtitan.trainer import Trainer  # noqa: PLC0415  heavy: torchtitan; building on meta needs no trainer
 
-    from harness.backends.common import TINY, shared_fields
+    from harness.backends.common import TINY, shared_fields  # noqa: PLC0415  heavy: torchtitan via backends.common; building on meta needs it not
 
     cls = trainer_cls or Trainer.Config
     return cls(model_spec=model_spec, **shared_fields(TINY, hf_assets_path=str(hf_assets_path)))
@@ -92,7 +92,7 @@ def seed_everything(seed: int) -> None:
 def meta_module(model_config, dtype: torch.dtype = torch.float32) -> nn.Module:
     """``model_config.build()`` on the meta device, ``dtype`` the default (the trainer's
     ``training.dtype``)."""
-    from torchtitan.tools.utils import set_default_dtype
+    from torchtitan.tools.utils import set_default_dtype  # noqa: PLC0415  heavy: torchtitan; the module loads with torch alone
 
     with torch.device("meta"), set_default_dtype(dtype):
         return model_config.build()
@@ -120,9 +120,9 @@ def transformers_backend_patches_restored():
         finally:
             _PATCH_SCOPES[0] -= 1
         return
-    import transformers.models.qwen3.modeling_qwen3 as q3
-    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m
-    from transformers.modeling_utils import PreTrainedModel
+    import transformers.models.qwen3.modeling_qwen3 as q3  # noqa: PLC0415  heavy: transformers; only the transformers backend's build patches it
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as q3m  # noqa: PLC0415  heavy: transformers; only the transformers backend's build patches it
+    from transformers.modeling_utils import PreTrainedModel  # noqa: PLC0415  heavy: transformers; only the transformers backend's build patches it
 
     saved = {
         (PreTrainedModel, "_init_weights"): PreTrainedModel.__dict__["_init_weights"],
@@ -144,7 +144,7 @@ def _patches_restored(config):
 
 
 def _built(config, updated: bool) -> nn.Module:
-    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.config import TORCH_DTYPE_MAP  # noqa: PLC0415  heavy: torchtitan; the module loads with torch alone
 
     model_config = config.model_spec.model
     if not updated:

@@ -13,10 +13,13 @@ with ``b`` the reference side and the tolerance from :mod:`harness.parity.tolera
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
 
+from harness.parity.conformance.checkpoint import is_allowed, load_allow_list
+from harness.references.model import document_causal_mask
 from harness.registry import known_issues
 from harness.registry.tolerances import ParityTolerance as Tolerance
 from harness.upstream.versions import package_versions
@@ -258,9 +261,7 @@ def document_mask_problem(mask_mod, positions: torch.Tensor) -> str | None:
     """A flex ``mask_mod`` (e.g. a BlockMask's) against causal AND same-document over packed
     rows with per-document ``positions``: None when equal, else how many (query, key) pairs
     differ and how many of them cross a document boundary."""
-    from torch.nn.attention.flex_attention import create_mask
-
-    from harness.references.model import document_causal_mask
+    from torch.nn.attention.flex_attention import create_mask  # noqa: PLC0415  heavy: flex_attention adds about 0.6 s over torch
 
     B, L = positions.shape
     got = create_mask(mask_mod, B, 1, L, L, device="cpu")
@@ -276,10 +277,6 @@ def document_mask_problem(mask_mod, positions: torch.Tensor) -> str | None:
 def native_keys_not_loaded_kinds(model) -> tuple[str, ...]:
     """The kinds (layer index dropped) of the native tensors a model's HF load left at their
     init, allow-listed buffers aside: the ``native_moe_parity`` observation."""
-    import re
-
-    from harness.parity.conformance.checkpoint import is_allowed, load_allow_list
-
     report = getattr(model, "load_report", None)
     keys = getattr(report, "native_keys_not_loaded", set())
     allow = load_allow_list()
@@ -290,7 +287,7 @@ def judge_parity(problem: str | None, models, workarounds=(), *, subject: str):
     """The verdict of a parity comparison between ``models`` (ParityModels) of fixture
     ``subject``: a comparison that involves a native model is the ``native_moe_parity`` check,
     judged against the known issues with what that model's HF load left unloaded."""
-    from harness.upstream import titan_api
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; the comparisons load without it
 
     natives = [m for m in models if m.kind == "native"]
     if not natives or len(natives) == len(models):  # two native loads agree with each other

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from harness.device.devices import HF_ENV
+from harness.upstream import flex_attention_cpu as shim
 
 _DONE = False
 
@@ -26,19 +27,17 @@ def prepare_in_process() -> None:
     for name, value in HF_ENV.items():
         os.environ.setdefault(name, value)
 
-    import torch.nn.attention.flex_attention as flex_module
-
-    from harness.upstream import flex_attention_cpu as shim
+    import torch.nn.attention.flex_attention as flex_module  # noqa: PLC0415  heavy: torch; the module imports light, shims applied on call
 
     if not hasattr(flex_module._validate_device, "__wrapped__"):
         shim.allow_cpu_backward(flex_module)
 
-    import torchtitan.models.common.attention as titan_attention
+    import torchtitan.models.common.attention as titan_attention  # noqa: PLC0415  heavy: torchtitan; the module imports light, shims applied on call
 
     shim.run_flex_eagerly(titan_attention)
     shim.build_block_masks_eagerly_on_cpu(titan_attention)
 
-    import transformers.integrations.flex_attention as hf_flex
+    import transformers.integrations.flex_attention as hf_flex  # noqa: PLC0415  order: after HF_ENV is set (transformers reads it on import)
 
     if not hasattr(hf_flex.compile_friendly_flex_attention, "__wrapped__"):
         shim.transformers_flex_eager_on_cpu(hf_flex)

@@ -25,13 +25,13 @@ from harness.registry import paths
 
 def random_checkpoint(template_dir: Path, seed: int, out_dir: Path) -> Path:
     """An HF checkpoint with the template's config and freshly seeded weights (HF init)."""
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: transformers; the module loads with torch alone
 
     cfg = transformers.AutoConfig.from_pretrained(str(template_dir))
     torch.manual_seed(seed)
     model = getattr(transformers, cfg.architectures[0])(cfg).float()
     with torch.no_grad():  # HF's init is std 0.02: scale up so logits are O(1), as when trained
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.mul_(5.0)
     model.save_pretrained(str(out_dir))
@@ -51,7 +51,7 @@ def rms_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
-    from harness.parity import models as M
+    from harness.parity import models as M  # noqa: PLC0415  heavy: torchtitan via parity.models; loaded per measurement
 
     moe = M.Qwen3Arch.from_dir(model_dir).is_moe
     hf, nat, ref = M.load_hf(model_dir), M.build_native(model_dir), M.reference_model(model_dir)
@@ -87,13 +87,14 @@ def measure_forward(model_dir: Path, batches, stats, tag: str) -> None:
         worst = max(rel(gn[k], gh[k]) for k in gh if k in gn)
         stats[f"{kind} grad native vs hf (worst param)"].append(worst)
         stats[f"{kind} grad native vs hf RMS (worst param)"].append(max(rms_rel(gn[k], gh[k]) for k in gh if k in gn))
-        hf.zero_grad(); nat.zero_grad()
+        hf.zero_grad()
+        nat.zero_grad()
     print(f"  measured {tag}", flush=True)
 
 
 def measure_training(model_dir: Path, steps: int, stats) -> None:
-    from harness.parity import models as M
-    from harness.parity import training as T
+    from harness.parity import models as M  # noqa: PLC0415  heavy: torchtitan via parity.models; loaded per measurement
+    from harness.parity import training as T  # noqa: PLC0415  heavy: torchtitan via parity.training; loaded per measurement
 
     batches = M.dataloader_batches(model_dir, steps)
     nat = M.build_native(model_dir)
@@ -112,7 +113,7 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
 
 def main(argv: list[str]) -> int:
     only = set(argv)
-    from harness.parity import models as M
+    from harness.parity import models as M  # noqa: PLC0415  heavy: torchtitan via parity.models; loaded per measurement
 
     stats: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,10 +25,19 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
 from torch import nn
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
+from harness.backends.native_qwen3 import native_config_from_hf
+from harness.kernels.ops import use_custom_ops
 from harness.model import build
 from harness.model.build import seed_everything  # noqa: F401  (the parity suites seed through it)
 from harness.parity import settings as effective
@@ -49,7 +58,6 @@ def dataloader_batches(model_dir: str | Path, steps: int, dp: int = 1, local_bat
     name, read from ``dataset_path``: ``c4_test`` on fixtures/corpus by default, ``c4`` on a
     local C4 copy)."""
     prepare_in_process()
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(model_dir))
     loader_class = titan_api.HuggingFaceTextDataLoader
@@ -164,8 +172,8 @@ class ParityModel:
 def hf_state_to_disk_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What ``save_pretrained`` would write for ``state``: tied aliases removed, transformers'
     weight conversions (e.g. fused MoE experts -> per-expert tensors) reverted."""
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    from transformers.core_model_loading import revert_weight_conversion  # noqa: PLC0415  heavy: transformers; the native models load without it
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict  # noqa: PLC0415  heavy: transformers; the native models load without it
 
     state = remove_tied_weights_from_state_dict(dict(state), model)
     return revert_weight_conversion(model, state)
@@ -208,7 +216,7 @@ def load_hf(model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
         raise ValueError(f"load_hf: mask {mask!r} is not one of document, causal (row_causal is "
                          f"a batch's form: Batch.masked_as)")
     prepare_in_process()
-    import transformers
+    import transformers  # noqa: PLC0415  order: after prepare_in_process's shims and offline Hub
 
     kwargs = {"dtype": dtype, "output_loading_info": True}
     if attn_implementation:
@@ -261,8 +269,6 @@ class HFLoadReport:
 
 
 def checkpoint_keys(model_dir: str | Path) -> set[str]:
-    from safetensors import safe_open
-
     keys: set[str] = set()
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
@@ -272,8 +278,6 @@ def checkpoint_keys(model_dir: str | Path) -> set[str]:
 
 def load_hf_checkpoint_like_trainer(model: nn.Module, adapter, model_dir: str | Path) -> HFLoadReport:
     """torchtitan's ``dcp_load(from_hf=True)``, step for step, on one process."""
-    import torch.distributed.checkpoint as dcp
-
     state = {k: v for k, v in model.state_dict().items()}
     native_keys = set(state)
     hf_state = adapter.to_hf(state)
@@ -292,10 +296,6 @@ def hf_load_refused_like_trainer(model: nn.Module, model_dir: str | Path) -> HFL
     """The trainer's ``initial_load_in_hf`` for a model spec without a state-dict adapter:
     torchtitan's own ``CheckpointManager.dcp_load(from_hf=True)``, run on a checkpointer that
     holds no adapter (as the trainer's does), and the error it raises recorded."""
-    from types import SimpleNamespace
-
-    from torchtitan.components.checkpoint import CheckpointManager
-
     checkpointer = SimpleNamespace(sd_adapter=None, states={"model": model})
     try:
         CheckpointManager.dcp_load(checkpointer, dict(model.state_dict()),
@@ -314,12 +314,8 @@ def native_model_config(model_dir: str | Path, *, custom_ops: bool = False, atte
     """torchtitan ``Qwen3Model.Config`` for the checkpoint's shape (harness.backends helper),
     with attention backend ``attention`` ("flex": per-document mask; "sdpa": causal over the
     row, as the source's configurations)."""
-    from harness.backends.native_qwen3 import native_config_from_hf
-
     config = native_config_from_hf(normalized_hf_dict(model_dir), attention)
     if custom_ops:
-        from harness.kernels.ops import use_custom_ops
-
         config = use_custom_ops(config)
     return config
 
@@ -347,7 +343,6 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
     (when ``model_config`` is not given): "flex" or "sdpa"; a model with SDPA attention is fed
     as the trainer feeds it: no mask, RoPE at row positions (``Batch.masked_as("row_causal")``)."""
     prepare_in_process()
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
 
     arch = Qwen3Arch.from_dir(model_dir)
     config = model_config if model_config is not None else native_model_config(
@@ -359,8 +354,6 @@ def build_native(model_dir: str | Path, *, custom_ops: bool = False, seed: int =
     adapter = make_adapter(config, model_dir)
     report = load_hf_checkpoint_like_trainer(model, adapter, model_dir)
     model.eval()
-
-    from torchtitan.models.common.attention import ScaledDotProductAttention
 
     row_causal = isinstance(model.layers["0"].attention.inner_attention, ScaledDotProductAttention)
 
@@ -461,7 +454,7 @@ def build_hf_backend(model_dir: str | Path, *, seed: int = 0,
 def _copy_weights_by_hf_names(inner: nn.Module, model_dir: str | Path) -> None:
     """Every tensor of transformers' own load of ``model_dir`` into ``inner`` (the backend's HF
     model, the same class), strictly: a key missing on either side is an error."""
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: transformers; the native models load without it
 
     loaded = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     result = inner.load_state_dict(loaded.state_dict(), strict=True)
@@ -479,7 +472,7 @@ class _ReferenceModule(nn.Module):
         self.params = nn.ParameterList(nn.Parameter(tensors[k].float().clone()) for k in self.keys)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return dict(zip(self.keys, self.params))
+        return dict(zip(self.keys, self.params, strict=True))
 
 
 def reference_model(model_dir: str | Path, *, expert_dtype: torch.dtype | None = None,

@@ -74,8 +74,8 @@ def hf_settings(model: nn.Module, *, attn_mask: str) -> dict:
         "attention_mask": attn_mask,
         "attn_implementation": cfg._attn_implementation,
     }
-    dense = [l.mlp for l in layers if hasattr(l.mlp, "gate_proj")]
-    moe = [l.mlp for l in layers if hasattr(l.mlp, "experts")]
+    dense = [layer.mlp for layer in layers if hasattr(layer.mlp, "gate_proj")]
+    moe = [layer.mlp for layer in layers if hasattr(layer.mlp, "experts")]
     out["intermediate_size"] = dense[0].gate_proj.weight.shape[0] if dense else None
     if moe:
         gate, experts = moe[0].gate, moe[0].experts
@@ -111,8 +111,8 @@ def native_settings(model: nn.Module, *, attn_mask: str = DOCUMENT_CAUSAL) -> di
         "tie_word_embeddings": model.lm_head.weight is model.tok_embeddings.weight,
         "attention_mask": attn_mask,
     }
-    dense = [l.feed_forward for l in layers if not getattr(l, "moe_enabled", False)]
-    moe = [l.moe for l in layers if getattr(l, "moe_enabled", False)]
+    dense = [layer.feed_forward for layer in layers if not getattr(layer, "moe_enabled", False)]
+    moe = [layer.moe for layer in layers if getattr(layer, "moe_enabled", False)]
     out["intermediate_size"] = dense[0].w1.weight.shape[0] if dense else None
     if moe:
         router, experts = moe[0].router, titan_api.moe_grouped_experts(moe[0])

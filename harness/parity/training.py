@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torchtitan.distributed import utils as dist_utils
 
 from harness.parity.models import ParityModel
 from harness.references.batch import Batch
 from harness.references.loss import avg_loss, valid_labels
+from harness.registry.tolerances import parity_tolerance
 from harness.upstream import titan_api
 
 
@@ -158,8 +160,6 @@ def _snapshot(model: ParityModel) -> dict[str, torch.Tensor]:
 def train_native(model: ParityModel, trainer_config, global_batches: list[list[Batch]],
                  total_steps: int | None = None) -> TrainRecord:
     """Step ``model`` (a native ParityModel) with torchtitan's own training components."""
-    from torchtitan.distributed import utils as dist_utils
-
     module = model.module
     module.train()
     steps = total_steps or trainer_config.training.steps
@@ -200,7 +200,7 @@ class ExpertBiasBalancing:
     torchtitan's bias revives it."""
 
     def __init__(self, module: torch.nn.Module, coeff: float):
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter  # noqa: PLC0415  heavy: transformers; native training loads without it
 
         self.coeff = coeff
         self.routers = [m for m in module.modules() if isinstance(m, Qwen3MoeTopKRouter)]
@@ -301,8 +301,6 @@ class UpdateAgreement:
     def problem(self, regime: str = "float32", device: str = "cpu") -> str | None:
         """Why this update is not the reference's (frozen, detached, double-counted, wrong
         direction), or None."""
-        from harness.registry.tolerances import parity_tolerance
-
         r_tol = parity_tolerance("update_ratio", regime, device).atol
         c_tol = parity_tolerance("update_cosine", regime, device).atol
         reasons = []

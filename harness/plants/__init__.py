@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from harness.registry import environment
+from harness.upstream.install import after_import
 
 PLANT_STEP = 2  # the trainer step at which step-triggered plants act
 
@@ -76,7 +77,7 @@ class Plant:
 @functools.cache
 def registry() -> dict[str, Plant]:
     """Every plant by name (built on first use: the realisations import torch)."""
-    from harness.plants import in_torchtitan, inputs, kernels, nki_emu
+    from harness.plants import in_torchtitan, inputs, kernels, nki_emu  # noqa: PLC0415  heavy: torch; the realisations import it, the names do not
 
     out: dict[str, Plant] = {}
     for plant in (*in_torchtitan.PATCH_PLANTS, *kernels.KERNEL_PLANTS, *inputs.COPY_PLANTS, *nki_emu.EMULATOR_PLANTS):
@@ -111,8 +112,7 @@ def check_patch_names(names) -> tuple[str, ...]:
 def install_in_ranks(names) -> None:
     """In a launched rank: apply each named patch right after its module is first imported.
     (Only the patches are imported here: a rank has no use for the other realisations.)"""
-    from harness.plants.in_torchtitan import PATCH_PLANTS
-    from harness.upstream.install import after_import
+    from harness.plants.in_torchtitan import PATCH_PLANTS  # noqa: PLC0415  heavy: torch; a rank hooks the patches before torch imports
 
     by_name = {p.name: p for p in PATCH_PLANTS}
     unknown = [n for n in names if n not in by_name]

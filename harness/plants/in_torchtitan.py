@@ -8,6 +8,7 @@ at import like an upstream shim). In-process it acts inside ``with planted(name)
 from __future__ import annotations
 
 import os
+import re
 import time
 from types import ModuleType
 
@@ -91,7 +92,7 @@ def _untie_embeddings(trainer_module: ModuleType):
     skips it), so the run trains normally and only the tying is wrong."""
     def make(original_init):
         def __init__(self, config, *args, **kwargs):
-            from torchtitan.models import qwen3
+            from torchtitan.models import qwen3  # noqa: PLC0415  order: torchtitan loads after the plants are hooked
 
             config.model_spec.model.enable_weight_tying = False
             config.model_spec.model.tok_embeddings.param_init = qwen3._EMBEDDING_INIT
@@ -135,7 +136,7 @@ def _drop_uneven_last_row(tensor) -> str | None:
     """Zero the last row of ``tensor`` where it is a DTensor sharded on dim 0 over a 1-D mesh
     whose size does not divide that dimension (FSDP's shorter last shard), on the rank that
     holds the row; the tensor's global shape when it did."""
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415  heavy: torch.distributed.tensor adds about 1 s over torch
 
     if not isinstance(tensor, DTensor) or tensor.device_mesh.ndim != 1 or tensor.ndim == 0:
         return None
@@ -202,8 +203,6 @@ def _replicate_one_shard(trainer_module: ModuleType):
     not: step 1 starts right after it), every rank's shard of layer 0's query projection is
     replaced by rank 0's: one parameter whose shards are identical, as a loader that hands
     every rank the same slice would leave it."""
-    import re
-
     def replicate(model_parts) -> None:
         with torch.no_grad():
             for part in model_parts:
@@ -362,7 +361,7 @@ def _sign_flipped(hook, container):
         before = [m.expert_bias_E.detach().clone() for m in moes]
         result = hook(*args, **kwargs)
         with torch.no_grad():
-            for m, b in zip(moes, before):
+            for m, b in zip(moes, before, strict=True):
                 m.expert_bias_E.copy_(2 * b - m.expert_bias_E)
         return result
     return flipped
@@ -374,7 +373,7 @@ def _counts_kept(hook, container):
         before = [m.tokens_per_expert_E.detach().clone() for m in moes]
         result = hook(*args, **kwargs)
         with torch.no_grad():
-            for m, c in zip(moes, before):
+            for m, c in zip(moes, before, strict=True):
                 m.tokens_per_expert_E.copy_(c)
         return result
     return kept
@@ -488,7 +487,7 @@ PATCH_PLANTS += (
 def _expert_grads_doubled_under_ep(trainer_module: ModuleType):
     """pytorch #160285: under EP 2 the routed experts' gradients come out exactly twice EP 1's
     (the loss curves look the same)."""
-    from harness.upstream.titan_api import MOE_GROUPED_EXPERTS_PATH
+    from harness.upstream.titan_api import MOE_GROUPED_EXPERTS_PATH  # noqa: PLC0415  order: titan_api imports torchtitan, which the plants patch on import
 
     experts = f".{MOE_GROUPED_EXPERTS_PATH}."
 

@@ -162,7 +162,7 @@ def with_rope_class(model_config, rope_config_cls):
 
 
 def with_norm_eps(model_config, eps: float):
-    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.common.nn_modules import RMSNorm  # noqa: PLC0415  heavy: torchtitan; the plants' registry builds without it
 
     new = copy.deepcopy(model_config)
     for _fqn, cfg, _parent, _attr in list(new.traverse(RMSNorm.Config)):
@@ -294,7 +294,7 @@ def _total_size_plus_4(d):
 
 
 def _complex_rope(model_config):
-    from torchtitan.models.common.rope import ComplexRoPE
+    from torchtitan.models.common.rope import ComplexRoPE  # noqa: PLC0415  heavy: torchtitan; the plants' registry builds without it
 
     return with_rope_class(model_config, ComplexRoPE.Config)
 

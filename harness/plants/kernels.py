@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from harness.kernels.checks.spec import Implementation
+from harness.kernels.ops import grouped_swiglu as gs
+from harness.kernels.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref
+from harness.kernels.ops.rope_torch import rope_cos_sin  # the one RoPE reference; the plant is in the rotation
 from harness.plants import KernelPlant, Plant
 from harness.references.loss import IGNORE_INDEX
 
@@ -32,8 +35,6 @@ def _f32(dtype, device):
 
 
 def _rope_angles(x, positions, theta):
-    from harness.kernels.ops.rope_torch import rope_cos_sin  # the one RoPE reference; the plant is in the rotation
-
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta, dtype=torch.float64)
     return cos.float()[:, :, None, :], sin.float()[:, :, None, :]
 
@@ -145,9 +146,6 @@ def _blockwise_swiglu(next_expert: bool = False, blocks_computed=None):
     block -> expert map); ``blocks_computed(R, E, B)``: the kernel's static block loop stops
     there (blocks past it never computed, their rows left zero)."""
     def run(inputs, params, device):
-        from harness.kernels.ops import grouped_swiglu as gs
-        from harness.kernels.ops.nki.grouped_swiglu_kernel_torch import blocked_rows_torch_ref
-
         x, w1, w2, w3 = (inputs[k].float() for k in ("x", "w1", "w2", "w3"))
         offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32)
         experts = w1.shape[0]

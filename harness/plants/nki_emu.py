@@ -2,11 +2,13 @@
 documented rule of NKI 0.7 wrong, as a patch of ``harness.kernels.emu.semantics`` applied in-process
 with ``plants.planted(name)``. tests/kernels/test_nki_emu_validation.py shows each caught by
 the emulator's validation against nki-library (or, for PSUM accumulation, poisoning and the
-semantics of issue 29 -- exact integers, saturating float-to-integer writes, signed abs_max --
-by the emulator's own tests and the kernel suite).
+emulator's integer and saturation semantics -- exact integers, saturating float-to-integer writes,
+signed abs_max -- by the emulator's own tests and the kernel suite).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from harness.plants import Plant
 
@@ -15,8 +17,6 @@ MODULE = "harness.kernels.emu.semantics"
 
 def _override(**changes):
     def apply(module):
-        from dataclasses import replace
-
         module._current.append(replace(module.current(), **changes))
         return module._current.pop
 
@@ -42,7 +42,7 @@ EMULATOR_PLANTS = (
           ("emulator uninitialised-read test",),
           patch=_override(poison_uninitialised=False)),
     Plant("nki_emu_integers_through_float32", "kernel",
-          "every read goes through float32, as before issue 29: int32 16777217 copies as 16777216, int32 "
+          "every read goes through float32 (integers not exact): int32 16777217 copies as 16777216, int32 "
           "tensor_tensor and memset of an integer tile round through float32",
           ("emulator exact-integer tests (tests/kernels/test_nki_emu_semantics.py)",),
           patch=_override(integers_exact=False)),

@@ -136,6 +136,6 @@ def record_after_load(trainer, on: frozenset = frozenset({"trainer_state"})) -> 
 def _rank_hooks():
     # Imported once the trainer is: it imports torch, which the boot must not (the shims'
     # post-import hooks are registered first).
-    from harness.rank import hooks as rank_hooks
+    from harness.rank import hooks as rank_hooks  # noqa: PLC0415  order: imports torch, after the shims' post-import hooks
 
     return rank_hooks

@@ -30,6 +30,8 @@ from __future__ import annotations
 import gc
 import os
 
+from harness.upstream.install import after_import
+
 RANK_ENV = "LOCAL_RANK"  # torchrun sets it in each worker, not in its own process
 
 
@@ -49,7 +51,6 @@ def defer_until_trainer() -> None:
     when torchtitan's Trainer is built."""
     if RANK_ENV not in os.environ:
         return
-    from harness.upstream.install import after_import
 
     pause()
     after_import("torchtitan.trainer", enable_as_trainer_builds)

@@ -30,7 +30,7 @@ CHECKPOINT_WRAPPER = "_checkpoint_wrapped_module."  # activation checkpointing's
 
 
 def rank_of_process() -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
@@ -39,7 +39,7 @@ def rank_of_process() -> int:
 
 def plain(t):
     """A detached, whole (gathered), plain CPU copy of ``t`` (a DTensor or a tensor)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
     t = t.detach()
     t = t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -52,7 +52,7 @@ def plain(t):
 
 def fingerprint(param) -> dict:
     """The fingerprint of this rank's local shard of ``param`` (a DTensor or a plain tensor)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
     local = param.detach()
     placements, coordinate = None, None
@@ -91,7 +91,7 @@ def write_fingerprints(trainer) -> None:
         prefix = f"part{i}." if len(trainer.model_parts) > 1 else ""
         for name, param in part.named_parameters():
             params[prefix + name.replace(CHECKPOINT_WRAPPER, "")] = fingerprint(param)
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     path = dump_layout.shard_file(trainer.config.dump_folder, rank_of_process())
@@ -134,7 +134,7 @@ def _unit(name: str) -> str:
 def dump_initial(trainer) -> None:
     """The model's step-0 weights. Every rank takes part (a sharded parameter is gathered);
     rank 0 writes, one unit at a time, so memory stays that of one layer."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
     dump = trainer.config.dump_folder
     rank = rank_of_process()
@@ -163,10 +163,10 @@ def dump_initial(trainer) -> None:
 def dump_batch(trainer, input_dict, labels, processed) -> None:
     """This rank's batch of the trainer's current step: as the dataloader gave it and as
     ``post_dataloading_process`` made it (what the model and the loss are fed)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
 
-    from harness.references.batch import Batch
-    from harness.upstream import titan_api
+    from harness.references.batch import Batch  # noqa: PLC0415  heavy: torch; the launcher imports step0 without it
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; the launcher imports step0 without it
 
     inputs, model_labels, extra = titan_api.post_dataloading_parts(processed)
     path = dump_layout.batch_file(trainer.config.dump_folder, rank_of_process(), int(trainer.step))

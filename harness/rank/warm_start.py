@@ -40,12 +40,19 @@ This module runs in a worker before torch is imported: it imports the standard l
 
 from __future__ import annotations
 
+import atexit
+import gc
+import importlib
 import json
 import os
+import runpy
+import selectors
 import signal
 import socket
 import struct
 import sys
+import threading
+import time
 
 from harness.registry import environment  # standard library only
 
@@ -249,9 +256,8 @@ def _run_rank(request: dict, fds: list[int], imported_env: dict[str, str]) -> in
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [getattr(signal, n) for n in FORWARDED])
     print(f"{STARTED_WARM} {os.getppid()}", file=sys.stderr, flush=True)
-    import runpy
 
-    import sitecustomize  # the boot folder's, which installed the device's shims in the zygote
+    import sitecustomize  # noqa: PLC0415  cycle: sitecustomize imports this module (the hand-over); the boot folder's, which installed the device's shims in the zygote
 
     code = 0
     try:
@@ -264,8 +270,6 @@ def _run_rank(request: dict, fds: list[int], imported_env: dict[str, str]) -> in
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    import atexit
-    import threading
 
     threading._shutdown()  # as the interpreter's finalisation: non-daemon threads, then atexit
     atexit._run_exitfuncs()
@@ -280,10 +284,6 @@ def _run_rank(request: dict, fds: list[int], imported_env: dict[str, str]) -> in
 def _preload() -> str | None:
     """Import ``PRELOAD`` (garbage collection off, then frozen, as a pre-fork server does);
     why the zygote cannot serve, or None."""
-    import gc
-    import importlib
-    import threading
-
     gc.disable()
     for name in PRELOAD:
         try:
@@ -305,9 +305,6 @@ def _preload() -> str | None:
 def serve(socket_path: str) -> None:
     """The zygote: preload, then fork a rank per request until the launcher that started it
     is gone or sends SIGTERM; every rank it forked dies with it."""
-    import selectors
-    import time
-
     launcher = os.getppid()
     zygote_env = dict(os.environ)  # as started: what a rank's environment is compared with
     problem = _preload()

@@ -13,6 +13,7 @@ property), which are reported separately with their numbers.
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from collections import defaultdict
 
@@ -50,7 +51,7 @@ def summarize(rows) -> str:
     arb = defaultdict(float)
     where = {}
     findings = []
-    for op, impl, device, case, dtype, result in rows:
+    for op, impl, _device, case, dtype, result in rows:
         for check in result.checks:
             finding = issues_for(result, check.name)
             d = check.details
@@ -87,8 +88,6 @@ def summarize(rows) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m harness.kernels.checks calibrate")
     parser.add_argument("ops", nargs="*", help="restrict to these ops")
     parser.add_argument("--device", action="append", default=None)

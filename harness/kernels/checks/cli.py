@@ -13,10 +13,16 @@ case in float32 and says whether it ran and passed.
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 import warnings
 from pathlib import Path
 
 import torch
+
+from harness.kernels.checks.runner import master_inputs, outcome, round_inputs, run
+from harness.kernels.checks.runner import replay as do_replay
+from harness.kernels.checks.spec import device_status, torch_device
 
 
 def _smallest_case(op):
@@ -27,9 +33,7 @@ def _smallest_case(op):
 
 
 def list_implementations(run_them: bool = False) -> str:
-    from harness.kernels.checks.registry import OPS
-    from harness.kernels.checks.runner import outcome, run
-    from harness.kernels.checks.spec import device_status
+    from harness.kernels.checks.registry import OPS  # noqa: PLC0415  heavy: torchtitan, via the adapters; only some commands need it
 
     lines = []
     for op in OPS.values():
@@ -77,12 +81,6 @@ def _synchronize(device: str) -> None:
 def benchmark(op, impl, device: str, case, dtype: torch.dtype, iters: int = 5, clock=None) -> dict:
     """Forward timings of ``impl`` on ``case``: ``first_call_s`` (includes any compile) and the
     steady-state ``median_s`` / ``min_s`` over ``iters`` further calls (same inputs)."""
-    import statistics
-    import time
-
-    from harness.kernels.checks.runner import master_inputs, round_inputs
-    from harness.kernels.checks.spec import torch_device
-
     clock = clock or time.perf_counter
     target = torch_device(device)
     inputs = {k: v.to(target) for k, v in round_inputs(op, master_inputs(op.name, case.name), dtype).items()}
@@ -128,7 +126,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "bench":
-        from harness.kernels.checks.registry import OPS
+        from harness.kernels.checks.registry import OPS  # noqa: PLC0415  heavy: torchtitan, via the adapters; only some commands need it
 
         op = OPS[args.op]
         case = op.case(args.case) if args.case else _smallest_case(op)
@@ -140,11 +138,9 @@ def main(argv=None) -> int:
         print(list_implementations(args.run))
         return 0
     if args.command == "replay":
-        from harness.kernels.checks.runner import replay as do_replay
-
         result = do_replay(args.file)
         print(result.report())
         return 0 if result.passed else 1
-    from harness.kernels.checks.calibrate import main as calibrate_main
+    from harness.kernels.checks.calibrate import main as calibrate_main  # noqa: PLC0415  heavy: torchtitan, via the registry
 
     return calibrate_main(args.ops)

@@ -46,7 +46,7 @@ def _histogram(ratio: Tensor) -> str:
     buckets = torch.bucketize(flat, edges, right=False) + 1  # (0, 1/64] -> 1, ...
     buckets = torch.where(flat == 0, torch.zeros_like(buckets), buckets)
     counts = torch.bincount(buckets, minlength=len(HIST_LABELS)).tolist()
-    return " ".join(f"{label}:{count}" for label, count in zip(HIST_LABELS, counts) if count)
+    return " ".join(f"{label}:{count}" for label, count in zip(HIST_LABELS, counts, strict=True) if count)
 
 
 def _nan_aware_diff(a: Tensor, b: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 
 import harness.device.devices
+from harness.kernels.checks.xdist import visible_cores_for_worker
 
 LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"
 
@@ -34,8 +35,6 @@ def neuron_kernel_env(environ: Mapping[str, str] | None = None) -> dict[str, str
 def neuron_test_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Everything tests/kernels/conftest.py sets for a test marked ``neuron``: its xdist
     worker's NeuronCores (unless the caller chose them) and the ranks' LNC."""
-    from harness.kernels.checks.xdist import visible_cores_for_worker
-
     environ = os.environ if environ is None else environ
     env = {}
     cores = visible_cores_for_worker(environ.get("PYTEST_XDIST_WORKER"),

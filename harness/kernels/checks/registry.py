@@ -15,6 +15,7 @@ from harness.kernels.checks import cases, references
 from harness.kernels.checks.adapters import harness_ops, nki_kernels, nkilib, torchtitan, transformers
 from harness.kernels.checks.spec import Implementation, OpSpec, module_probe
 from harness.kernels.ops.neuron import nki_available
+from harness.registry import upstream
 
 HOST = ("cpu", "cuda")
 
@@ -34,8 +35,6 @@ def has_nkilib() -> tuple[bool, str]:
 def has_nkilib_wheel() -> tuple[bool, str]:
     """nki-library's standalone wheel (package ``nkilib_src.nkilib``, pinned in
     constraints/upstream.toml), for the emulator tier."""
-    from harness.registry import upstream
-
     reason = upstream.missing("nki-library")
     return (False, reason) if reason else (True, "nkilib_src imports")
 

@@ -24,6 +24,7 @@ import torch
 
 from harness.kernels.checks import compare
 from harness.kernels.checks.compare import Check
+from harness.kernels.checks.diagnostics import format_report, save_replay
 from harness.kernels.checks.spec import Case, Implementation, OpSpec, dtype_name, torch_device
 from harness.registry import known_issues
 from harness.registry.known_issues import Verdict
@@ -59,15 +60,13 @@ class RunResult:
         )
 
     def report(self) -> str:
-        from harness.kernels.checks.diagnostics import format_report
-
         return format_report(self)
 
 
 @functools.lru_cache(maxsize=16)
 def master_inputs(op_name: str, case_name: str) -> dict[str, torch.Tensor]:
     """The case's seeded float64 master inputs (cached; treat as read-only)."""
-    from harness.kernels.checks.registry import get_op
+    from harness.kernels.checks.registry import get_op  # noqa: PLC0415  heavy: torchtitan via the adapters; the CLI imports the runner without it
 
     op = get_op(op_name)
     case = op.case(case_name)
@@ -108,7 +107,7 @@ def evaluate(call, op: OpSpec, inputs: dict, cotangents_for, backward: bool, dev
                 [cotangents[n].to(device=device, dtype=outputs[n].dtype) for n in names],
                 allow_unused=True,
             )
-        for name, grad in zip(op.diff_inputs, grads):
+        for name, grad in zip(op.diff_inputs, grads, strict=True):
             results[f"grad_{name}"] = torch.zeros_like(leaves[name]).cpu() if grad is None else grad.detach().cpu()
     return results, cotangents
 
@@ -218,8 +217,6 @@ def run(
 
 def _finish(result, op, impl, case, dtype, master, save_dir) -> None:
     if not result.passed and save_dir is not None:
-        from harness.kernels.checks.diagnostics import save_replay
-
         result.replay_path = save_replay(result, op, case, master, Path(save_dir))
 
 
@@ -365,7 +362,7 @@ def outcome(result: RunResult, workarounds=()):
 def replay(path: Path, save_dir: Path | None = None, impl=None):
     """Re-run a saved case with its saved inputs; returns the new RunResult. ``impl`` overrides
     the registry lookup (for implementations that are not registered, e.g. planted defects)."""
-    from harness.kernels.checks.registry import get_op
+    from harness.kernels.checks.registry import get_op  # noqa: PLC0415  heavy: torchtitan via the adapters; the CLI imports the runner without it
 
     bundle = torch.load(path, weights_only=False)
     op = get_op(bundle["op"])

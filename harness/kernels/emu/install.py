@@ -20,6 +20,8 @@ import importlib.util
 import sys
 import threading
 
+from harness.kernels.emu import nki_module
+
 _lock = threading.RLock()
 _bound: dict[str, object] = {}  # modules imported under the emulator, kept between entries
 _harness_kernels: dict[str, object] = {}
@@ -27,8 +29,6 @@ _depth = [0]
 
 
 def _emulator_modules() -> dict[str, object]:
-    from harness.kernels.emu import nki_module
-
     return {"nki": nki_module, **{f"nki.{name}": getattr(nki_module, name)
                                   for name in ("language", "isa", "typing", "compiler", "tensor", "builtin")},
             "nki.isa.constants": nki_module.isa.constants, "nki.language.dtypes": nki_module.language.dtypes}

@@ -205,7 +205,8 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
           lambda: f"nki.isa.dma_copy from {src.buffer!r} to {dst.buffer!r}")
     for t, what in ((dst, "dst"), (src, "src")):
         if t.buffer.on_chip:
-            check(t.partitions <= PMAX, "partition-dim", lambda: f"nki.isa.dma_copy: {what} spans {t.partitions} partitions")
+            check(t.partitions <= PMAX, "partition-dim",
+                  lambda t=t, what=what: f"nki.isa.dma_copy: {what} spans {t.partitions} partitions")
     program = cost.active()
     program.instruction("dma_copy", "dma")
     program.dma(dst.size * dst.dtype.itemsize)
@@ -333,13 +334,16 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
               f"-> {dtypes.name_of(dst.dtype)}: needs integer tiles")
     operands = (operand0, operand1)
     stages = []
-    for i, (op, reverse) in enumerate(zip(ops, (reverse0, reverse1))):
+    # one stage without op1: its reverse1 goes unused
+    for i, (op, reverse) in enumerate(zip(ops, (reverse0, reverse1), strict=False)):
         operand = operands[i]
         if op.arity == 1:
-            check(operand is None or operand == 0, "alu-op", lambda: f"nki.isa.tensor_scalar: unary {op!r} takes operand "
+            check(operand is None or operand == 0, "alu-op",
+                  lambda op=op, operand=operand: f"nki.isa.tensor_scalar: unary {op!r} takes operand "
                   f"None or 0, got {operand!r}")
         elif bitvec:
-            check(isinstance(operand, int), "alu-op", lambda: f"nki.isa.tensor_scalar: bitvec {op!r} needs an integer scalar")
+            check(isinstance(operand, int), "alu-op",
+                  lambda op=op: f"nki.isa.tensor_scalar: bitvec {op!r} needs an integer scalar")
         else:
             operand = _column(operand, data, "tensor_scalar", f"operand{i}", True)
         stages.append((op, operand, reverse))
@@ -1005,7 +1009,8 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     allowed = {128: (0,), 96: (0,), 64: (0, 64), 32: (0, 32, 64, 96)}[active]
     for t, what in ((src, "src"), (dst, "dst")):
         check(t.start_partition in allowed, "stream-shuffle",
-              lambda: f"nki.isa.nc_stream_shuffle: {what} starts on partition {t.start_partition} with {active} active partitions")
+              lambda t=t, what=what: f"nki.isa.nc_stream_shuffle: {what} starts on partition {t.start_partition} "
+              f"with {active} active partitions")
     cost.active().instruction("nc_stream_shuffle", "vector", dst.size)
     _clear_matmul_marks(dst)
     if _shape_only(dst, src):
@@ -1019,7 +1024,8 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
             continue
         source = (i // 32) * 32 + m
         check(source < src.partitions, "stream-shuffle",
-              lambda: f"nki.isa.nc_stream_shuffle: dst partition {i} copies src partition {source} of {src.partitions}")
+              lambda i=i, source=source: f"nki.isa.nc_stream_shuffle: dst partition {i} copies src partition {source} "
+              f"of {src.partitions}")
         out[i] = values[source]
     dst.write_raw(out)
 

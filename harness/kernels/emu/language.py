@@ -101,7 +101,7 @@ class NKIObject:
                                    for n in vars(klass).get("__annotations__", {})))
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)} positional arguments")
-        for name, value in zip(names, args):
+        for name, value in zip(names, args, strict=False):  # the fields not given positionally stay unset
             setattr(self, name, value)
         for name, value in kwargs.items():
             if name not in names:
@@ -167,8 +167,6 @@ def full(shape, fill_value, dtype, buffer=SBUF, name: str = ""):
     """A tensor filled with ``fill_value`` (one memset on chip)."""
     tensor_ = allocate(shape, dtype, buffer, name)
     if buffer.on_chip:
-        from harness.kernels.emu import isa
-
         isa.memset(tensor_, fill_value)
     elif tensor_.storage.data is not None:
         tensor_.storage.data.fill_(fill_value)

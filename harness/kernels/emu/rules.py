@@ -134,7 +134,7 @@ SEMANTICS = {
     "integer-memset": ("memset supports every NKI dtype: an integer constant into an integer tile is that integer",
                        f"{DOCS}/{_ISA}.memset.html"),
     "float-to-integer": ("a float32 result written to an integer tile rounds to nearest even and saturates at the "
-                         "type's range (Neuron 2.32's nki.simulate, as issue 29 measured; the docs name the float32 "
+                         "type's range (as measured on Neuron 2.32's nki.simulate; the docs name the float32 "
                          "intermediate but no rounding mode)", f"{DOCS}/api/nki.api.shared.html (Type Casting)"),
     "signed-abs-max": ("abs_max / abs_min return the original signed value of larger / smaller magnitude; "
                        "NeuronCore-v4 (trn3) only", f"{DOCS}/api/generated/nki.language.abs_max.html"),

@@ -409,7 +409,7 @@ class NkiTensor:
         last = first + self.shape[0] - 1
         check(0 <= first and last < self.storage.partitions, "partition-access",
               lambda: f"{where!r}: partitions {first}..{last} outside the tile's {self.storage.partitions}")
-        extent = self.offset % pstride + sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:]))
+        extent = self.offset % pstride + sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:], strict=True))
         check(all(s >= 0 for s in self.strides[1:]) and extent < pstride, "partition-access",
               lambda: f"{where!r}: free-dimension access reaches element {extent} of a {pstride}-element partition")
 
@@ -425,7 +425,7 @@ class NkiTensor:
             raise IndexError(f"nki emulator: {len(key)} indices for a {self.ndim}-d tensor {self.shape}")
         on_chip = self.buffer.on_chip
         shape, strides, offset = [], [], self.offset
-        for dim, (size, stride) in enumerate(zip(self.shape, self.strides)):
+        for dim, (size, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
             k = key[dim] if dim < len(key) else slice(None)
             if isinstance(k, NkiTensor):
                 raise NotImplementedError("nki emulator: indexing a tensor with a tensor (dynamic select)")
@@ -439,7 +439,8 @@ class NkiTensor:
             else:
                 index = int(k)
                 index = index + size if index < 0 else index
-                check(0 <= index < size, "bounds", lambda: f"index {k} out of range for dim {dim} of size {size} of {self!r}")
+                check(0 <= index < size, "bounds",
+                      lambda k=k, dim=dim, size=size: f"index {k} out of range for dim {dim} of size {size} of {self!r}")
                 offset += index * stride
                 if on_chip and dim == 0:  # the docs: on-chip, an integer on dim 0 is a size-1 slice
                     shape.append(1)
@@ -455,7 +456,7 @@ class NkiTensor:
 
     def is_contiguous(self) -> bool:
         expected = 1
-        dims = list(zip(self.shape, self.strides))
+        dims = list(zip(self.shape, self.strides, strict=True))
         if self.buffer.on_chip:
             dims = dims[1:]
         for size, stride in reversed(dims):
@@ -465,7 +466,7 @@ class NkiTensor:
         return True
 
     def get_pattern(self) -> list[list[int]]:
-        return [[s, n] for n, s in zip(self.shape, self.strides)]
+        return [[s, n] for n, s in zip(self.shape, self.strides, strict=True)]
 
     def reshape(self, shape) -> NkiTensor:
         shape = list((shape,) if isinstance(shape, int) else shape)
@@ -511,8 +512,8 @@ class NkiTensor:
 
     # ---------------------------------------------------------------- data
     def static_bounds(self) -> tuple[int, int]:
-        low = self.offset + sum(min(0, (n - 1) * s) for n, s in zip(self.shape, self.strides))
-        high = self.offset + sum(max(0, (n - 1) * s) for n, s in zip(self.shape, self.strides))
+        low = self.offset + sum(min(0, (n - 1) * s) for n, s in zip(self.shape, self.strides, strict=True))
+        high = self.offset + sum(max(0, (n - 1) * s) for n, s in zip(self.shape, self.strides, strict=True))
         return low, high
 
     def addresses(self, checked: bool = True) -> torch.Tensor:
@@ -521,7 +522,7 @@ class NkiTensor:
         base, low, high = self.offset, self.offset, self.offset
         parts = []
         vector = self.dynamic is not None and self.dynamic[0] == "vector"
-        for dim, (size, stride) in enumerate(zip(self.shape, self.strides)):
+        for dim, (size, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
             if vector and dim == 0:
                 continue  # per-partition rows come from the index tensor
             view = [1] * self.ndim
@@ -642,7 +643,7 @@ class NkiTensor:
         """Does the view reach one element more than once (a 0 step, or steps narrower than the
         dims inside them)? Each step must pass the span of the smaller ones."""
         span = 0
-        for stride, size in sorted((abs(st), n) for n, st in zip(self.shape, self.strides) if n > 1):
+        for stride, size in sorted((abs(st), n) for n, st in zip(self.shape, self.strides, strict=True) if n > 1):
             if stride <= span:
                 return True
             span += stride * (size - 1)

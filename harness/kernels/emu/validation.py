@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.kernels.emu import install
+from harness.kernels.emu import install, language
 from harness.kernels.emu.launch import launch
 
 PACKAGE = "nkilib_src.nkilib"
@@ -106,8 +106,6 @@ def _cumsum(batch, hidden, ndim, seq, dtype):
 
 
 def _nl_dtype(dtype):
-    from harness.kernels.emu import language
-
     return language.bfloat16 if dtype == torch.bfloat16 else language.float32
 
 

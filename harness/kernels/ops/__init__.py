@@ -29,6 +29,8 @@ attribute access.
 
 from __future__ import annotations
 
+import importlib
+
 from harness.kernels.ops import grouped_swiglu, rope
 from harness.kernels.ops.neuron import NEURON_REGISTRATION, neuron_available, register_neuron_kernels
 
@@ -54,7 +56,5 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'harness.kernels.ops' has no attribute {name!r}")

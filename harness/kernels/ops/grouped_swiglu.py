@@ -77,7 +77,7 @@ from torch import Tensor
 def _aligned(*tensors: Tensor) -> bool:
     """torch._grouped_mm needs every non-unit stride to be a multiple of 16 bytes."""
     for t in tensors:
-        for size, stride in zip(t.shape, t.stride()):
+        for size, stride in zip(t.shape, t.stride(), strict=True):
             if size > 1 and stride != 1 and (stride * t.element_size()) % 16:
                 return False
     return True

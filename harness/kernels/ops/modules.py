@@ -27,6 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.common.rope import CosSinRoPE
+from torchtitan.models.qwen3.model import Qwen3Model
 
 import harness.kernels.ops  # noqa: F401  (registers torch.ops.harness.*)
 from harness.upstream import titan_api
@@ -114,8 +115,6 @@ def use_custom_ops(model_config):
     Raises ``TypeError`` for a config that is not a Qwen3Model.Config and ``ValueError`` when a
     layer's rope is not rotate-half (``CosSinRoPE``) or a layer ends up unconverted.
     """
-    from torchtitan.models.qwen3.model import Qwen3Model
-
     if not isinstance(model_config, Qwen3Model.Config):
         raise TypeError(f"use_custom_ops expects a Qwen3Model.Config, got {type(model_config).__name__}")
     new = copy.deepcopy(model_config)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from harness.device.devices import neuron_status
 from harness.device.package_probe import PLACEHOLDER_MARKER, is_emulator, nki_available, probe_module  # noqa: F401
 
@@ -51,9 +53,8 @@ def register_neuron_kernels() -> dict:
     if not ok:
         NEURON_REGISTRATION.update(registered=False, reason=f"not registered: {reason}", ops=[])
         return NEURON_REGISTRATION
-    import torch
 
-    from harness.kernels.ops.nki import grouped_swiglu_backward, grouped_swiglu_kernel, rope_kernel
+    from harness.kernels.ops.nki import grouped_swiglu_backward, grouped_swiglu_kernel, rope_kernel  # noqa: PLC0415  optional: the kernels import nki where installed; registered on a Neuron device only
 
     kernels = {
         "harness::rope": rope_kernel.rope_neuron,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import tomllib
@@ -34,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
+from harness.references.model import load_hf_tensors
 
 ALLOW_LIST = Path(__file__).with_name("expected_unmapped_keys.toml")
 INDEX_NAME = "model.safetensors.index.json"
@@ -73,7 +77,7 @@ def format_violations(title: str, violations: list[Violation]) -> str:
 # --------------------------------------------------------------------------------------------
 
 def hf_config(config_dir: str | Path):
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: transformers; the checkpoint listing loads without it
 
     return transformers.AutoConfig.from_pretrained(str(config_dir))
 
@@ -81,9 +85,9 @@ def hf_config(config_dir: str | Path):
 def expected_hf_checkpoint(config_dir: str | Path, dtype: torch.dtype | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """``{key: (shape, dtype)}`` that ``save_pretrained`` writes for the config in
     ``config_dir``. ``dtype`` defaults to the config's ``dtype`` (fp32 if unset)."""
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: transformers; the checkpoint listing loads without it
 
-    from harness.parity.models import hf_state_to_disk_names
+    from harness.parity.models import hf_state_to_disk_names  # noqa: PLC0415  heavy: torchtitan via parity.models; the listing loads without it
 
     cfg = hf_config(config_dir)
     if dtype is None:
@@ -123,8 +127,6 @@ class CheckpointListing:
 
 
 def list_checkpoint(directory: str | Path) -> CheckpointListing:
-    from safetensors import safe_open
-
     directory = Path(directory)
     files = {}
     for path in sorted(directory.glob("*.safetensors")):
@@ -178,7 +180,7 @@ def index_violations(listing: CheckpointListing) -> list[Violation]:
     total = listing.index.get("metadata", {}).get("total_size")
     if total is not None:
         actual = 0
-        for key, (shape, dtype) in listing.tensors.items():
+        for _key, (shape, dtype) in listing.tensors.items():
             if isinstance(dtype, torch.dtype):
                 n = 1
                 for s in shape:
@@ -217,8 +219,6 @@ def checkpoint_violations(directory: str | Path, config_dir: str | Path | None =
             out.append(Violation("dtype", key, f"expected {ed}, checkpoint has {ad}"))
     if not getattr(cfg, "tie_word_embeddings", False) and "lm_head.weight" in actual \
             and "model.embed_tokens.weight" in actual:
-        from safetensors import safe_open
-
         loc = listing.locations()
         with safe_open(str(directory / loc["lm_head.weight"][0]), "pt") as f:
             head = f.get_tensor("lm_head.weight")
@@ -253,7 +253,7 @@ def with_config(directory: str | Path, config_dir: str | Path, out_dir: str | Pa
 def reload_report(directory: str | Path) -> tuple[object, list[Violation]]:
     """``from_pretrained(directory)`` in fp32; violations for every missing, unexpected or
     mismatched key and every load error transformers reports."""
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: transformers; the checkpoint listing loads without it
 
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         str(directory), dtype=torch.float32, output_loading_info=True)
@@ -368,10 +368,8 @@ def save_like_trainer(model: torch.nn.Module, adapter, out_dir: str | Path) -> P
     """torchtitan ``dcp_save(to_hf=True)``: ``adapter.to_hf(model.state_dict())`` written by
     ``HuggingFaceStorageWriter`` (sharded per the adapter's ``fqn_to_index_mapping`` and
     consolidated, or a single consolidated file), as ``checkpoint.last_save_in_hf`` does."""
-    import os
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415  heavy: torch.distributed.checkpoint adds about 1 s over torch
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter  # noqa: PLC0415  heavy: torch.distributed.checkpoint adds about 1 s over torch
 
     out_dir = Path(out_dir)
     state = adapter.to_hf({k: v for k, v in model.state_dict().items()})
@@ -381,7 +379,7 @@ def save_like_trainer(model: torch.nn.Module, adapter, out_dir: str | Path) -> P
                                       fqn_to_index_mapping=mapping, enable_consolidation=not mapping)
     dcp.save(state, storage_writer=writer)
     if mapping:
-        from torch.distributed.checkpoint._consolidate_hf_safetensors import (
+        from torch.distributed.checkpoint._consolidate_hf_safetensors import (  # noqa: PLC0415  heavy: torch.distributed.checkpoint adds about 1 s over torch
             consolidate_safetensors_files_on_every_rank,
         )
 
@@ -393,8 +391,6 @@ def save_like_trainer(model: torch.nn.Module, adapter, out_dir: str | Path) -> P
 def tensor_equality_violations(directory: str | Path, expected: dict[str, torch.Tensor],
                                what: str = "saved") -> list[Violation]:
     """Every tensor in ``directory`` equals ``expected`` bit for bit (and none is missing)."""
-    from harness.references.model import load_hf_tensors
-
     got = load_hf_tensors(directory)
     out = []
     for key in sorted(set(expected) - set(got)):

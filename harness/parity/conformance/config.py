@@ -30,10 +30,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torchtitan.models.common import attention as titan_attention
 
 from harness.kernels.ops.rope_torch import apply_rope, rope_cos_sin
+from harness.model.build import meta_module
 from harness.parity.conformance.checkpoint import Violation
+from harness.parity.env import prepare_in_process
+from harness.parity.settings import theta_from_cos_sin_cache
 from harness.registry.hf_config import Qwen3Arch
+from harness.registry.tolerances import parity_tolerance as tolerance
 from harness.upstream import titan_api
 
 
@@ -68,8 +73,6 @@ class ConformanceReport:
 def build_meta(model_config) -> nn.Module:
     """The model of ``model_config`` as given (no ``update_from_config``: the config under
     conformance is the one a config function wrote), on the meta device."""
-    from harness.model.build import meta_module
-
     return meta_module(model_config)
 
 
@@ -138,8 +141,6 @@ def _rope_probe(rope_config, arch: Qwen3Arch, n_heads: int = 2, positions: int =
     theta = float("nan")
     cache = getattr(module, "cache", None)
     if cache is not None and cache.dim() == 2 and cache.shape[-1] == 2 * D:
-        from harness.parity.settings import theta_from_cos_sin_cache
-
         theta = theta_from_cos_sin_cache(cache, D)
     return rel_error(arch.rope_theta), rel_error(float(rope_config.theta)), theta
 
@@ -150,10 +151,6 @@ def _attention_scale_probe(attention: nn.Module, arch: Qwen3Arch, length: int = 
     and RoPE) and the output it returns, and compare that output with causal
     ``softmax(q k^T * arch.head_dim^-0.5) v`` (GQA by repeating kv heads). Returns (max rel
     error, note); the error is NaN with a note when the inner attention cannot be run here."""
-    from torchtitan.models.common import attention as titan_attention
-
-    from harness.parity.env import prepare_in_process
-
     prepare_in_process()
     module = copy.deepcopy(attention).to_empty(device="cpu")
     gen = torch.Generator().manual_seed(4321)
@@ -219,7 +216,7 @@ def _attention_scale_check(report: ConformanceReport, atts, arch: Qwen3Arch, rto
     bad = [p for p in probed.values() if not p[2] and not p[1] <= rtol]
     report.rows.append(("attention scale (run: output vs softmax(qk^T/sqrt(head_dim)))",
                         f"max rel err {worst:.2e}", f"head_dim {arch.head_dim}, <= {rtol:.1e}", not bad))
-    for n, err, note, count in probed.values():
+    for n, _err, note, _count in probed.values():
         if note:
             report.notes.append(f"attention scale of {n}: {note}")
     for n, err, _note, count in bad:
@@ -235,8 +232,6 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
 
     ``build(model_config) -> module`` replaces the meta-device build (the self-tests plant
     defects in the built model this way)."""
-    from harness.registry.tolerances import parity_tolerance as tolerance
-
     arch = Qwen3Arch.from_hf_dict(hf)
     report = ConformanceReport(subject or f"native vs {arch.model_type} config.json")
     check = _Checker(report)
@@ -256,7 +251,7 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
     affine = [(n, m.weight is not None) for n, m in model.named_modules() if isinstance(m, nn.RMSNorm)]
     check.per_module("RMSNorm has a weight", affine, True)
 
-    atts = [(f"layers.{k}.attention", l.attention) for k, l in layers]
+    atts = [(f"layers.{k}.attention", layer.attention) for k, layer in layers]
     check.per_module("num_attention_heads", [(n, a.n_heads) for n, a in atts], arch.num_attention_heads)
     check.per_module("num_key_value_heads", [(n, a.n_kv_heads) for n, a in atts], arch.num_key_value_heads)
     check.per_module("head_dim", [(n, a.head_dim) for n, a in atts], arch.head_dim)
@@ -299,7 +294,7 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
                             f"(update_from_config raises), not silently wrong")
 
     # feed-forward / MoE, layer by layer
-    kinds = [(f"layers.{k}", bool(getattr(l, "moe_enabled", False))) for k, l in layers]
+    kinds = [(f"layers.{k}", bool(getattr(layer, "moe_enabled", False))) for k, layer in layers]
     for i, (n, is_moe) in enumerate(kinds):
         if is_moe != arch.layer_is_moe(i):
             report.violations.append(Violation(
@@ -310,13 +305,14 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
     report.rows.append(("MoE layers", str(sum(m for _, m in kinds)),
                         str(sum(arch.layer_is_moe(i) for i in range(arch.num_hidden_layers))),
                         all(m == arch.layer_is_moe(i) for i, (_, m) in enumerate(kinds))))
-    dense = [(f"layers.{k}.feed_forward", l.feed_forward) for k, l in layers if not getattr(l, "moe_enabled", False)]
+    dense = [(f"layers.{k}.feed_forward", layer.feed_forward) for k, layer in layers
+             if not getattr(layer, "moe_enabled", False)]
     if dense:
         check.per_module("intermediate_size (dense w1 rows)", [(n, f.w1.weight.shape[0]) for n, f in dense],
                          arch.intermediate_size)
         check.per_module("intermediate_size (dense w2 cols)", [(n, f.w2.weight.shape[1]) for n, f in dense],
                          arch.intermediate_size)
-    moes = [(f"layers.{k}.moe", l.moe) for k, l in layers if getattr(l, "moe_enabled", False)]
+    moes = [(f"layers.{k}.moe", layer.moe) for k, layer in layers if getattr(layer, "moe_enabled", False)]
     if moes and arch.is_moe:
         routers = [(f"{n}.router", m.router) for n, m in moes]
         experts = [(f"{n}.{titan_api.MOE_GROUPED_EXPERTS_PATH}", titan_api.moe_grouped_experts(m))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from harness.parity.conformance.checkpoint import expected_hf_checkpoint
 from harness.registry.hf_config import Qwen3Arch
 
 _LAYER = r"layers\.(\d+)\."
@@ -108,8 +109,6 @@ def hf_state_from_native(native: dict[str, torch.Tensor], config_dir: str | Path
     """``native`` (a model's full state under torchtitan's names, or the transformers backend's)
     as the HF checkpoint of the config in ``config_dir``: every key and shape that
     ``save_pretrained`` writes for it, and no other."""
-    from harness.parity.conformance.checkpoint import expected_hf_checkpoint
-
     arch = Qwen3Arch.from_dir(config_dir)
     hf = _from_hf_backend(native)
     if hf is None:

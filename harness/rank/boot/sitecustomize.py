@@ -15,7 +15,11 @@ itself over to it (harness/rank/warm_start.py): the zygote forks the rank, which
 ``install_harness`` there for what its run adds to the zygote's shims.
 """
 
+import importlib
+import importlib.machinery
+import importlib.util
 import os
+import sys
 
 # The variables' names (standard library only; the repo root follows this folder on the path).
 from harness.registry import environment
@@ -29,7 +33,7 @@ def install_harness() -> None:
     # (harness/rank/startup_gc.py). Before the shims: they import torch.
     if os.environ.get(environment.SHIMS) or os.environ.get(environment.PLANTS):
         try:
-            from harness.rank.startup_gc import defer_until_trainer
+            from harness.rank.startup_gc import defer_until_trainer  # noqa: PLC0415  optional: another checkout's harness may lack it
         except ImportError:  # another checkout's harness without it
             defer_until_trainer = None
         if defer_until_trainer is not None:
@@ -40,12 +44,8 @@ def install_harness() -> None:
                              (environment.OBSERVERS, "harness.rank.observers")):
         if os.environ.get(variable):
             try:
-                import importlib
-
                 importlib.import_module(module).install_from_env()
             except Exception as error:  # site.py would print this and carry on without them
-                import sys
-
                 print(f"harness: cannot install {variable}: {error}", file=sys.stderr)
                 raise SystemExit(2) from error
 
@@ -57,7 +57,7 @@ def _hand_over_to_a_zygote() -> None:
     if not socket_path or os.environ.get(environment.ZYGOTE):
         return
     try:
-        from harness.rank.warm_start import hand_over
+        from harness.rank.warm_start import hand_over  # noqa: PLC0415  optional: another checkout's harness may lack it
     except ImportError:  # another checkout's harness without it
         return
     hand_over(socket_path)
@@ -66,10 +66,6 @@ def _hand_over_to_a_zygote() -> None:
 def _run_the_sitecustomize_this_one_shadows() -> None:
     """Python imports one ``sitecustomize``, the first on the path: this one. The next one
     (a venv's or an image's own) runs here, as it would have run without this folder."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)

@@ -10,19 +10,17 @@ from __future__ import annotations
 import functools
 
 from harness.kernels.checks.adapters.torchtitan import rope_max_seq_len
+from harness.kernels.checks.spec import torch_device
+from harness.kernels.ops.modules import CustomOpCosSinRoPE, CustomOpGroupedExperts
 from harness.upstream import titan_api
 
 
 def _on(device: str):
-    from harness.kernels.checks.spec import torch_device
-
     return torch_device(device)
 
 
 @functools.lru_cache(maxsize=8)
 def _rope_module(dim: int, theta: float, max_seq_len: int, device: str):
-    from harness.kernels.ops.modules import CustomOpCosSinRoPE
-
     return CustomOpCosSinRoPE.Config(dim=dim, max_seq_len=max_seq_len, theta=theta).build().to(_on(device))
 
 
@@ -34,8 +32,6 @@ def rotary_embedding(inputs, params, device):
 
 
 def grouped_swiglu(inputs, params, device):
-    from harness.kernels.ops.modules import CustomOpGroupedExperts
-
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
     config = titan_api.grouped_experts_config(CustomOpGroupedExperts.Config, dim=w1.shape[2],
                                               hidden_dim=w1.shape[1], num_experts=w1.shape[0])

@@ -20,40 +20,35 @@ from __future__ import annotations
 
 import torch
 
+from harness.kernels import emu as nki_emu
 from harness.kernels.checks.adapters.nki_kernels import _cos_sin
+from harness.kernels.emu import language
+from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.cross_entropy_torch import IGNORE_INDEX
+from harness.kernels.ops.nki.simulation import nkilib_module, simulated
 
 EMULATOR_PACKAGE = "nkilib_src.nkilib"  # the standalone wheel, the one CI installs
 
 
 def _module(path: str, device: str):
     if device == "nki-emu":
-        from harness.kernels import emu as nki_emu
-
         return nki_emu.import_module(f"{EMULATOR_PACKAGE}.{path}")
-    from harness.kernels.ops.nki.simulation import nkilib_module
 
     return nkilib_module(path)
 
 
 def _call(kernel, device):
     if device == "nki-emu":
-        from harness.kernels import emu as nki_emu
-
         return nki_emu.run(kernel)
     if device == "nki-sim":
-        from harness.kernels.ops.nki.simulation import simulated
-
         return simulated(kernel)
     return kernel
 
 
 def _language(device):
     if device == "nki-emu":
-        from harness.kernels.emu import language
-
         return language
-    import nki.language
+    import nki.language  # noqa: PLC0415  optional: the real nki (Neuron SDK) may be absent
 
     return nki.language
 
@@ -133,8 +128,6 @@ def grouped_swiglu(inputs, params, device):
     features add nothing to any GEMM and silu(0) * 0 = 0. Launched on two programs (LNC=2):
     its PING_PONG split reads ``block_to_expert`` with stride 2. Rows owned by no expert are
     zero."""
-    from harness.kernels.ops import grouped_swiglu as gs
-
     kernel = _module("core.moe.moe_cte.bwmm_shard_on_block", device).bwmm_shard_on_block
     x, w1, w2, w3 = (inputs[k] for k in ("x", "w1", "w2", "w3"))
     offsets = torch.cumsum(inputs["num_tokens_per_expert"], 0, dtype=torch.int32).to(x.device)

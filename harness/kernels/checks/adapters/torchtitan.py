@@ -14,20 +14,20 @@ import functools
 
 import torch
 from torch.func import functional_call
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.common.rope import CosSinRoPE
 
+from harness.kernels.checks.spec import torch_device
 from harness.upstream import titan_api
 
 
 def _on(device: str):
-    from harness.kernels.checks.spec import torch_device
-
     return torch_device(device)
 
 
 @functools.lru_cache(maxsize=8)
 def _rope_module(dim: int, theta: float, max_seq_len: int, device: str):
-    from torchtitan.models.common.rope import CosSinRoPE
-
     return CosSinRoPE.Config(dim=dim, max_seq_len=max_seq_len, theta=theta).build().to(_on(device))
 
 
@@ -44,7 +44,7 @@ def rotary_embedding(inputs, params, device):
 
 
 def rms_norm(inputs, params, device):
-    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.common.nn_modules import RMSNorm  # noqa: PLC0415  generation: torchtitan 0.3.0's module path; the registry imports under any generation
 
     x, weight = inputs["x"], inputs["weight"]
     module = RMSNorm.Config(normalized_shape=x.shape[-1], eps=params["eps"]).build().to(device=_on(device), dtype=x.dtype)
@@ -52,7 +52,7 @@ def rms_norm(inputs, params, device):
 
 
 def moe_router(inputs, params, device):
-    from torchtitan.models.common.config_utils import make_router_config
+    from torchtitan.models.common.config_utils import make_router_config  # noqa: PLC0415  generation: torchtitan 0.3.0's module path; the registry imports under any generation
 
     x, gate = inputs["x"], inputs["gate_weight"]
     config = make_router_config(
@@ -75,8 +75,6 @@ def router_output_dtypes(dtype, device):
 
 
 def grouped_swiglu(inputs, params, device):
-    from torchtitan.models.common.moe import GroupedExperts
-
     x, w1, w2, w3 = inputs["x"], inputs["w1"], inputs["w2"], inputs["w3"]
     config = titan_api.grouped_experts_config(GroupedExperts.Config, dim=w1.shape[2], hidden_dim=w1.shape[1],
                                               num_experts=w1.shape[0])
@@ -87,7 +85,5 @@ def grouped_swiglu(inputs, params, device):
 
 
 def cross_entropy(inputs, params, device):
-    from torchtitan.components.loss import CrossEntropyLoss
-
     loss_fn = CrossEntropyLoss.Config().build()
     return {"loss": titan_api.call_loss(loss_fn, inputs["logits"], inputs["labels"])}

@@ -15,16 +15,16 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call
 
+from harness.kernels.checks.spec import torch_device
+
 
 def _on(device: str):
-    from harness.kernels.checks.spec import torch_device
-
     return torch_device(device)
 
 
 def rotary_embedding(inputs, params, device):
-    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     x, positions = inputs["x"], inputs["positions"]
     config = Qwen3Config(
@@ -39,7 +39,7 @@ def rotary_embedding(inputs, params, device):
 
 
 def rms_norm(inputs, params, device):
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     x, weight = inputs["x"], inputs["weight"]
     module = Qwen3RMSNorm(x.shape[-1], eps=params["eps"]).to(device=_on(device), dtype=x.dtype)
@@ -47,7 +47,7 @@ def rms_norm(inputs, params, device):
 
 
 def _moe_config(dim: int, experts: int, top_k: int, hidden: int = 8, impl: str | None = None):
-    from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     config = Qwen3MoeConfig(
         hidden_size=dim, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True, moe_intermediate_size=hidden
@@ -58,7 +58,7 @@ def _moe_config(dim: int, experts: int, top_k: int, hidden: int = 8, impl: str |
 
 
 def moe_router(inputs, params, device):
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     x, gate = inputs["x"], inputs["gate_weight"]
     module = Qwen3MoeTopKRouter(_moe_config(x.shape[-1], gate.shape[0], params["top_k"])).to(_on(device), x.dtype)
@@ -73,7 +73,7 @@ def router_output_dtypes(dtype, device):
 
 def _experts(impl: str):
     def run(inputs, params, device):
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
         x, counts, w1, w2, w3 = (inputs[k] for k in ("x", "num_tokens_per_expert", "w1", "w2", "w3"))
         experts, hidden, dim = w1.shape
@@ -94,7 +94,7 @@ grouped_swiglu_grouped_mm = _experts("grouped_mm")
 
 
 def cross_entropy(inputs, params, device):
-    from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     logits, labels = inputs["logits"], inputs["labels"]
     num_items = torch.tensor(1, device=logits.device)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import sys
 import types
 
+from harness.kernels.emu import nki_module
+
 PACKAGE = "nki_cpu_simulator"
 __emulator__ = True
 
 
 def modules() -> dict[str, types.ModuleType]:
     """Module name -> module, for the tree simulation_setup.py imports."""
-    from harness.kernels.emu import nki_module
-
     tree = {"nki": nki_module}
     for name in ("language", "isa", "typing", "compiler", "tensor", "builtin"):
         tree[f"nki.{name}"] = getattr(nki_module, name)
@@ -38,7 +38,5 @@ def install() -> None:
 
 def __getattr__(name: str):
     if name == "nki":
-        from harness.kernels.emu import nki_module
-
         return nki_module
     raise AttributeError(f"module {PACKAGE} has no attribute {name!r}")

@@ -56,13 +56,15 @@ import importlib.util
 import math
 import random
 import re
+import resource
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from harness.kernels.emu import cpu_simulator, install
+from harness.kernels.emu import cpu_simulator, install, nki_module
+from harness.kernels.emu.cpu_simulator import neuron_dtypes
 
 ABSENT_MODULES = ("test.utils.perf_analysis_private", "test.utils.scripts.remote_lock_scripts")
 
@@ -94,16 +96,12 @@ def _install() -> None:
     cpu_simulator.install()
     sys.modules.update(install._emulator_modules())
     if importlib.util.find_spec("neuronxcc") is None:
-        from harness.kernels.emu import nki_module
-
         for name, module in (("neuronxcc", types.ModuleType("neuronxcc")), ("neuronxcc.nki", types.ModuleType("neuronxcc.nki")),
                              ("neuronxcc.nki.typing", nki_module.typing)):
             sys.modules.setdefault(name, module)
         sys.modules["neuronxcc"].nki = sys.modules["neuronxcc.nki"]
         sys.modules["neuronxcc.nki"].typing = sys.modules["neuronxcc.nki.typing"]
     if importlib.util.find_spec("neuron_dtypes") is None:
-        from harness.kernels.emu.cpu_simulator import neuron_dtypes
-
         sys.modules["neuron_dtypes"] = neuron_dtypes
     for name in ABSENT_MODULES:
         sys.modules.setdefault(name, _absent_module(name))
@@ -269,8 +267,6 @@ def pytest_runtest_call(item):
 def pytest_configure(config) -> None:
     cap = config.getoption("--nki-emu-max-data-gib", None)
     if cap:
-        import resource
-
         limit = int(cap * 2**30)
         soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
         resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))

@@ -36,8 +36,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.kernels import emu as nki_emu
+from harness.kernels.emu import RuleViolation
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki.simulation import nkilib_module
 from harness.registry import known_issues
 
 BACKWARD_BLOCK = 256  # nki-library's backward block size at LNC=2 (see the module docstring)
@@ -128,10 +131,7 @@ def grouped_swiglu_backward_via(forward, backward, grad: Tensor, x: Tensor, offs
 
 def _library_module(device: str):
     if device == "nki-emu":
-        from harness.kernels import emu as nki_emu
-
         return nki_emu.import_module(f"nkilib_src.nkilib.{NKILIB_BACKWARD}")
-    from harness.kernels.ops.nki.simulation import nkilib_module
 
     return nkilib_module(NKILIB_BACKWARD)
 
@@ -167,8 +167,6 @@ def ea_grad_race(race, tokens: int, experts: int, programs: int) -> str:
 def settle_races(races, tokens: int, experts: int, programs: int) -> list:
     """The races of a ``blockwise_mm_bwd`` launch recorded by the emulator, judged against the known
     issues (check "nki_emu_race"): each must be the known EA grad race, else RuleViolation."""
-    from harness.kernels.emu import RuleViolation
-
     for race in races:
         verdict = known_issues.judge("nki_emu_race", race.message, {"race": ea_grad_race(race, tokens, experts, programs)},
                                      op="grouped_swiglu_backward", impl="nkilib_blockwise_mm_bwd")
@@ -182,8 +180,6 @@ def emulated_backward(programs: int = gk.PROGRAMS):
     races recorded and settled (``settle_races``: only known issue nkilib-bwd-ea-grad-lnc-race
     passes, and its tensor, the EA grad, is one ``grouped_swiglu_backward_via`` drops). The
     settled races of the last call are in the returned function's ``races``."""
-    from harness.kernels import emu as nki_emu
-
     library = _library_module("nki-emu").blockwise_mm_bwd
     traced = nki_emu.trace(library, grid=(programs,) if programs > 1 else (), races="record")
 

@@ -127,7 +127,6 @@ def blockwise_cost(rows: int, dim: int, hidden: int, experts: int, block_size: i
     act_bytes = 2 * hidden * block_size * BF16 if checkpoint else 0
     block_dma = I32 + weight_bytes + 2 * dim * block_size * BF16 + act_bytes
     slots = n * block_size
-    pd, pf = min(dim, PART), min(hidden, PART)
     sbuf = (kd * 2 * hidden + kf * dim) * BF16 + (kd + kf + kd) * block_size * BF16 + 2 * block_size * BF16 + I32
     sbuf += 2 * kf * block_size * BF16 if checkpoint else 0
     hbm = {"x_blocked": slots * dim * BF16, "x_blocks": slots * dim * BF16, "weight_load": n * I32,

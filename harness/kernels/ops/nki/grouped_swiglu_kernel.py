@@ -50,7 +50,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.kernels import emu as nki_emu
 from harness.kernels.ops.grouped_swiglu import grouped_swiglu_blockwise
+from harness.kernels.ops.nki.simulation import simulated
 
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
     import nki
@@ -231,8 +233,6 @@ def launched(kernel, programs: int = PROGRAMS):
 
 def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.kernels.ops.nki.simulation import simulated
-
     if grouped_swiglu_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
     return grouped_swiglu_via(simulated(launched(grouped_swiglu_kernel)), x, offsets, w1, w2, w3)
@@ -241,8 +241,6 @@ def grouped_swiglu_simulated(x: Tensor, offsets: Tensor, w1: Tensor, w2: Tensor,
 def emulated(name: str, programs: int = PROGRAMS):
     """This module's kernel ``name`` on the harness's NKI emulator (device tier ``nki-emu``),
     launched on ``programs`` programs."""
-    from harness.kernels import emu as nki_emu
-
     kernel = getattr(nki_emu.import_module(__name__), name)
     return nki_emu.run(kernel, grid=(programs,) if programs > 1 else ())
 

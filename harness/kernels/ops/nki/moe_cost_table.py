@@ -48,6 +48,7 @@ block-size table). The backward dominates either way: nki-library's needs B = 25
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import tempfile
 import time
@@ -57,6 +58,8 @@ from pathlib import Path
 
 import torch
 
+from harness.kernels import emu as nki_emu
+from harness.kernels.emu import cost as trace_cost
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
@@ -64,7 +67,7 @@ from harness.kernels.ops.nki.grouped_swiglu_backward import BACKWARD_BLOCK, NKIL
 
 PREVIOUS_REV = "bc9d5d3"  # the last commit with the kernel that reloaded every block
 KERNEL_PATH = "harness/ops/nki/grouped_swiglu_kernel.py"  # its path at PREVIOUS_REV
-# the modules it imports, renamed since PREVIOUS_REV (issue 27's tree)
+# the modules it imports, renamed since PREVIOUS_REV (the harness's folders regrouped under harness/kernels)
 RENAMED_SINCE = (("from harness import nki_emu", "from harness.kernels import emu as nki_emu"),
                  ("harness.ops.", "harness.kernels.ops."))
 NKILIB_FORWARD_BLOCK = 128
@@ -95,8 +98,6 @@ class Row:
 @contextlib.contextmanager
 def _per_program_instructions():
     """Count each traced instruction against the program that issued it."""
-    from harness.kernels.emu import cost as trace_cost
-
     counts: Counter = Counter()
     real = trace_cost.Program.instruction  # one Program per program of the launch (harness/kernels/emu/cost.py)
 
@@ -112,8 +113,6 @@ def _per_program_instructions():
 
 
 def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=None, note=""):
-    from harness.kernels import emu as nki_emu
-
     start = time.time()
     with _per_program_instructions() as per_program:
         _, report = nki_emu.trace(kernel, numerics=False, grid=grid)(*args, **kwargs)
@@ -123,15 +122,11 @@ def _traced(direction, name, kernel, args, kwargs, grid, needed, block, moved=No
 
 
 def _meta(shape, dtype=torch.bfloat16):
-    from harness.kernels import emu as nki_emu
-
     return nki_emu.meta(shape, dtype)
 
 
 def _previous_kernel(rev: str):
     """The kernel at ``rev`` (from git), imported against the emulator."""
-    from harness.kernels import emu as nki_emu
-
     root = Path(__file__).resolve().parents[4]
     source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{KERNEL_PATH}"], check=True,
                             capture_output=True, text=True).stdout
@@ -139,7 +134,6 @@ def _previous_kernel(rev: str):
         source = source.replace(before, now)
     path = Path(tempfile.mkdtemp()) / "previous_grouped_swiglu_kernel.py"
     path.write_text(source)
-    import importlib.util
 
     with nki_emu.installed():
         spec = importlib.util.spec_from_file_location("previous_grouped_swiglu_kernel", path)
@@ -149,8 +143,6 @@ def _previous_kernel(rev: str):
 
 
 def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: str | None = PREVIOUS_REV) -> list[Row]:
-    from harness.kernels import emu as nki_emu
-
     needed = cost.needed_flops(rows, dim, hidden)
     ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
     n = gs.max_blocks(rows, experts)
@@ -179,8 +171,6 @@ def forward_rows(rows: int, dim: int, hidden: int, experts: int, previous_rev: s
 
 
 def backward_rows(rows: int, dim: int, hidden: int, experts: int) -> list[Row]:
-    from harness.kernels import emu as nki_emu
-
     dim_p, hidden_p = backward_size(dim), backward_size(hidden)
     needed = 2 * cost.needed_flops(rows, dim, hidden)  # dh, dx (2), dW (3): six GEMMs of R rows
     ours = nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.kernels import emu as nki_emu
+from harness.kernels.ops.nki.simulation import as_torch, simulated
 from harness.kernels.ops.rope import broadcast_cos_sin
 
 try:  # the real Neuron SDK only; the PyPI placeholder raises ImportError("WRONG PACKAGE ...")
@@ -55,8 +57,6 @@ def from_halves(o1: Tensor, o2: Tensor, shape) -> Tensor:
 
 def rope_via(call, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Run ``call`` (kernel, simulated kernel or reference) on ``x`` and reassemble (B,S,H,D)."""
-    from harness.kernels.ops.nki.simulation import as_torch
-
     o1, o2 = as_torch(tuple(call(*to_halves(x, cos, sin))))
     return from_halves(o1, o2, x.shape).to(x.dtype)
 
@@ -116,8 +116,6 @@ rope_halves_kernel = nki.jit(rope_halves_kernel_source) if nki is not None else 
 
 def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the NKI kernel under ``nki.simulate`` pinned to trn2 (needs the real ``nki``)."""
-    from harness.kernels.ops.nki.simulation import simulated
-
     if rope_halves_kernel is None:
         raise RuntimeError(f"nki is not available: {NKI_IMPORT_ERROR}")
     return rope_via(simulated(launched(rope_halves_kernel)), x, cos, sin)
@@ -126,8 +124,6 @@ def rope_simulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def rope_emulated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """CPU: the kernel body on the harness's NKI emulator (device tier ``nki-emu``), two programs
     as on an LNC=2 core."""
-    from harness.kernels import emu as nki_emu
-
     module = nki_emu.import_module(__name__)
     return rope_via(nki_emu.run(module.rope_halves_kernel, grid=(PROGRAMS,)), x, cos, sin)
 

@@ -8,15 +8,16 @@ Below the kernels (``harness/kernels/ops/nki/*_kernel.py`` import it) and below 
 from __future__ import annotations
 
 import importlib
+import os
+
+import numpy as np
+import torch
 
 
 def numpy_to_torch(array):
     """A NumPy array as a torch tensor, bfloat16 included: ``nki.simulate`` returns bfloat16 as
     ``ml_dtypes.bfloat16`` arrays, which ``torch.as_tensor`` rejects; their bits are reread
     as torch bfloat16."""
-    import numpy as np
-    import torch
-
     array = np.ascontiguousarray(array)
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
@@ -25,8 +26,6 @@ def numpy_to_torch(array):
 
 def as_torch(value):
     """A kernel result (torch tensor, NumPy array, or a tuple of them) as torch tensors."""
-    import torch
-
     if isinstance(value, (tuple, list)):
         return type(value)(as_torch(v) for v in value)
     if isinstance(value, torch.Tensor):
@@ -41,9 +40,7 @@ SIMULATOR_ENV = {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
 
 def simulated(kernel):
     """``nki.simulate(kernel)`` pinned to trn2, with results as torch tensors (``as_torch``)."""
-    import os
-
-    import nki
+    import nki  # noqa: PLC0415  optional: the real nki (Neuron SDK) may be absent
 
     def call(*args, **kwargs):
         unset = [name for name in SIMULATOR_ENV if name not in os.environ]
