@@ -13,6 +13,6 @@
   and the native <-> HF name table (it and parity import each other's parts, so one folder).
 
 Elsewhere, each in its one home: the tolerances (:mod:`harness.registry.tolerances`), config.json
-(:mod:`harness.registry.hf_config`), the known issues (:mod:`harness.registry.known_issues`) and their in-process workarounds
-(:mod:`harness.upstream.workarounds`), the planted defects (:mod:`harness.plants`).
+(:mod:`harness.registry.hf_config`), the known issues (:mod:`harness.registry.known_issues`) and their
+in-process workarounds (:mod:`harness.upstream.workarounds`), the planted defects (:mod:`harness.plants`).
 """

@@ -108,7 +108,8 @@ def measure_training(model_dir: Path, steps: int, stats) -> None:
         stats[f"train step {s} update |ratio-1| (worst tensor)"].append(max(abs(a.ratio - 1) for a in agree.values()))
         stats[f"train step {s} update 1-cos (worst tensor)"].append(max(1 - a.cosine for a in agree.values()))
         stats[f"train step {s} |loss diff|"].append(abs(rn.losses[s - 1] - rh.losses[s - 1]))
-        stats[f"train step {s} |grad norm diff|/norm"].append(abs(rn.grad_norms[s - 1] - rh.grad_norms[s - 1]) / rh.grad_norms[s - 1])
+        stats[f"train step {s} |grad norm diff|/norm"].append(
+            abs(rn.grad_norms[s - 1] - rh.grad_norms[s - 1]) / rh.grad_norms[s - 1])
 
 
 def main(argv: list[str]) -> int:

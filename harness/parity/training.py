@@ -11,11 +11,11 @@ Reference side (:func:`train_reference`): the HF model (or :mod:`harness.referen
 with ``torch.optim.AdamW``, ``torch.optim.lr_scheduler.LambdaLR`` over
 :func:`reference_lr_factor` and ``torch.nn.utils.clip_grad_norm_``, on the same global
 batches with a plain mean cross-entropy; an MoE also with torchtitan's expert-bias load
-balancing (:class:`ExpertBiasBalancing`), part of the recipe the backends train with. Its hyperparameters are :data:`EXPECTED`, the
-harness's own statement of the run (``harness/backends/common.py``'s TINY shape plus
-torchtitan 0.3.0's documented ``default_adamw`` / ``LRSchedulersContainer`` /
-``TrainingConfig`` defaults), not values read back from the code under test, so a changed
-constant in torchtitan shows up as a trajectory difference and as a
+balancing (:class:`ExpertBiasBalancing`), part of the recipe the backends train with. Its
+hyperparameters are :data:`EXPECTED`, the harness's own statement of the run
+(``harness/backends/common.py``'s TINY shape plus torchtitan 0.3.0's documented ``default_adamw`` /
+``LRSchedulersContainer`` / ``TrainingConfig`` defaults), not values read back from the code under
+test, so a changed constant in torchtitan shows up as a trajectory difference and as a
 :func:`hyperparameter_violations` entry.
 """
 
@@ -352,7 +352,8 @@ def update_agreement_problems(agreements: dict[str, UpdateAgreement], regime: st
     return {k: p for k, a in agreements.items() if (p := a.problem(regime, device))}
 
 
-def format_update_agreement(agreements: dict[str, UpdateAgreement], problems: dict[str, str], limit: int = 10) -> list[str]:
+def format_update_agreement(agreements: dict[str, UpdateAgreement], problems: dict[str, str],
+                            limit: int = 10) -> list[str]:
     worst = sorted(agreements.values(), key=lambda a: -max(abs(a.ratio - 1.0) if a.ratio == a.ratio else 9.0,
                                                            1.0 - a.cosine if a.cosine == a.cosine else 9.0))
     lines = [f"  {'tensor':<50} {'|du|/|du_ref|':>13} {'cos':>12} {'rel err':>10}"]

@@ -184,7 +184,8 @@ def _ce(shift_labels: bool = False, mean: bool = False):
         if shift_labels:  # the causal shift applied again to labels that are already aligned
             logits, labels = logits[:, :-1], labels[:, 1:]
         loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="mean" if mean else "sum"
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX,
+            reduction="mean" if mean else "sum",
         )
         return {"loss": loss}
 

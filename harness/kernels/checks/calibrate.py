@@ -83,7 +83,8 @@ def summarize(rows) -> str:
     lines.append("")
     lines.append("findings (excluded above):")
     for label, needed, a in findings:
-        lines.append(f"  {label}: need_c {needed:.3g}; arbitration max {a.get('max_ratio', float('nan')):.3g}x rms {a.get('rms_ratio', float('nan')):.3g}x")
+        lines.append(f"  {label}: need_c {needed:.3g}; arbitration max {a.get('max_ratio', float('nan')):.3g}x "
+                     f"rms {a.get('rms_ratio', float('nan')):.3g}x")
     return "\n".join(lines)
 
 

@@ -102,7 +102,8 @@ def elementwise(a: Tensor, b: Tensor, tol: Tolerance, detailed: bool = False) ->
             abs_err=float(diff.flatten()[worst]),
             rel_err=float(diff.flatten()[worst]) / abs(worst_expected) if worst_expected != 0 else math.inf,
             max_err_over_scale=float((diff / denom.clamp_min(1e-300)).max()),
-            nkilib_ratio=float(diff.max() / b.abs().max()) if b.abs().max() > 0 else (0.0 if diff.max() == 0 else math.inf),
+            nkilib_ratio=(float(diff.max() / b.abs().max()) if b.abs().max() > 0
+                          else (0.0 if diff.max() == 0 else math.inf)),
             histogram=_histogram(ratio),
         )
     if total and detailed:

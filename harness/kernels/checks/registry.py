@@ -102,12 +102,14 @@ ROTARY_EMBEDDING = OpSpec(
             harness_ops.rotary_embedding, _fp32_at_least, requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_contract", "harness", "harness.kernels.ops.nki.rope_kernel: torch twin through the kernel layout", ("cpu",),
-            nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
+            "nki_contract", "harness", "harness.kernels.ops.nki.rope_kernel: torch twin through the kernel layout",
+            ("cpu",), nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan,
+            output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.kernels.ops.nki.rope_kernel.rope_halves_kernel", ("nki-emu", "nki-sim", "neuron"),
-            nki_kernels.rotary_embedding, _fp32_at_least, backward=False, requires=has_torchtitan, output_dtypes=_same("y"),
+            "nki_kernel", "nki", "harness.kernels.ops.nki.rope_kernel.rope_halves_kernel",
+            ("nki-emu", "nki-sim", "neuron"), nki_kernels.rotary_embedding, _fp32_at_least, backward=False,
+            requires=has_torchtitan, output_dtypes=_same("y"),
         ),
         Implementation(
             "nkilib", "nkilib", "nkilib.core.embeddings.rope.RoPE", ("nki-emu", "nki-sim", "neuron"),
@@ -155,7 +157,8 @@ MOE_ROUTER = OpSpec(
     cotangents=_router_cotangents,
     implementations=(
         Implementation(
-            "torchtitan", "torchtitan", "torchtitan.models.common.moe.TokenChoiceTopKRouter (softmax, route_norm)", HOST,
+            "torchtitan", "torchtitan", "torchtitan.models.common.moe.TokenChoiceTopKRouter (softmax, route_norm)",
+            HOST,
             torchtitan.moe_router, _torchtitan_router_compute, requires=has_torchtitan,
             output_dtypes=torchtitan.router_output_dtypes,
         ),
@@ -176,7 +179,8 @@ GROUPED_SWIGLU = OpSpec(
     diff_outputs=("y",),
     cases=cases.swiglu_cases(),
     gradcheck_case=cases.swiglu_gradcheck_case(),
-    kernels=(("harness.kernels.ops.grouped_swiglu", "grouped_swiglu"), ("harness.kernels.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel"),
+    kernels=(("harness.kernels.ops.grouped_swiglu", "grouped_swiglu"),
+             ("harness.kernels.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_kernel"),
              ("harness.kernels.ops.nki.grouped_swiglu_kernel", "grouped_swiglu_checkpoint_kernel")),
     implementations=(
         Implementation(
@@ -193,21 +197,25 @@ GROUPED_SWIGLU = OpSpec(
             transformers.grouped_swiglu_eager, _input, requires=has_transformers, output_dtypes=_same("y"),
         ),
         Implementation(
-            "transformers_grouped_mm", "transformers", "transformers Qwen3MoeExperts (experts_implementation=grouped_mm)",
+            "transformers_grouped_mm", "transformers",
+            "transformers Qwen3MoeExperts (experts_implementation=grouped_mm)",
             HOST, transformers.grouped_swiglu_grouped_mm, _input, requires=has_transformers, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_contract", "harness", "harness.kernels.ops.nki.grouped_swiglu_kernel: torch twin through the kernel layout",
+            "nki_contract", "harness",
+            "harness.kernels.ops.nki.grouped_swiglu_kernel: torch twin through the kernel layout",
             ("cpu",), nki_kernels.grouped_swiglu, _bf16, backward=False, output_dtypes=_same("y"),
         ),
         Implementation(
-            "nki_kernel", "nki", "harness.kernels.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel (LNC=2); backward: "
+            "nki_kernel", "nki",
+            "harness.kernels.ops.nki.grouped_swiglu_kernel.grouped_swiglu_kernel (LNC=2); backward: "
             "its recompute + nkilib.experimental.moe.bwd.blockwise_mm_bwd (B=256, LNC=2)",
             ("nki-emu", "nki-sim", "neuron"),
             nki_kernels.grouped_swiglu, _bf16, requires=has_nkilib, output_dtypes=_same("y"),
             device_requires=EMU,
-            notes="the backward is nki-library's (harness/kernels/ops/nki/grouped_swiglu_backward.py); on nki-emu its "
-                  "lnc-race on the EA grad, which this path drops, is settled as known issue nkilib-bwd-ea-grad-lnc-race",
+            notes="the backward is nki-library's (harness/kernels/ops/nki/grouped_swiglu_backward.py); on nki-emu "
+                  "its lnc-race on the EA grad, which this path drops, is settled as known issue "
+                  "nkilib-bwd-ea-grad-lnc-race",
         ),
         Implementation(
             "nkilib_blockwise", "nkilib", "nkilib.core.moe.moe_cte.bwmm_shard_on_block (rows as one-hot tokens, B=128)",

@@ -225,7 +225,8 @@ def _routing_check(op, case, name, actual, expected, compute) -> Check:
     tol = tolerance(op.op_class, precision)
     stats = compare.routing_set(actual[name], expected["probs"], case.params["top_k"], tol)
     if stats["passed"]:
-        verdict = f"valid top-{case.params['top_k']} sets ({stats['ties_resolved_differently']} tie(s) resolved differently)"
+        verdict = (f"valid top-{case.params['top_k']} sets "
+                   f"({stats['ties_resolved_differently']} tie(s) resolved differently)")
     else:
         verdict = "; ".join(stats["problems"])
     return Check(f"routing:{name}", stats["passed"], verdict, stats)
@@ -246,7 +247,8 @@ class _Arbiter:
             key = ("truth", self.op.name, self.case_key, self.backward) if self.case_key else None
             self._truth = cached_reference(
                 key,
-                lambda: evaluate_reference(self.op, self.master, self.params, self.pins, self.master_cots, self.backward),
+                lambda: evaluate_reference(self.op, self.master, self.params, self.pins, self.master_cots,
+                                           self.backward),
             )
         return self._truth
 
@@ -259,7 +261,8 @@ class _Arbiter:
                 if n in self.master_cots
             }
             cot_dtypes = tuple(sorted((n, str(c.dtype)) for n, c in cots.items()))
-            key = ("floor", self.op.name, self.case_key, str(round_in), self.backward, cot_dtypes) if self.case_key else None
+            key = (("floor", self.op.name, self.case_key, str(round_in), self.backward, cot_dtypes)
+                   if self.case_key else None)
             self._floor = cached_reference(
                 key,
                 lambda: evaluate_reference(
@@ -287,7 +290,8 @@ def _dense_check(op, name, value, reference, compute, arbiter: _Arbiter, always_
         stats["arbitration"] = _arbitration(name, value, precision, tol, arbiter)
     if stats["passed"]:
         exact = stats.get("max_abs_err", 0.0) == 0.0
-        return Check(name, True, "exact" if exact else f"within tau={tol.tau:.3g} (worst {stats.get('worst_in_tau', 0):.3g} tau)", stats)
+        detail = "exact" if exact else f"within tau={tol.tau:.3g} (worst {stats.get('worst_in_tau', 0):.3g} tau)"
+        return Check(name, True, detail, stats)
     verdict = f"{stats['mismatched']}/{stats['total']} elements outside tau={tol.tau:.3g}"
     if precision == torch.float64:
         return Check(name, False, verdict, stats)

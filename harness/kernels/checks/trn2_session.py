@@ -333,7 +333,8 @@ def run_session(device, cut: dict = SOURCE_CUT, repeats: int = 5, emulator=None,
 
 def markdown(report: dict) -> str:
     lines = [f"# {report['title']}", "",
-             f"Status: **{report['status'].upper()}**; device {report['device']['name']}, LNC={report['device']['lnc']}; "
+             f"Status: **{report['status'].upper()}**; device {report['device']['name']}, "
+             f"LNC={report['device']['lnc']}; "
              f"{report['started']} .. {report['finished']}", "",
              f"Cut: {json.dumps(report['cut'])}; {report['routed_rows']} routed rows.", "",
              "## Kernels", "",

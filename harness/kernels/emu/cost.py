@@ -12,7 +12,8 @@ eviction may run right after the last matmul: the scheduler moves independent in
 up, docs of ``nl.no_reorder``); ``tensors.Storage.touch``. The peak of the bytes the live
 tiles hold (partitions x bytes per partition: a tile of fewer than 128 partitions may be
 placed beside another) is checked against trn2's capacity when the program ends (``rules``:
-sbuf-capacity, psum-capacity) and reported per partition (peak bytes / 128). HBM is what the kernel allocates plus its arguments.
+sbuf-capacity, psum-capacity) and reported per partition (peak bytes / 128). HBM is what the kernel allocates
+plus its arguments.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ class Program:
         peaks = {}
         for kind in ("sbuf", "psum"):
             tiles = [(s, b, _union(s.live)) for s, k, b in self.on_chip if k == kind]
-            events = sorted(event for _, b, spans in tiles for start, end in spans for event in ((start, 0, b), (end, 1, -b)))
+            events = sorted(event for _, b, spans in tiles for start, end in spans
+                            for event in ((start, 0, b), (end, 1, -b)))
             live = best = at = 0
             for clock, _, delta in events:
                 live += delta

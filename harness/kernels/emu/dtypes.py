@@ -30,7 +30,8 @@ _TABLE = {
     "float16": (np.dtype(np.float16), torch.float16, True),
     "float32": (np.dtype(np.float32), torch.float32, True),
     "bfloat16": (np.dtype(ml_dtypes.bfloat16), torch.bfloat16, True),
-    "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3), torch.float32, True),  # trn2's e4m3 (inf, max 240): held in float32
+    # trn2's e4m3 (inf, max 240): held in float32
+    "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3), torch.float32, True),
     "float8_e4m3fn": (np.dtype(ml_dtypes.float8_e4m3fn), torch.float8_e4m3fn, True),
     "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), torch.float8_e5m2, True),
     "float8_e8m0fnu": (np.dtype(ml_dtypes.float8_e8m0fnu), torch.float32, True),  # held in float32

@@ -131,7 +131,8 @@ def _alu(op, name: str, arity: int | None = None, table: str = "alu") -> Op:
     check(table in op.tables, "alu-op", lambda: f"nki.isa.{name}: {op!r} is not in {listed}")
     check(not op.trn3_only, "trn3-only", lambda: f"nki.isa.{name}: {op!r} needs NeuronCore-v4 (trn3)")
     if arity is not None:
-        check(op.arity == arity, "alu-op", lambda: f"nki.isa.{name}: {op!r} is {'unary' if op.arity == 1 else 'binary'}, "
+        check(op.arity == arity, "alu-op",
+              lambda: f"nki.isa.{name}: {op!r} is {'unary' if op.arity == 1 else 'binary'}, "
               f"the instruction needs a {'unary' if arity == 1 else 'binary'} operator")
     return op
 
@@ -165,7 +166,8 @@ def _column(operand, data: NkiTensor, op: str, what: str, float_only: bool = Fal
     check(operand.partitions == data.partitions and operand.free_size == 1, "scalar-operand",
           lambda: f"nki.isa.{op}: {what} is {operand.shape}, data is {data.shape}")
     if float_only:
-        check(operand.storage.is_float, "scalar-operand", lambda: f"nki.isa.{op}: {what} is {dtypes.name_of(operand.dtype)}")
+        check(operand.storage.is_float, "scalar-operand",
+              lambda: f"nki.isa.{op}: {what} is {dtypes.name_of(operand.dtype)}")
     values = _read(operand)
     return None if values is None else values.reshape([data.partitions] + [1] * (data.ndim - 1))
 
@@ -200,7 +202,8 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     check(dst_rmw_op is _REMOVED, "dma-rmw", "nki.isa.dma_copy(dst_rmw_op=...): accumulate on chip instead "
           "(dma_copy into SBUF, nki.isa.tensor_tensor(op=nl.add), dma_copy back), or nki.isa.dma_compute")
     dst, src = _tensor(dst, "dma_copy", "dst"), _tensor(src, "dma_copy", "src")
-    check(dst.size == src.size, "dma-size", lambda: f"nki.isa.dma_copy: dst {dst.shape} ({dst.size}) vs src {src.shape} ({src.size})")
+    check(dst.size == src.size, "dma-size",
+          lambda: f"nki.isa.dma_copy: dst {dst.shape} ({dst.size}) vs src {src.shape} ({src.size})")
     check(dst.buffer is not PSUM and src.buffer is not PSUM, "dma-memory",
           lambda: f"nki.isa.dma_copy from {src.buffer!r} to {dst.buffer!r}")
     for t, what in ((dst, "dst"), (src, "src")):
@@ -270,7 +273,8 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     check(dst.partitions <= PMAX, "partition-dim", lambda: f"nki.isa.iota: dst spans {dst.partitions} partitions")
     pattern = [(int(step), int(num)) for step, num in pattern]
     count = math.prod(num for _, num in pattern)
-    check(count == dst.free_size, "iota-memory", lambda: f"nki.isa.iota: pattern has {count} elements, dst {dst.free_size} per partition")
+    check(count == dst.free_size, "iota-memory",
+          lambda: f"nki.isa.iota: pattern has {count} elements, dst {dst.free_size} per partition")
     cost.active().instruction("iota", "gpsimd", dst.size)
     if _shape_only(dst):
         return
@@ -298,7 +302,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     data1, data2 = _on_chip(data1, "tensor_tensor", "data1", eng), _on_chip(data2, "tensor_tensor", "data2", eng)
     _same_size(data1, data2, "tensor_tensor", "data1 and data2")
     _same_size(dst, data1, "tensor_tensor", "dst and data1")
-    check(not (data1.buffer is PSUM and data2.buffer is PSUM), "two-psum-inputs", "nki.isa.tensor_tensor: data1 and data2 are both in PSUM")
+    check(not (data1.buffer is PSUM and data2.buffer is PSUM), "two-psum-inputs",
+          "nki.isa.tensor_tensor: data1 and data2 are both in PSUM")
     if op.bitvec:
         check(_integers(dst, data1, data2), "alu-op", lambda: f"nki.isa.tensor_tensor: bitvec {op!r} on "
               f"{[dtypes.name_of(t.dtype) for t in (dst, data1, data2)]}: needs integer tiles")
@@ -327,10 +332,12 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst, data = _on_chip(dst, "tensor_scalar", "dst", eng), _on_chip(data, "tensor_scalar", "data", eng)
     _same_size(dst, data, "tensor_scalar", "dst and data")
     ops = [_alu(op0, "tensor_scalar")] + ([_alu(op1, "tensor_scalar")] if op1 is not None else [])
-    check(len({o.bitvec for o in ops}) == 1, "alu-op", lambda: f"nki.isa.tensor_scalar: {ops} mix bitvec and arithmetic operators")
+    check(len({o.bitvec for o in ops}) == 1, "alu-op",
+          lambda: f"nki.isa.tensor_scalar: {ops} mix bitvec and arithmetic operators")
     bitvec = ops[0].bitvec
     if bitvec:
-        check(_integers(dst, data), "alu-op", lambda: f"nki.isa.tensor_scalar: bitvec {ops} on {dtypes.name_of(data.dtype)} "
+        check(_integers(dst, data), "alu-op",
+              lambda: f"nki.isa.tensor_scalar: bitvec {ops} on {dtypes.name_of(data.dtype)} "
               f"-> {dtypes.name_of(dst.dtype)}: needs integer tiles")
     operands = (operand0, operand1)
     stages = []
@@ -369,10 +376,12 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, revers
     """tensor_scalar with one arithmetic operator (bitvec ones are refused), and reduce_op (add,
     multiply, maximum, minimum) of the result along the free axes into reduce_res ([P, 1])."""
     op = _alu(op0, "tensor_scalar_reduce")
-    check(not op.bitvec, "alu-op", lambda: f"nki.isa.tensor_scalar_reduce: {op!r} is a bitvec operator (arithmetic only)")
+    check(not op.bitvec, "alu-op",
+          lambda: f"nki.isa.tensor_scalar_reduce: {op!r} is a bitvec operator (arithmetic only)")
     reduce_op = _alu(reduce_op, "tensor_scalar_reduce", 2, table="reduction")
     check(reduce_op.name in ("add", "multiply", "maximum", "minimum"), "alu-op",
-          lambda: f"nki.isa.tensor_scalar_reduce: reduce_op {reduce_op!r} (nl.add, nl.multiply, nl.maximum, nl.minimum)")
+          lambda: f"nki.isa.tensor_scalar_reduce: reduce_op {reduce_op!r} "
+          "(nl.add, nl.multiply, nl.maximum, nl.minimum)")
     if reduce_init is not None:
         raise NotImplementedError("nki emulator: nki.isa.tensor_scalar_reduce(reduce_init=...) is not implemented")
     dst, data = _on_chip(dst, "tensor_scalar_reduce", "dst"), _on_chip(data, "tensor_scalar_reduce", "data")
@@ -405,7 +414,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     dst, data = _on_chip(dst, "scalar_tensor_tensor", "dst"), _on_chip(data, "scalar_tensor_tensor", "data")
     operand1 = _on_chip(operand1, "scalar_tensor_tensor", "operand1")
     op0, op1 = _alu(op0, "scalar_tensor_tensor", 2), _alu(op1, "scalar_tensor_tensor", 2)
-    check(not op0.bitvec and not op1.bitvec, "alu-op", "nki.isa.scalar_tensor_tensor: bitvec operators are not supported")
+    check(not op0.bitvec and not op1.bitvec, "alu-op",
+          "nki.isa.scalar_tensor_tensor: bitvec operators are not supported")
     _same_size(dst, data, "scalar_tensor_tensor", "dst and data")
     _same_size(operand1, data, "scalar_tensor_tensor", "operand1 and data")
     check(not (data.buffer is PSUM and operand1.buffer is PSUM), "two-psum-inputs",
@@ -420,7 +430,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     dst.write(op1.apply(other, values) if reverse1 else op1.apply(values, other))
 
 
-def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, name=None):
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+               name=None):
     op = _op(op, "activation")
     check("activation" in op.tables, "activation-op",
           lambda: f"nki.isa.activation: {op!r} is not in the Supported Activation Functions table")
@@ -431,7 +442,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     scale_v = _column(scale, data, "activation", "scale", True)
     bias_v = _column(bias, data, "activation", "bias", False)
     if reduce_op is not None:
-        check(_op(reduce_op, "activation").name == "add", "alu-op", lambda: f"nki.isa.activation: reduce_op {reduce_op!r} "
+        check(_op(reduce_op, "activation").name == "add", "alu-op",
+              lambda: f"nki.isa.activation: reduce_op {reduce_op!r} "
               "(must be nl.add)")
     if reduce_res is not None:
         reduce_res = _on_chip(reduce_res, "activation", "reduce_res")
@@ -585,7 +597,8 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     predicate = _on_chip(predicate, "tensor_copy_predicated", "predicate")
     _same_size(dst, predicate, "tensor_copy_predicated", "dst and predicate")
     check(dtypes.name_of(predicate.dtype) in ("uint8", "uint16", "uint32"), "alu-op",
-          lambda: f"nki.isa.tensor_copy_predicated: predicate is {dtypes.name_of(predicate.dtype)} (uint8/uint16/uint32)")
+          lambda: f"nki.isa.tensor_copy_predicated: predicate is {dtypes.name_of(predicate.dtype)} "
+          "(uint8/uint16/uint32)")
     if isinstance(src, NkiTensor):
         src = _on_chip(src, "tensor_copy_predicated", "src")
         _same_size(dst, src, "tensor_copy_predicated", "dst and src")
@@ -744,7 +757,8 @@ def nc_find_index8(dst, data, vals, name=None):
     check(vals.partitions == data.partitions and vals.free_size == 8, "same-tile-size",
           lambda: f"nki.isa.nc_find_index8: vals {vals.shape} (8 values per partition of data {data.shape})")
     name_ = dtypes.name_of(dst.dtype)
-    check(name_ in ("uint16", "uint32"), "same-tile-size", lambda: f"nki.isa.nc_find_index8: dst is {name_} (uint16/uint32)")
+    check(name_ in ("uint16", "uint32"), "same-tile-size",
+          lambda: f"nki.isa.nc_find_index8: dst is {name_} (uint16/uint32)")
     cost.active().instruction("nc_find_index8", "vector", data.size)
     _clear_matmul_marks(dst)
     if _shape_only(dst, data, vals):
@@ -799,7 +813,8 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
 
 
 def nc_n_gather(dst, data, indices, name=None):
-    dst, data, indices = (_on_chip(dst, "nc_n_gather", "dst", "gpsimd"), _on_chip(data, "nc_n_gather", "data", "gpsimd"),
+    dst, data, indices = (_on_chip(dst, "nc_n_gather", "dst", "gpsimd"),
+                          _on_chip(data, "nc_n_gather", "data", "gpsimd"),
                           _on_chip(indices, "nc_n_gather", "indices", "gpsimd"))
     check(dst.partitions == data.partitions == indices.partitions and dst.free_size == indices.free_size,
           "same-tile-size", lambda: f"nki.isa.nc_n_gather: dst {dst.shape}, data {data.shape}, indices {indices.shape}")
@@ -881,7 +896,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     dst = _tensor(dst, "nc_matmul", "dst")
     stationary, moving = _tensor(stationary, "nc_matmul", "stationary"), _tensor(moving, "nc_matmul", "moving")
     check(stationary.buffer is SBUF and moving.buffer is SBUF and dst.buffer is PSUM, "matmul-memory",
-          lambda: f"nki.isa.nc_matmul: stationary in {stationary.buffer!r}, moving in {moving.buffer!r}, dst in {dst.buffer!r}")
+          lambda: f"nki.isa.nc_matmul: stationary in {stationary.buffer!r}, moving in {moving.buffer!r}, "
+          f"dst in {dst.buffer!r}")
     k, m, n = stationary.partitions, stationary.free_size, moving.free_size
     rows, columns = _tiling(tile_position, tile_size)
     if isinstance(perf_mode, str):  # nki-library's qkv_cte and mlp_cte pass "double_row" / "none"
@@ -901,7 +917,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               lambda: f"nki.isa.nc_matmul: perf_mode={perf_mode!r}")
     check(k == moving.partitions and k <= rows, "matmul-contraction",
           lambda: f"nki.isa.nc_matmul: stationary {stationary.shape}, moving {moving.shape} (row tile {rows})")
-    check(m <= columns, "matmul-stationary-fmax", lambda: f"nki.isa.nc_matmul: stationary {stationary.shape} has free size {m} "
+    check(m <= columns, "matmul-stationary-fmax",
+          lambda: f"nki.isa.nc_matmul: stationary {stationary.shape} has free size {m} "
           f"(column tile {columns})")
     check(n <= 512, "matmul-moving-fmax", lambda: f"nki.isa.nc_matmul: moving {moving.shape} has free size {n}")
     names = (dtypes.name_of(stationary.dtype), dtypes.name_of(moving.dtype))
@@ -986,7 +1003,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     check(p <= limit and f <= limit, "transpose-size", lambda: f"nki.isa.nc_transpose on {eng}: data is [{p}, {f}]")
     check(dst.dtype == data.dtype, "transpose-dtype",
           lambda: f"nki.isa.nc_transpose: data {dtypes.name_of(data.dtype)}, dst {dtypes.name_of(dst.dtype)}")
-    check(dst.partitions == f and dst.free_size == p, "matmul-shape", lambda: f"nki.isa.nc_transpose: dst {dst.shape} for data {data.shape}")
+    check(dst.partitions == f and dst.free_size == p, "matmul-shape",
+          lambda: f"nki.isa.nc_transpose: dst {dst.shape} for data {data.shape}")
     cost.active().instruction("nc_transpose", eng, p * f)  # data movement, not matmul FLOPs
     _clear_matmul_marks(dst)
     if data.storage.data is None:
@@ -1078,7 +1096,8 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
     """dst = srcs[0] + srcs[1] + ... in float32, cast to dst (the DMA engines' compute)."""
     dst = _tensor(dst, "dma_compute", "dst")
     srcs = [_tensor(s, "dma_compute", f"srcs[{i}]") for i, s in enumerate(srcs)]
-    check(_op(reduce_op, "dma_compute").name == "add", "alu-op", lambda: f"nki.isa.dma_compute: reduce_op {reduce_op!r} (nl.add)")
+    check(_op(reduce_op, "dma_compute").name == "add", "alu-op",
+          lambda: f"nki.isa.dma_compute: reduce_op {reduce_op!r} (nl.add)")
     check(scales is None or all(float(s) == 1.0 for s in scales), "alu-op", "nki.isa.dma_compute: scales must be 1.0")
     check(1 <= len(srcs) <= 16 and all(s.size == dst.size for s in srcs), "dma-size",
           lambda: f"nki.isa.dma_compute: dst {dst.shape}, srcs {[s.shape for s in srcs]}")
@@ -1106,7 +1125,8 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     check(data.buffer is SHARED_HBM, "core-barrier", lambda: f"nki.isa.core_barrier: data is in {data.buffer!r} "
           "(the shared HBM the cores synchronize on)")
     cores = (cores,) if isinstance(cores, int) else tuple(cores)
-    check(set(cores) <= {0, 1}, "core-barrier", lambda: f"nki.isa.core_barrier: cores={cores} (only (0, 1) is supported)")
+    check(set(cores) <= {0, 1}, "core-barrier",
+          lambda: f"nki.isa.core_barrier: cores={cores} (only (0, 1) is supported)")
     program = cost.active()
     program.instruction("core_barrier", "gpsimd")
     scheduler = getattr(program, "scheduler", None)
@@ -1120,7 +1140,8 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
     src, dst = _tensor(src, "sendrecv", "src"), _tensor(dst, "sendrecv", "dst")
     check(src.buffer is SBUF and dst.buffer is SBUF, "on-chip-operand", "nki.isa.sendrecv: src and dst are SBUF tiles")
     check(src.dtype == dst.dtype and src.shape == dst.shape, "same-tile-size",
-          lambda: f"nki.isa.sendrecv: src {src.shape} {dtypes.name_of(src.dtype)}, dst {dst.shape} {dtypes.name_of(dst.dtype)}")
+          lambda: f"nki.isa.sendrecv: src {src.shape} {dtypes.name_of(src.dtype)}, "
+          f"dst {dst.shape} {dtypes.name_of(dst.dtype)}")
     program = cost.active()
     peers = (int(send_to_rank), int(recv_from_rank))
     check(set(peers) <= {0, 1} and program.index not in peers or len(program.trace.program_ids) == 1, "core-barrier",

@@ -99,7 +99,8 @@ def _argument(value, name):
     tensor = _to_torch_argument(value)
     if tensor is None:
         return value
-    return tensors.from_torch(tensor, name, getattr(value, "dtype", None) if type(value).__module__ == "numpy" else None)
+    dtype = getattr(value, "dtype", None) if type(value).__module__ == "numpy" else None
+    return tensors.from_torch(tensor, name, dtype)
 
 
 class JitKernel:

@@ -111,7 +111,8 @@ def settle(program: cost.Program) -> None:
     contested, program.contested = program.contested, []
     for storage, index, theirs, writer in contested:
         mine = storage.data[index]
-        same = (mine == theirs) | (torch.isnan(mine) & torch.isnan(theirs)) if mine.is_floating_point() else mine == theirs
+        same = ((mine == theirs) | (torch.isnan(mine) & torch.isnan(theirs)) if mine.is_floating_point()
+                else mine == theirs)
         if not bool(same.all()):
             first = int((~same).nonzero()[0, 0])
             other = program.trace.program_ids[int(writer[first])]

@@ -35,10 +35,12 @@ RULES = {
               "one partition", "deep-dives/nki-aps.html (Restriction on SBUF/PSUM Tensors)"),
         _rule("sbuf-capacity", "trn2's SBUF holds 128 partitions of 224 KiB (NeuronCore-v3: 28 MiB): one tile at "
               "most 224 KiB per partition, and the tiles live at any instruction at most 28 MiB (partitions x bytes "
-              "per partition); a tile's contents are live from a write to the last read of what it wrote", "guides/architecture/trainium2_arch.html (NeuronCore-v3 SBUF capacity)"),
+              "per partition); a tile's contents are live from a write to the last read of what it wrote",
+              "guides/architecture/trainium2_arch.html (NeuronCore-v3 SBUF capacity)"),
         _rule("psum-capacity", "PSUM holds 128 partitions of 16 KiB (2 MiB: 8 banks of 2 KiB per partition): one "
               "tile at most 16 KiB per partition, and the tiles live at any instruction at most 2 MiB; a PSUM tile "
-              "is live from its first write to its last (its accumulation groups; an eviction may run right after)", "guides/architecture/trainium2_arch.html (PSUM capacity remains "
+              "is live from its first write to its last (its accumulation groups; an eviction may run right after)",
+              "guides/architecture/trainium2_arch.html (PSUM capacity remains "
               "2MiB); nki.language.tile_size.psum_num_banks"),
         _rule("matmul-memory", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM",
               f"{_ISA}.nc_matmul.html (Memory types)"),
@@ -94,7 +96,8 @@ RULES = {
               "dma_transpose lowered to the hardware DGE (dge_mode=hwdge) or an indirect one moves 2-byte elements "
               "(at dge_mode=unknown a direct one has no dtype limit)", f"{_ISA}.dma_copy.html (Tile size); "
               f"{_ISA}.dma_transpose.html (DMA Direct / Indirect Transpose Constraints)"),
-        _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)", f"{_ISA}.dma_copy.html (Memory types)"),
+        _rule("dma-memory", "dma_copy moves data between HBM and SBUF (not PSUM)",
+              f"{_ISA}.dma_copy.html (Memory types)"),
         _rule("bounds", "an access stays inside its tensor (out-of-bounds DMA raises by default: oob_mode.error)",
               f"{_ISA}.dma_copy.html (oob_mode)"),
         _rule("stream-shuffle", "nc_stream_shuffle: a 32-entry mask, dst and src of one dtype and per-partition size, "
@@ -126,9 +129,11 @@ SEMANTICS = {
                             f"to float32); {DOCS}/{_ISA}.tensor_tensor.html (Data types)"),
     "same-dtype-copies": ("dma_copy and tensor_copy between one dtype move the values untouched (through float32 only "
                           "when the dtypes differ)", f"{DOCS}/{_ISA}.dma_copy.html (Data types); "
-                          f"{DOCS}/{_ISA}.tensor_copy.html (bit-accurate copy when input and output types are the same)"),
+                          f"{DOCS}/{_ISA}.tensor_copy.html (bit-accurate copy when input and output types are the "
+                          "same)"),
     "int32-tensor-tensor": ("tensor_tensor with every tile int32/uint32 runs on GpSimd in native integer arithmetic "
-                            "(exact), unless an operand is in PSUM or engine=vector", f"{DOCS}/{_ISA}.tensor_tensor.html"),
+                            "(exact), unless an operand is in PSUM or engine=vector",
+                            f"{DOCS}/{_ISA}.tensor_tensor.html"),
     "bitvec-operators": ("bitvec operators treat integer tiles as bit patterns, no cast",
                          f"{DOCS}/api/nki.api.shared.html (Supported Math Operators, Bitvec)"),
     "integer-memset": ("memset supports every NKI dtype: an integer constant into an integer tile is that integer",
@@ -143,7 +148,8 @@ SEMANTICS = {
                      "with np.random.randn(...).astype(nl.bfloat16)"),
     "partition-slice": ("on an on-chip tensor an integer index on dim 0 is a size-1 slice; results stay at least 2-d",
                         f"{DOCS}/api/generated/nki.language.NkiTensor.html (__getitem__)"),
-    "ap-pattern": (".ap(pattern, offset) reads [[stride, count], ...] of the storage", f"{DOCS}/deep-dives/nki-aps.html"),
+    "ap-pattern": (".ap(pattern, offset) reads [[stride, count], ...] of the storage",
+                   f"{DOCS}/deep-dives/nki-aps.html"),
     "transpose-mode": ("Tensor Engine transposes (nc_matmul is_transpose=True, nc_transpose) are bit-accurate from "
                        "NeuronCore-v3 (NaN and Inf included)", f"{DOCS}/{_ISA}.nc_matmul.html (Transpose mode); "
                        f"{DOCS}/guides/architecture/trainium2_arch.html"),
@@ -165,7 +171,8 @@ SEMANTICS = {
     "nki-object-fields": ("an nl.NKIObject class (a dataclass or not) takes each field by keyword, defaulting to its "
                           "class value, then runs __post_init__; a field is an annotated name or a plain class "
                           "attribute; a field not given stays unset (reading it is an AttributeError): nki-library's "
-                          "MLPTKGConstantsDimensionSizes never passes its remainderIFused, in all four releases", f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
+                          "MLPTKGConstantsDimensionSizes never passes its remainderIFused, in all four releases",
+                          f"{DOCS}/get-started/nki-language-guide.html (Classes: the default __init__); "
                           f"{DOCS}/api/generated/nki.language.NKIObject.html (__init__(**kwargs)); nki-library's "
                           "attention_cte.SectionParams(section_idx=...)"),
     "ap-reinterpret": ("ap(pattern, dtype=...) reinterprets the tensor's bytes as dtype, its pattern and offset "
@@ -182,8 +189,9 @@ SEMANTICS = {
     "tensor-scalar-reduce": ("tensor_scalar_reduce: tensor_scalar with one arithmetic operator, and reduce_op (add, "
                              "multiply, maximum, minimum) of the result along the free axes into reduce_res",
                              f"{DOCS}/{_ISA}.tensor_scalar_reduce.html"),
-    "tensor-partition-reduce": ("tensor_partition_reduce (GpSimd): dst [1, free...] = op over data's partitions, at most "
-                                "four free dimensions; op add, mean, max, bitwise_or/and/xor (add and max implemented)",
+    "tensor-partition-reduce": ("tensor_partition_reduce (GpSimd): dst [1, free...] = op over data's partitions, at "
+                                "most four free dimensions; op add, mean, max, bitwise_or/and/xor (add and max "
+                                "implemented)",
                                 f"{DOCS}/{_ISA}.tensor_partition_reduce.html"),
     "activation-reduce": ("activation_reduce is activation with reduce_cmd=reset_reduce into reduce_res (reduce_op "
                           "nl.add)", f"{DOCS}/{_ISA}.activation_reduce.html"),

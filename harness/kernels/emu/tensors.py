@@ -214,7 +214,8 @@ def _shape(shape) -> tuple[int, ...]:
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, address=None) -> NkiTensor:
     shape, dtype = _shape(shape), dtypes.resolve(dtype)
     if not isinstance(buffer, Buffer):
-        raise TypeError(f"nki emulator: buffer must be nl.sbuf/nl.psum/nl.hbm/nl.shared_hbm/nl.private_hbm, got {buffer!r}")
+        raise TypeError(f"nki emulator: buffer must be nl.sbuf/nl.psum/nl.hbm/nl.shared_hbm/nl.private_hbm, "
+                        f"got {buffer!r}")
     program = cost.active()
     if buffer.on_chip:
         check(shape[0] <= PMAX, "partition-dim", lambda: f"nl.ndarray{shape} in {buffer!r} has {shape[0]} partitions")
@@ -440,7 +441,8 @@ class NkiTensor:
                 index = int(k)
                 index = index + size if index < 0 else index
                 check(0 <= index < size, "bounds",
-                      lambda k=k, dim=dim, size=size: f"index {k} out of range for dim {dim} of size {size} of {self!r}")
+                      lambda k=k, dim=dim, size=size:
+                      f"index {k} out of range for dim {dim} of size {size} of {self!r}")
                 offset += index * stride
                 if on_chip and dim == 0:  # the docs: on-chip, an integer on dim 0 is a size-1 slice
                     shape.append(1)
@@ -473,7 +475,8 @@ class NkiTensor:
         if -1 in shape:
             known = math.prod(s for s in shape if s != -1)
             shape[shape.index(-1)] = self.size // known
-        check(math.prod(shape) == self.size, "bounds", lambda: f"reshape {self.shape} -> {tuple(shape)} changes the size")
+        check(math.prod(shape) == self.size, "bounds",
+              lambda: f"reshape {self.shape} -> {tuple(shape)} changes the size")
         if not self.is_contiguous() or self.dynamic is not None:
             raise NotImplementedError(f"nki emulator: reshape of a non-contiguous view {self!r}")
         if self.buffer.on_chip:
@@ -503,12 +506,14 @@ class NkiTensor:
         index = scalar_offset if scalar_offset is not None else vector_offset
         if index is not None:
             if not isinstance(index, NkiTensor) and not (scalar_offset is not None and hasattr(index, "__index__")):
-                raise TypeError(f"nki emulator: .ap() offset {index!r}: an SBUF tensor, or a register for scalar_offset")
+                raise TypeError(f"nki emulator: .ap() offset {index!r}: an SBUF tensor, "
+                                "or a register for scalar_offset")
             dynamic = ("scalar" if scalar_offset is not None else "vector", index, self.strides[indirect_dim])
         check(self.offset * self.dtype.itemsize % storage.dtype.itemsize == 0, "bounds",
               lambda: f".ap(dtype={dtypes.name_of(storage.dtype)}) of {self!r}: its offset is no whole element")
         base_offset = self.offset * self.dtype.itemsize // storage.dtype.itemsize
-        return NkiTensor(storage, [n for _, n in pattern], [s for s, _ in pattern], base_offset + (offset or 0), dynamic)
+        return NkiTensor(storage, [n for _, n in pattern], [s for s, _ in pattern], base_offset + (offset or 0),
+                         dynamic)
 
     # ---------------------------------------------------------------- data
     def static_bounds(self) -> tuple[int, int]:
@@ -536,7 +541,8 @@ class NkiTensor:
                 shift = int(values[0].item()) * stride
                 base, low, high = base + shift, low + shift, high + shift
             else:
-                check(values.numel() >= self.shape[0], "bounds", "vector_offset has fewer rows than the view's partitions")
+                check(values.numel() >= self.shape[0], "bounds",
+                      "vector_offset has fewer rows than the view's partitions")
                 rows = values[: self.shape[0]].to(torch.int64) * stride
                 parts.append(rows.view([-1] + [1] * (self.ndim - 1)))
                 low, high = low + int(rows.min()), high + int(rows.max())
@@ -631,7 +637,9 @@ class NkiTensor:
         data = self.storage.data
         if self.dynamic is None and not self.overlaps_itself():
             self._view(data).copy_(values)
-        else:  # in the pattern's loop order (the docs' access-pattern semantics): an element written twice keeps the last
+        else:
+            # in the pattern's loop order (the docs' access-pattern semantics): an element written twice keeps
+            # the last
             index, flat = self.addresses().reshape(-1), values.reshape(-1).to(data.dtype)
             last = torch.full((data.numel(),), -1, dtype=torch.int64).scatter_reduce_(
                 0, index, torch.arange(index.numel()), "amax")

@@ -46,7 +46,8 @@ def _randn(gen, *shape, dtype):
 
 def _rope_hf(batch, q_heads, kv_heads, seq, head_dim, dtype, backward, lnc):
     def build(gen):
-        q, k = _randn(gen, batch, q_heads, seq, head_dim, dtype=dtype), _randn(gen, batch, kv_heads, seq, head_dim, dtype=dtype)
+        q = _randn(gen, batch, q_heads, seq, head_dim, dtype=dtype)
+        k = _randn(gen, batch, kv_heads, seq, head_dim, dtype=dtype)
         cos, sin = _randn(gen, batch, seq, head_dim, dtype=dtype), _randn(gen, batch, seq, head_dim, dtype=dtype)
         args = (q, k, torch.zeros_like(q), torch.zeros_like(k))
         return args, {"cos": cos, "sin": sin, "backward": backward}, (lnc,) if lnc > 1 else ()
@@ -72,7 +73,8 @@ def _rope(d_head, batch, heads, seq, contiguous, relayout, lnc):
         kwargs = {"lnc_shard": lnc > 1, "contiguous_layout": contiguous, "relayout_in_sbuf": relayout}
         return (x, cos, sin), kwargs, (lnc,) if lnc > 1 else ()
 
-    path = "SBUF matmul relayout" if relayout and not contiguous else "strided-DMA relayout" if not contiguous else "contiguous"
+    path = ("SBUF matmul relayout" if relayout and not contiguous
+            else "strided-DMA relayout" if not contiguous else "contiguous")
     return ValidationCase(
         f"RoPE-{d_head}x{batch}x{heads}x{seq}-{'contig' if contiguous else 'interleaved'}"
         f"{'-sbuf_relayout' if relayout else ''}-lnc{lnc}",
@@ -94,7 +96,8 @@ def _cumsum(batch, hidden, ndim, seq, dtype):
     bf16 = dtype == torch.bfloat16
     name = str(dtype).removeprefix("torch.")
     return ValidationCase(
-        f"cumsum-{batch}_{hidden}_{ndim}_{seq}_{name}", "core.cumsum.cumsum:cumsum", "core.cumsum.cumsum_torch:cumsum_torch_ref",
+        f"cumsum-{batch}_{hidden}_{ndim}_{seq}_{name}", "core.cumsum.cumsum:cumsum",
+        "core.cumsum.cumsum_torch:cumsum_torch_ref",
         f"x [{batch},{seq},{hidden}] {name}" if ndim == 3 else f"x [{batch},{hidden}] {name}",
         1e-2 if bf16 else 1e-3, 1e-2 if hidden > 5000 else 1e-3,
         "core/cumsum/test_cumsum.py FAST_TEST_PARAMS (rtol 1e-2 bf16 / 1e-3, atol 1e-3 up to hidden 5000)",
@@ -171,7 +174,8 @@ CASES: tuple[ValidationCase, ...] = (
     _ce_forward(64, 32128, torch.float32, 64, 8192,
                 _CE_FWD.format("tolerance 1e-5 (float32); V/PB/CS of backward FAST [4, 4096, 32128, fp32, 64, 8192], "
                                "positions cut to 64 for CPU time")),
-    _ce_backward(1, 32128, torch.bfloat16, 1, 16384, "mean", _CE_BWD.format("FAST [1, 1, 32128, bf16, PB 1, CS 16384, mean]; 1e-2")),
+    _ce_backward(1, 32128, torch.bfloat16, 1, 16384, "mean",
+                 _CE_BWD.format("FAST [1, 1, 32128, bf16, PB 1, CS 16384, mean]; 1e-2")),
     _ce_backward(64, 32128, torch.float32, 64, 8192, "sum",
                  _CE_BWD.format("FAST [4, 4096, 32128, fp32, PB 64, CS 8192, sum] with positions cut to 64; 1e-5")),
 )
@@ -218,7 +222,8 @@ def table(rows) -> str:
     for row in rows:
         case = row["case"]
         for name, o in row["outputs"].items():
-            lines.append(f"| {case.kernel.split(':')[1]} | {case.shape} | {case.reference.split(':')[1]} | rtol {case.rtol:.3g}, "
+            lines.append(f"| {case.kernel.split(':')[1]} | {case.shape} | {case.reference.split(':')[1]} | "
+                         f"rtol {case.rtol:.3g}, "
                          f"atol {case.atol:.3g} ({case.source}) | {name} ({o['dtype']}) | {o['max_err']:.3g} | "
                          f"{o['bound']:.3g} | {'yes' if o['passed'] else 'NO'} |")
     return "\n".join(lines)

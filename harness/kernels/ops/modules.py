@@ -128,5 +128,6 @@ def use_custom_ops(model_config):
         if moe is not None:
             inner = titan_api.moe_grouped_experts(moe)
             if not isinstance(inner, CustomOpGroupedExperts.Config):
-                raise ValueError(f"layer {i}: inner experts config {type(inner).__qualname__} is not GroupedExperts.Config")
+                raise ValueError(f"layer {i}: inner experts config {type(inner).__qualname__} "
+                                 f"is not GroupedExperts.Config")
     return new

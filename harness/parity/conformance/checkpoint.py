@@ -82,7 +82,8 @@ def hf_config(config_dir: str | Path):
     return transformers.AutoConfig.from_pretrained(str(config_dir))
 
 
-def expected_hf_checkpoint(config_dir: str | Path, dtype: torch.dtype | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def expected_hf_checkpoint(config_dir: str | Path, dtype: torch.dtype | None = None
+                           ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """``{key: (shape, dtype)}`` that ``save_pretrained`` writes for the config in
     ``config_dir``. ``dtype`` defaults to the config's ``dtype`` (fp32 if unset)."""
     import transformers  # noqa: PLC0415  heavy: transformers; the checkpoint listing loads without it
@@ -354,7 +355,8 @@ def hf_names_violations(adapter, model_state: dict[str, torch.Tensor], config_di
         out.append(Violation("to_hf unexpected", key, "to_hf produces a name transformers does not use"))
     for key in sorted(set(hf) & set(expected)):
         if tuple(hf[key].shape) != expected[key][0]:
-            out.append(Violation("to_hf shape", key, f"{tuple(hf[key].shape)}, transformers expects {expected[key][0]}"))
+            out.append(Violation("to_hf shape", key,
+                                 f"{tuple(hf[key].shape)}, transformers expects {expected[key][0]}"))
     return out
 
 

@@ -96,7 +96,8 @@ class _Checker:
             else (_fmt(next(iter(by_value))) if by_value else "absent")
         self.report.rows.append((name, shown, _fmt(expected), not bad and bool(pairs)))
         if not pairs:
-            self.report.violations.append(Violation("config", name, f"not present in the native model; HF {expected!r}"))
+            self.report.violations.append(Violation("config", name,
+                                                    f"not present in the native model; HF {expected!r}"))
         for value, where in bad.items():
             self.report.violations.append(Violation(
                 "config", name, f"native {_fmt(value)} in {len(where)} module(s) (first: {where[0]}), "
@@ -321,11 +322,14 @@ def config_violations(model_config, hf: dict, subject: str = "", rope_rtol: floa
         check.per_module("num_experts (gate rows)", [(n, r.gate.weight.shape[0]) for n, r in routers], arch.num_experts)
         check.per_module("num_experts (expert weights)", [(n, e.w1_EFD.shape[0]) for n, e in experts], arch.num_experts)
         check.per_module("num_experts_per_tok (top_k)", [(n, r.top_k) for n, r in routers], arch.num_experts_per_tok)
-        check.per_module("moe_intermediate_size", [(n, e.w1_EFD.shape[1]) for n, e in experts], arch.moe_intermediate_size)
-        check.per_module("norm_topk_prob (route_norm)", [(n, bool(r.route_norm)) for n, r in routers], arch.norm_topk_prob)
+        check.per_module("moe_intermediate_size", [(n, e.w1_EFD.shape[1]) for n, e in experts],
+                         arch.moe_intermediate_size)
+        check.per_module("norm_topk_prob (route_norm)", [(n, bool(r.route_norm)) for n, r in routers],
+                         arch.norm_topk_prob)
         check.per_module("router score function", [(n, r.score_func) for n, r in routers], "softmax")
         check.per_module("router route_scale", [(n, float(r.route_scale)) for n, r in routers], 1.0, _close(1e-12))
-        check.per_module("router expert groups (node-limited routing)", [(n, r.num_expert_groups) for n, r in routers], None)
+        check.per_module("router expert groups (node-limited routing)",
+                         [(n, r.num_expert_groups) for n, r in routers], None)
         check.per_module("shared experts", [(n, m.shared_experts is not None) for n, m in moes], False)
         coeffs = sorted({m.load_balance_coeff for _, m in moes}, key=str)
         report.notes.append(f"torchtitan-only aux-loss-free load balancing (load_balance_coeff={coeffs}): "

@@ -29,7 +29,7 @@ reads the tensor (harness/references/model.py ``trace_names``: torchtitan's modu
 ``<experts>`` is ``experts`` (spring-2026) or ``routed_experts.inner_experts`` (0.3.0); the
 transformers backend's state (``model.`` + HF names, harness/backends/hf_v5.py) loses its
 wrapper prefix. A name outside this table is an error naming it: nothing is dropped silently.
-"""
+"""  # noqa: E501  the name table above is one row a line, wider than the limit
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from harness.kernels.ops.nki.simulation import simulated
 
 def _cos_sin(inputs, params, device):
     x, positions = inputs["x"], inputs["positions"]
-    module = _rope_module(x.shape[-1], params["theta"], rope_max_seq_len(positions), "cpu" if device == "nki-emu" else device)
+    module = _rope_module(x.shape[-1], params["theta"], rope_max_seq_len(positions),
+                          "cpu" if device == "nki-emu" else device)
     cache = module._reshape_cache(x, positions)
     dim = x.shape[-1]
     return cache[..., :dim], cache[..., dim:]

@@ -109,7 +109,8 @@ def cross_entropy(inputs, params, device):
     dtype = nl.float32 if logits.dtype == torch.float32 else nl.bfloat16
     options = {"chunk_size": min(16384, flat.shape[-1]), "dtype": dtype}
     kept = flat[keep]
-    return {"loss": _LibraryCrossEntropy.apply(kept, target[keep].to(torch.int32).contiguous(), module, device, options)}
+    targets = target[keep].to(torch.int32).contiguous()
+    return {"loss": _LibraryCrossEntropy.apply(kept, targets, module, device, options)}
 
 
 # ---------------------------------------------------------------- grouped SwiGLU: blockwise MoE

@@ -47,7 +47,8 @@ def rms_norm(inputs, params, device):
     from torchtitan.models.common.nn_modules import RMSNorm  # noqa: PLC0415  generation: torchtitan 0.3.0's module path; the registry imports under any generation
 
     x, weight = inputs["x"], inputs["weight"]
-    module = RMSNorm.Config(normalized_shape=x.shape[-1], eps=params["eps"]).build().to(device=_on(device), dtype=x.dtype)
+    module = RMSNorm.Config(normalized_shape=x.shape[-1], eps=params["eps"]).build()
+    module = module.to(device=_on(device), dtype=x.dtype)
     return {"y": functional_call(module, {"weight": weight}, (x,))}
 
 

@@ -50,7 +50,8 @@ def _moe_config(dim: int, experts: int, top_k: int, hidden: int = 8, impl: str |
     from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig  # noqa: PLC0415  optional: transformers may be absent (has_transformers); the registry loads without it
 
     config = Qwen3MoeConfig(
-        hidden_size=dim, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True, moe_intermediate_size=hidden
+        hidden_size=dim, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+        moe_intermediate_size=hidden,
     )
     if impl is not None:
         config._experts_implementation = impl

@@ -82,7 +82,8 @@ class _Absent:
 
 
 def _absent_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name, "Not in nki-library's public repository (harness.kernels.emu.cpu_simulator.pytest_plugin).")
+    module = types.ModuleType(name, "Not in nki-library's public repository "
+                                    "(harness.kernels.emu.cpu_simulator.pytest_plugin).")
     def attribute(attribute_name: str):
         if attribute_name.startswith("__"):
             raise AttributeError(attribute_name)
@@ -96,7 +97,8 @@ def _install() -> None:
     cpu_simulator.install()
     sys.modules.update(install._emulator_modules())
     if importlib.util.find_spec("neuronxcc") is None:
-        for name, module in (("neuronxcc", types.ModuleType("neuronxcc")), ("neuronxcc.nki", types.ModuleType("neuronxcc.nki")),
+        for name, module in (("neuronxcc", types.ModuleType("neuronxcc")),
+                             ("neuronxcc.nki", types.ModuleType("neuronxcc.nki")),
                              ("neuronxcc.nki.typing", nki_module.typing)):
             sys.modules.setdefault(name, module)
         sys.modules["neuronxcc"].nki = sys.modules["neuronxcc.nki"]
@@ -133,7 +135,8 @@ def pytest_addoption(parser) -> None:
                     help="a case still running after this many seconds dumps every thread's stack and ends its "
                          "process (faulthandler): a hang fails that case, by name, instead of stalling the run")
     group.addoption("--nki-emu-hang-log", default=None,
-                    help="append the stacks of a case past --nki-emu-case-seconds to this file (pytest captures stderr)")
+                    help="append the stacks of a case past --nki-emu-case-seconds to this file "
+                         "(pytest captures stderr)")
     group.addoption("--nki-emu-whole", action="append", default=[],
                     help="a test file (path under test/integration/nkilib) kept whole: no work limit, no sample")
 

@@ -136,7 +136,8 @@ def _library_module(device: str):
     return nkilib_module(NKILIB_BACKWARD)
 
 
-EA_GRAD_RACE = "write-write lnc-race on expert_affinities_masked_grad [T*E, 1] at elements only the zeroing program's 0.0 contests"
+EA_GRAD_RACE = ("write-write lnc-race on expert_affinities_masked_grad [T*E, 1] at elements only the zeroing "
+                "program's 0.0 contests")
 
 
 def ea_grad_race(race, tokens: int, experts: int, programs: int) -> str:
@@ -168,7 +169,8 @@ def settle_races(races, tokens: int, experts: int, programs: int) -> list:
     """The races of a ``blockwise_mm_bwd`` launch recorded by the emulator, judged against the known
     issues (check "nki_emu_race"): each must be the known EA grad race, else RuleViolation."""
     for race in races:
-        verdict = known_issues.judge("nki_emu_race", race.message, {"race": ea_grad_race(race, tokens, experts, programs)},
+        verdict = known_issues.judge("nki_emu_race", race.message,
+                                     {"race": ea_grad_race(race, tokens, experts, programs)},
                                      op="grouped_swiglu_backward", impl="nkilib_blockwise_mm_bwd")
         if verdict.status != "known":
             raise RuleViolation("lnc-race", verdict.message)

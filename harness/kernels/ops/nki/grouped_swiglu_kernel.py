@@ -157,11 +157,13 @@ def _forward(x_blocks, weight_load, gate_up, down, checkpoint: bool):
     num_blocks, pd, kd, block = x_blocks.shape
     experts, dim, _, hidden = gate_up.shape
     kf, pf = tile_count(hidden), min(hidden, PART)
-    assert pd * kd == dim and block <= MOVING_MAX, f"x_blocks {x_blocks.shape} for D={dim}; block size must be <= {MOVING_MAX}"
+    assert pd * kd == dim and block <= MOVING_MAX, (f"x_blocks {x_blocks.shape} for D={dim}; "
+                                                   f"block size must be <= {MOVING_MAX}")
     programs = nl.num_programs(axes=0) if nl.program_ndim() else 1
     program = nl.program_id(axis=0) if nl.program_ndim() else 0
     y_blocks = nl.ndarray((num_blocks, pd, kd, block), dtype=x_blocks.dtype, buffer=nl.shared_hbm)
-    act_blocks = nl.ndarray((num_blocks, pf, 2, kf, block), dtype=x_blocks.dtype, buffer=nl.shared_hbm) if checkpoint else None
+    act_blocks = (nl.ndarray((num_blocks, pf, 2, kf, block), dtype=x_blocks.dtype, buffer=nl.shared_hbm)
+                  if checkpoint else None)
     # the weights of the expert this program computes now: element (p, k, j) = gate_up[e, k*pd + p, j]
     # (j over gate then up), element (p, j, d) = down[e, j*pf + p, d]
     gate_up_sb = nl.ndarray((pd, kd, 2 * hidden), dtype=gate_up.dtype, buffer=nl.sbuf)
@@ -188,7 +190,8 @@ def _forward(x_blocks, weight_load, gate_up, down, checkpoint: bool):
                 for k in range(kd):
                     nisa.nc_matmul(dst=acc, stationary=gate_up_sb[:, k, f0 : f0 + pf], moving=x_sb[:, k, :],
                                    accumulate=(k > 0))
-                rounded = act_sb[:, g, j, :] if checkpoint else nl.ndarray((pf, block), dtype=nl.bfloat16, buffer=nl.sbuf)
+                rounded = (act_sb[:, g, j, :] if checkpoint
+                           else nl.ndarray((pf, block), dtype=nl.bfloat16, buffer=nl.sbuf))
                 nisa.tensor_copy(dst=rounded, src=acc)
                 projections.append(rounded)
             act = nl.ndarray((pf, block), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -199,7 +202,8 @@ def _forward(x_blocks, weight_load, gate_up, down, checkpoint: bool):
             d0 = k * pd
             acc = nl.ndarray((pd, block), dtype=nl.float32, buffer=nl.psum)
             for j in range(kf):
-                nisa.nc_matmul(dst=acc, stationary=down_sb[:, j, d0 : d0 + pd], moving=h_sb[:, j, :], accumulate=(j > 0))
+                nisa.nc_matmul(dst=acc, stationary=down_sb[:, j, d0 : d0 + pd], moving=h_sb[:, j, :],
+                               accumulate=(j > 0))
             nisa.tensor_copy(dst=y_sb[:, k, :], src=acc)
         nisa.dma_copy(dst=y_blocks.ap(pattern=block_rows, offset=n * pd * kd * block), src=y_sb)
         if checkpoint:

@@ -28,7 +28,8 @@ def _experts(weight_load: Tensor, num_experts: int) -> list[int]:
     experts, current = [], None
     for n, e in enumerate(int(v) for v in weight_load.reshape(-1).tolist()):
         if not 0 <= e <= num_experts:
-            raise IndexError(f"weight_load[{n}] = {e} is neither an expert index 0..{num_experts - 1} nor {num_experts} (keep)")
+            raise IndexError(f"weight_load[{n}] = {e} is neither an expert index 0..{num_experts - 1} "
+                             f"nor {num_experts} (keep)")
         if e < num_experts:
             current = e
         elif current is None:

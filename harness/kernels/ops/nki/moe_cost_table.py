@@ -43,7 +43,7 @@ TensorE instruction costs more than about 27 cycles beyond its columns, its forw
 faster one. That is what the trn2 session's timing (scripts/trn2_first_session.py) settles; the
 answer there would be B = 64 (half the instructions at 1.49x FLOPs: grouped_swiglu_cost's
 block-size table). The backward dominates either way: nki-library's needs B = 256 at LNC=2.
-"""
+"""  # noqa: E501  the table above is the script's output as printed, one row a line
 
 from __future__ import annotations
 
@@ -186,7 +186,8 @@ def backward_rows(rows: int, dim: int, hidden: int, experts: int) -> list[Row]:
     bwd = _traced(
         "backward", "nki-library blockwise_mm_bwd", library,
         (_meta((rows + 1, dim_p)), _meta(((rows + 1) * experts, 1)), _meta((experts, dim_p, 2, hidden_p)),
-         _meta((experts, hidden_p, dim_p)), _meta((n, 2, hidden_p, b)), _meta((n, b, dim_p)), _meta((n * b,), torch.int32),
+         _meta((experts, hidden_p, dim_p)), _meta((n, 2, hidden_p, b)), _meta((n, b, dim_p)),
+         _meta((n * b,), torch.int32),
          _meta((n, 1), torch.int32), _meta((rows + 1, dim_p)), b), {"is_tensor_update_accumulating": False},
         (gk.PROGRAMS,), needed, b, note=f"B={b}: at LNC=2 a 128-row block leaves gradients unwritten")
     total = Row("backward", "ours: total (recompute + nki-library bwd)", b, gk.PROGRAMS,

@@ -1,7 +1,8 @@
 """NKI rotate-half RoPE forward kernel. NOT YET RUN ON HARDWARE OR IN THE SIMULATOR.
 
-Contract (kernel and its torch twin ``rope_kernel_torch.rope_halves_kernel_torch_ref`` share it): six ``[half, N]`` arrays, head-dim half on the
-partition axis (``half = D/2 <= 128``) and the ``N = B*S*H`` rotated vectors on the free axis::
+Contract (kernel and its torch twin ``rope_kernel_torch.rope_halves_kernel_torch_ref`` share it): six
+``[half, N]`` arrays, head-dim half on the partition axis (``half = D/2 <= 128``) and the ``N = B*S*H``
+rotated vectors on the free axis::
 
     o1 = x1*c1 - x2*s1          (first half:  x1*cos + (-x2)*sin)
     o2 = x2*c2 + x1*s2          (second half: x2*cos +   x1*sin)

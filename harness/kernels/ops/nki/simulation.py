@@ -46,7 +46,8 @@ def simulated(kernel):
         unset = [name for name in SIMULATOR_ENV if name not in os.environ]
         for name, value in SIMULATOR_ENV.items():
             if os.environ.get(name, value) != value:
-                raise RuntimeError(f"{name}={os.environ[name]!r}: the harness simulates trn2 only; unset it or set {value!r}")
+                raise RuntimeError(f"{name}={os.environ[name]!r}: the harness simulates trn2 only; "
+                                   f"unset it or set {value!r}")
             os.environ[name] = value
         try:
             return as_torch(nki.simulate(kernel)(*args, **kwargs))
