@@ -253,7 +253,8 @@ def _timed(device, name, args) -> tuple[tuple, float]:
 def compare_outputs(kernel: Kernel, got: tuple, want: tuple) -> dict:
     tolerance = kernel_tolerance(kernel.op_class, torch.bfloat16)
     report = {}
-    for name, a, b in zip(kernel.outputs, got, want, strict=True):
+    # a device result with a missing output is compared as far as it goes; the count is its own entry below
+    for name, a, b in zip(kernel.outputs, got, want, strict=False):
         entry = {"shape": list(a.shape), "dtype": str(a.dtype), "reference_dtype": str(b.dtype)}
         if tuple(a.shape) != tuple(b.shape):
             entry.update(passed=False, problem=f"shape {tuple(a.shape)} != emulator's {tuple(b.shape)}")
