@@ -4,14 +4,19 @@ attention x init), marked with its device tier; the runs themselves are shared p
 Full-size runs read their assets under ``--assets-dir`` (harness/registry/assets_twin.py); on CPU that
 root is the assets twin, laid out from the committed tiny fixtures once per session."""
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from harness.device.devices import TIER_MARKERS
+from harness.backends import BACKENDS
+from harness.device.devices import TIER_MARKERS, detect
 from harness.launch.run_cache import shared_folder
 from harness.launch.run_matrix import SubjectCase, cases
+from harness.launch.subjects import Subject
 from harness.registry.assets_twin import DENSE_ASSETS, build_twin, download_command, missing_dense_assets
+from harness.registry.expectations import ExpectationRegistry
+from harness.registry.layouts import FSDP
 
 
 def _param(case):
@@ -23,11 +28,6 @@ def _param(case):
 
 def _subject_cases(config: pytest.Config) -> list:
     """``--subject M:C``: a user's config function, on the device this machine has."""
-    import sys
-
-    from harness.device.devices import detect
-    from harness.launch.subjects import Subject
-
     folders = tuple(str(Path(p).resolve()) for p in (config.getoption("--subject-path") or ["."]))
     for folder in folders:
         if folder not in sys.path:
@@ -50,10 +50,6 @@ def _published(case) -> bool:
     """Whether the source published a number for this run, on the data the run reads, on the
     device it runs on (its stand-in in the rehearsal: the CPU twin's recorded stand-ins), in
     the source's layout (FSDP over every rank: another layout reads other rows per step)."""
-    from harness.backends import BACKENDS
-    from harness.registry.expectations import ExpectationRegistry
-    from harness.registry.layouts import FSDP
-
     if case.layout != FSDP:
         return False
 

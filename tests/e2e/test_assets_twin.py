@@ -11,9 +11,11 @@
 - the independent HF-forward expectation tells the masks apart (a mask mix-up fails it).
 """
 
+import argparse
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,12 @@ import torch
 from safetensors import safe_open
 
 from harness.checks.reference_forward import independent_first_step_loss
-from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env
+from harness.cli.commands import _specs
+from harness.device.devices import NEURON_CORE_VISIBILITY, neuron_profile, neuron_rank_env, profile_for
+from harness.launch.run import RunSpec, build_command, rank_environment
+from harness.launch.run_matrix import FULL_OVERRIDES, TWIN_OVERRIDES, RunCase
 from harness.references.batch import Batch
+from harness.references.expected_loss import expected_loss
 from harness.registry import known_issues, paths
 from harness.registry.assets_twin import (
     DENSE_ASSETS,
@@ -94,8 +100,6 @@ def test_twin_is_laid_out_as_the_hf_download(twin):
 
 
 def test_layout_check_catches_a_broken_index(twin, tmp_path):
-    import shutil
-
     broken = tmp_path / "broken"
     shutil.copytree(twin / DENSE_ASSETS, broken)
     index = json.loads((broken / INDEX).read_text())
@@ -173,8 +177,6 @@ def test_a_fork_failure_that_matches_no_inherited_signature_fails():
 
 
 def test_fork_expectations_are_the_spring_api_s():
-    from harness.references.expected_loss import expected_loss
-
     for generation in ("spring2026", "spring2026-neuron"):
         moe = expected_loss("nki_moe", "qwen3_30b_a3b_4l_64e_top4", "random", "neuron",
                             "row_causal", generation=generation)
@@ -198,17 +200,12 @@ def test_neuron_rank_env_strips_core_visibility_and_pins_auto_cast():
 
 
 def test_rank_environment_drops_inherited_core_visibility(monkeypatch):
-    from harness.launch.run import RunSpec, rank_environment
-
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-63")
     env = rank_environment(RunSpec("titan_native"), neuron_profile(64, {}))
     assert "NEURON_RT_VISIBLE_CORES" not in env and env["NEURON_CC_FLAGS"] == "--auto-cast=none"
 
 
 def test_the_data_a_run_reads_is_its_specs_and_its_command_names_it(tmp_path):
-    from harness.device.devices import profile_for
-    from harness.launch.run import RunSpec, build_command
-
     c4 = RunSpec("titan_native", data="c4")  # no local copy: the Hub's repository
     command = build_command(c4, profile_for("cpu"), tmp_path)
     assert command[command.index("--dataloader.dataset") + 1] == c4.data == "c4"
@@ -243,9 +240,6 @@ def test_neuron_image_refuses_pypi_torchtitan():
 def test_a_moe_saved_against_the_4b_index_fails_at_the_save(twin, tmp_path, backend_runs):
     """The first-night failure the MoE's own assets prevent: its HF save against a foreign
     index (the 4B's, as it once was given) stops the run with a KeyError on an MoE key."""
-    from harness.launch.run import RunSpec
-    from harness.launch.run_matrix import FULL_OVERRIDES, TWIN_OVERRIDES
-
     foreign = derived_assets(paths.TINY_MOE, twin / DENSE_ASSETS, tmp_path / MOE_ASSETS)
     (foreign / INDEX).write_bytes((twin / DENSE_ASSETS / INDEX).read_bytes())
     run = backend_runs.get(RunSpec("nki_moe", size="full", init="random", steps=2, nproc=2,
@@ -262,11 +256,6 @@ def test_a_moe_saved_against_the_4b_index_fails_at_the_save(twin, tmp_path, back
 def test_the_cli_builds_full_size_runs_as_the_run_template_does(twin):
     """`python3 -m harness run --profile full --assets-dir DIR` gives each backend its own
     assets folder under DIR (the MoE never the 4B folder), exactly the run template's spec."""
-    import argparse
-
-    from harness.cli.commands import _specs
-    from harness.launch.run_matrix import RunCase
-
     args = argparse.Namespace(steps=2, workaround=[], backends=["titan_native", "nki_moe"],
                               inits=["random"], profile="full", assets_dir=str(twin))
     specs = {spec.backend: spec for spec in _specs(args, [], (), "cpu")}

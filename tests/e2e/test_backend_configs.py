@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.backends import ASSETS_MODEL, BACKENDS
+from harness.backends import ASSETS_MODEL, BACKENDS, native_qwen3
 from harness.launch.run import RunSpec
 from harness.registry import paths
 from harness.upstream.metrics_sink import JsonlMetricsProcessor
@@ -70,8 +70,6 @@ def test_tiny_hf_v5_reads_the_fixture_config():
 
 def test_catches_a_dense_model_built_from_a_moe_config(monkeypatch):
     """The defect this harness once had: transformers 5 writes num_local_experts, not num_experts."""
-    from harness.backends import native_qwen3
-
     monkeypatch.setattr(native_qwen3, "num_experts", lambda hf: 0)
     with torch.device("meta"):
         model = _config("nki_moe", "tiny", "sdpa").model_spec.model.build()

@@ -1,6 +1,7 @@
 """A fourth backend is one registry entry and one module: the run template, the CLI and the
 report pick it up with nothing else touched."""
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from harness import backends
 from harness.backends import BACKENDS, BackendSpec, register, unregister
 from harness.checks import run_checks as checks
 from harness.cli import commands as cli
+from harness.launch.run import RunSpec
 from harness.launch.run_matrix import cases
 
 MODULE = "harness_throwaway_backend"
@@ -44,10 +46,6 @@ def test_the_cli_offers_a_registered_backend(throwaway_backend):
 
 @pytest.mark.slow
 def test_a_registered_backend_launches_and_is_checked(throwaway_backend, backend_runs, steps):
-    import importlib
-
-    from harness.launch.run import RunSpec
-
     importlib.import_module(MODULE)  # the ranks import it from the same folder
     module_dir = str(Path(sys.modules[MODULE].__file__).parent) if MODULE in sys.modules else None
     run = backend_runs.get(RunSpec("titan_again", init="pretrained", steps=2, save_hf=True,

@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from harness.checks import run_checks as checks
+from harness.device.devices import detect
 from harness.launch.run import RunSpec, launch
 from harness.registry import paths
 from harness.report import baseline
+from harness.report.run_report import RunVerdict, results_document, write_report
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -43,9 +45,6 @@ def test_two_clean_reports_flag_nothing(clean_report, tmp_path):
 
 
 def test_a_planted_defect_is_flagged_with_run_step_and_module(clean_report, tmp_path):
-    from harness.device.devices import detect
-    from harness.report.run_report import RunVerdict, results_document, write_report
-
     spec = RunSpec(backend="titan_native", size="tiny", init="pretrained", steps=STEPS,
                    save_hf=True, plants=("qk_norm_swap_layer1",))
     run = launch(spec, detect("cpu"), tmp_path / "runs" / "planted")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from datasets.distributed import split_dataset_by_node
 
 from harness.backends import c4
 from harness.launch.run import data_flags
@@ -57,8 +58,6 @@ def test_the_download_command_names_readme_validation_and_one_train_shard_per_ra
 
 
 def test_torchtitan_reads_the_fixture_copy_each_rank_on_its_own_shard():
-    from datasets.distributed import split_dataset_by_node
-
     dataset = c4.load_as_torchtitan_does(C4_FIXTURE)
     firsts = [next(iter(split_dataset_by_node(dataset, rank=r, world_size=2))) for r in range(2)]
     urls = [doc["url"] for doc in firsts]

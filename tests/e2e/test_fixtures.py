@@ -1,13 +1,19 @@
 """The committed fixtures are what scripts/make_fixtures.py makes, byte for byte."""
 
 import functools
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from harness.checks.reference_forward import MASKINGS, first_step_loss, hf_model
 from harness.device.arithmetic import machine
+from harness.parity.models import dataloader_batches
 from harness.registry import paths
+from harness.registry.tolerances import parity_tolerance
+from harness.upstream import titan_api
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "make_fixtures.py"
 
@@ -39,14 +45,6 @@ def loss_contract() -> tuple[dict, dict]:
     """(recomputed, recorded) step-1 losses per masking: the HF forward of tiny_dense on the
     first dp=2 batches of torchtitan's dataloader, in the trainer's float32 arithmetic, and
     this generation's recorded ones (fixtures/tiny_dense/recorded_losses.json)."""
-    import json
-
-    import torch
-
-    from harness.checks.reference_forward import MASKINGS, first_step_loss, hf_model
-    from harness.parity.models import dataloader_batches
-    from harness.upstream import titan_api
-
     recorded = json.loads((paths.TINY_DENSE / "recorded_losses.json").read_text())
     recorded = recorded[titan_api.api_generation_of(titan_api.generation())]
     model = hf_model(paths.TINY_DENSE)
@@ -72,8 +70,6 @@ def test_the_loss_contract_in_float32_recomputes_the_recorded_losses():
     """On any machine, within float32 rounding of a 1k-token mean (the policy's
     ``fixture_losses_across_machines``): a defect of the data path, the model or the contract
     moves them by 1e-4 and more."""
-    from harness.registry.tolerances import parity_tolerance
-
     bound = parity_tolerance("fixture_losses_across_machines").atol
     recomputed, recorded = loss_contract()
     far = {m: recomputed[m] - recorded[m] for m in recorded if not abs(recomputed[m] - recorded[m]) <= bound}

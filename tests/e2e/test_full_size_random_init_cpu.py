@@ -14,8 +14,9 @@ import json
 
 import pytest
 
-from harness.checks.random_init_forward import CASES, random_init_problems, run_child
-from harness.references.expected_loss import analytic_random_init_loss, expected_loss
+from harness.checks.random_init_forward import CASES, random_init_problems, run_child, streamed_first_step
+from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std, expected_loss
+from harness.registry.tolerances import INIT_STD_RTOL
 
 
 @pytest.mark.slow
@@ -62,10 +63,6 @@ def test_the_streamed_init_is_the_backends_own_init_scale():
     tiny transformers-backend model is its backend's configured init (its patched
     ``_init_weights``, in force from the build through the unit-by-unit init): the measured
     lm_head std equals the configured one."""
-    from harness.checks.random_init_forward import streamed_first_step
-    from harness.references.expected_loss import configured_lm_head_std
-    from harness.registry.tolerances import INIT_STD_RTOL
-
     result = streamed_first_step("hf_v5-tiny_dense", batch=1, seq_len=32, compute_dtype="float32", chunk=16)
     configured = configured_lm_head_std("hf_v5", result["hidden_size"])
     assert abs(result["lm_head_std"] / configured - 1) <= INIT_STD_RTOL, (

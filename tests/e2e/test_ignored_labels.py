@@ -1,12 +1,13 @@
-"""Ignored labels through the real trainer (issue "No blind spots", item 3).
+"""Ignored labels through the real trainer.
 
-Pretraining rows never hold an ignored label, so the loss normalisation over valid tokens was
-never exercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
-and spring 2026; spring's trainer passes the global valid-token count as a float) (``ChatDataLoader``: prompt
-labels and EOS padding are ignored; harness/backends/sft_config.py) on the tiny native backend from
-the pretrained fixture, 2 ranks, each accumulating 2 microbatches of one row (layout
-``ga=2``). Its batches (in process and as the real trainer's ranks received them) are compared token for token, ignored labels and positions included, with an
-independent reference (harness/references/sft_data.py: hand-rendered chat template, the
+Pretraining rows never hold an ignored label, so they leave the loss normalisation over valid
+tokens unexercised. This run uses torchtitan's own SFT path (the same ``ChatDataset`` in 0.3.0
+and spring 2026; spring's trainer passes the global valid-token count as a float)
+(``ChatDataLoader``: prompt labels and EOS padding are ignored; harness/backends/sft_config.py)
+on the tiny native backend from the pretrained fixture, 2 ranks, each accumulating 2
+microbatches of one row (layout ``ga=2``). Its batches (in process and as the real trainer's
+ranks received them) are compared token for token, ignored labels and positions included, with
+an independent reference (harness/references/sft_data.py: hand-rendered chat template, the
 ``tokenizers`` library, numpy's seeded shuffle), and its step-1 ``global_avg_loss`` is
 compared with an independent loss over the very batches each rank was fed (dumped
 rank-side): the HF model (transformers, float32), CE summed over valid labels on each rank,
@@ -53,12 +54,13 @@ def sft_config_batches(rank: int, n_batches: int) -> list[Batch]:
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     loader = config.dataloader.build(dp_world_size=2, dp_rank=rank, tokenizer=tokenizer,
                                      seq_len=TINY.seq_len, local_batch_size=TINY.local_batch_size)
-    return [Batch.from_loader(*item) for item, _ in zip(loader, range(n_batches))]
+    # the loader's first n_batches
+    return [Batch.from_loader(*item) for item, _ in zip(loader, range(n_batches), strict=False)]
 
 
 def sft_mismatches(rank: int, n_batches: int) -> list[str]:
     return [f"rank {rank} batch {b}: {m}" for b, (got, want) in
-            enumerate(zip(sft_config_batches(rank, n_batches), sft_reference(rank, n_batches)))
+            enumerate(zip(sft_config_batches(rank, n_batches), sft_reference(rank, n_batches), strict=True))
             for m in ref.compare(got, want)]
 
 

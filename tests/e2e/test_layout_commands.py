@@ -24,9 +24,12 @@ from dataclasses import replace
 import pytest
 
 from harness.device.devices import neuron_profile, profile_for
+from harness.launch import run as launcher
 from harness.launch.run import RunSpec, build_command, layout_flags
 from harness.launch.run_matrix import LayoutCase, RunCase
+from harness.registry.assets_twin import build_twin
 from harness.registry.generations import API_OF
+from harness.registry.known_issues.native_qwen3 import RECOMPUTING_LAYOUTS
 from harness.registry.layouts import LAYOUTS, layout
 from harness.upstream import titan_cli
 
@@ -76,7 +79,6 @@ def test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin(name, flag
                                                ("ep64", "ep", "expert_parallel_degree")])
 def test_an_assets_twin_run_records_the_layout_and_degrees_it_ran(name, ran, degree, twin_root, tmp_path,
                                                                  monkeypatch):
-    from harness.launch import run as launcher
 
     backend = "titan_native" if layout(name).applies_to("dense") else "nki_moe"
     init = "pretrained" if backend == "titan_native" else "random"
@@ -106,8 +108,6 @@ def test_an_assets_twin_run_records_the_layout_and_degrees_it_ran(name, ran, deg
 
 @pytest.fixture(scope="module")
 def twin_root(tmp_path_factory):
-    from harness.registry.assets_twin import build_twin
-
     return build_twin(tmp_path_factory.mktemp("twin") / "twin")
 
 
@@ -124,8 +124,6 @@ def test_a_full_size_layout_reads_the_fsdp_runs_rows_only_where_every_rank_stays
 
 
 def test_the_layouts_that_recompute_the_moe_forward_are_the_registrys():
-    from harness.registry.known_issues.native_qwen3 import RECOMPUTING_LAYOUTS
-
     once = {name for name, lay in LAYOUTS.items() if name not in RECOMPUTING_LAYOUTS}
     assert once == {"ac=none", "compile"}, once
     assert {"fsdp", "ep", "ep64", "tp4+fsdp"} <= set(RECOMPUTING_LAYOUTS)

@@ -37,7 +37,7 @@ def bitwise_differences(run, other) -> list[str]:
     """Every step whose loss or pre-clip grad norm is not the other run's, bit for bit."""
     found = [] if len(run.steps) == len(other.steps) else [
         f"{len(run.steps)} steps against {len(other.steps)}"]
-    for mine, theirs in zip(run.steps, other.steps):
+    for mine, theirs in zip(run.steps, other.steps, strict=False):  # unequal lengths are named above
         for what in ("loss", "grad_norm"):
             a, b = getattr(mine, what), getattr(theirs, what)
             if a.hex() != b.hex():

@@ -28,7 +28,7 @@ from harness.checks.reference_forward import expectation_for_run
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import RunCase
 from harness.registry import dump_layout
-from harness.registry.expectations import ExpectationRegistry
+from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 from harness.registry.tolerances import initial_weights_forward_band
 
 
@@ -105,8 +105,6 @@ def test_a_step1_loss_just_outside_the_band_fails(dense_random, tmp_path):
 
 
 def test_every_rank_s_batch_is_needed(dense_random, tmp_path):
-    from harness.registry.expectations import MissingExpectation
-
     run = _with_dump_of(dense_random, tmp_path)
     dump_layout.batch_file(dump_layout.dump_folder(run.run_dir), rank=1, step=1).unlink()
     with pytest.raises(MissingExpectation, match="1 rank batch dump.* for 2 ranks"):
@@ -123,8 +121,6 @@ def test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it(backend_
 
 
 def test_a_dump_that_is_not_this_model_s_state_is_an_error_naming_it(dense_random, tmp_path):
-    from harness.registry.expectations import MissingExpectation
-
     wo = "layers.0.attention.wo.weight"
     run = _with_dump_of(dense_random, tmp_path, lambda k, v: v[:, :-1] if k == wo else v)
     with pytest.raises(MissingExpectation, match="not an HF checkpoint.*mis-shaped.*o_proj"):

@@ -1,4 +1,4 @@
-"""Resharded resume (issue 28, item 6; docs/layouts.md "Resharded resume").
+"""Resharded resume (docs/layouts.md "Resharded resume").
 
 A run saved at 2 ranks under FSDP is resumed at another world size or layout
 (harness/launch/run_matrix.py ``RESHARD_CASES``: 1 rank, 3 ranks, 4 ranks, tensor parallel 2).
@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.checks import run_checks as checks
 from harness.checks.training_state import resume_findings, resumed_state_findings
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import (
@@ -261,8 +262,6 @@ def test_the_moe_hf_save_at_the_uneven_world_size(device_runs, steps, workaround
     """The MoE's HF save at 3 ranks, where its 32 experts do not split evenly: a known issue on
     0.3.0 (``titan-moe-hf-save-uneven-experts``, judged by its signature at that rank count),
     saved wherever it does not apply."""
-    from harness.checks import run_checks as checks
-
     spec = RunSpec(TRAINING_STATE_BACKEND, init="random", steps=2, nproc=RESHARD_UNEVEN_RANKS,
                    save_hf=True, workarounds=tuple(workarounds))
     result = device_runs("cpu").get(spec)

@@ -1,4 +1,4 @@
-"""State beyond the weights, through torchtitan's real trainer (issue "No blind spots", item 9).
+"""State beyond the weights, through torchtitan's real trainer.
 
 (a) MoE load balancing: nki_moe's ``expert_bias`` buffers move during training, are saved in
     the torchtitan (DCP) checkpoint, and are restored on resume (the resumed trainer's buffers
@@ -13,10 +13,10 @@
     projection are one parameter after build, after the checkpoint load and after training, and
     the saved HF checkpoint holds no diverging ``lm_head.weight``.
 (d) MoE load balancing step by step (harness/checks/training_state.py ``balance_findings``, from the
-    rank-side records of harness/rank/hooks.py, read by harness/registry/dump_layout.py): the routing counts are the step's router
-    choices, accumulated and reset; the router applies ``expert_bias``; the bias moves by
-    exactly the aux-loss-free update of the counts summed over the ranks; the checkpoint holds
-    the bias of its step.
+    rank-side records of harness/rank/hooks.py, read by harness/registry/dump_layout.py): the
+    routing counts are the step's router choices, accumulated and reset; the router applies
+    ``expert_bias``; the bias moves by exactly the aux-loss-free update of the counts summed over
+    the ranks; the checkpoint holds the bias of its step.
 The default tier runs (a), (b) and (d) in their cheap form on the run template's own nki_moe
 random-init run (harness/launch/run_matrix.py ``TRAINING_STATE_STEPS``: 3 steps, a full checkpoint
 after steps 1 and 2, the HF checkpoint at step 3), resumed from its step-1 checkpoint for
@@ -40,7 +40,13 @@ from harness.backends import BACKENDS
 from harness.checks import training_state as ts
 from harness.launch import instrumented
 from harness.launch.run import RunSpec
-from harness.launch.run_matrix import TRAINING_STATE_BACKEND, TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS, RunCase
+from harness.launch.run_matrix import (
+    TRAINING_STATE_BACKEND,
+    TRAINING_STATE_INTERVAL,
+    TRAINING_STATE_STEPS,
+    RunCase,
+    cases,
+)
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as state
 
@@ -176,7 +182,7 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
         f"comparison needs every rank of the first warm and of the rerun cold "
         f"(rank stderr: {first.log_tails()[-800:]})")
     found = [f"step {a.step}: loss {a.loss!r} vs {b.loss!r}, grad norm {a.grad_norm!r} vs {b.grad_norm!r}"
-             for a, b in zip(first.steps, rerun.steps) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
+             for a, b in zip(first.steps, rerun.steps, strict=False) if (a.loss, a.grad_norm) != (b.loss, b.grad_norm)]
     if len(rerun.steps) != len(first.steps) or len(first.steps) != QUICK_STEPS:
         found.append(f"{len(rerun.steps)} and {len(first.steps)} steps logged, not {QUICK_STEPS}")
     for step in range(QUICK_K, QUICK_STEPS, QUICK_K):
@@ -184,7 +190,8 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
             state.load_dcp(dump_layout.checkpoint_dir(first.run_dir, step)),
             state.load_dcp(dump_layout.checkpoint_dir(rerun.run_dir, step)))[:20]]
     found += [f"step-{QUICK_STEPS} HF checkpoint: {d}" for d in state.differences(
-        dump_layout.saved_hf_tensors(first.run_dir, QUICK_STEPS), dump_layout.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
+        dump_layout.saved_hf_tensors(first.run_dir, QUICK_STEPS),
+        dump_layout.saved_hf_tensors(rerun.run_dir, QUICK_STEPS))[:20]]
     assert not found, "seeded rerun differs:\n" + "\n".join(found)
 
 
@@ -259,8 +266,6 @@ def test_the_default_tier_reads_the_templates_own_runs(steps, workarounds):
     """The runs the default tier's training-state, determinism, data-path and tied-embedding
     checks read (the resumed and the seeded reruns aside) are the run template's own CPU runs,
     so they launch nothing of their own (one launch per distinct RunSpec: harness/launch/run_cache.py)."""
-    from harness.launch.run_matrix import cases
-
     template = {case.suite_spec(steps, workarounds=workarounds) for case in cases(("cpu",))
                 if not case.twin}
     for backend in (TRAINING_STATE_BACKEND, "titan_native"):

@@ -23,6 +23,7 @@ import pytest
 
 from harness.checks.run_checks import RUN_CHECKS
 from harness.cli import commands as cli
+from harness.launch.run import RunSpec
 from harness.launch.subjects import Subject, infer, lint
 from harness.registry import paths
 from harness.registry.tolerances import parity_tolerance
@@ -98,8 +99,6 @@ def test_what_is_checked_is_inferred_from_the_config(user_dir):
 
 
 def test_a_subjects_run_runs_the_parallel_degrees_its_config_sets(user_dir):
-    from harness.launch.run import RunSpec
-
     subject = Subject(USER_MODULE, "native_tiny")
     tp2 = subject.load()
     tp2.parallelism.tensor_parallel_degree = 2

@@ -29,6 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.device.devices import NEFF_CACHE_DEFAULT, NEFF_CACHE_ENV
+from harness.kernels.checks.registry import OPS
+from harness.launch.run_matrix import cases, layout_cases
 from harness.registry import paths
 
 WORKFLOWS_DIR = paths.REPO_ROOT / ".github" / "workflows"
@@ -172,8 +175,6 @@ def test_the_nightly_pytest_line_gives_its_options_values_with_equals():
 
 
 def test_nightly_caches_the_compile_cache_the_device_profile_uses():
-    from harness.device.devices import NEFF_CACHE_DEFAULT, NEFF_CACHE_ENV
-
     steps = _steps(NIGHTLY)
     cache_paths = {step["with"]["path"] for step in steps
                    if str(step.get("uses", "")).startswith("actions/cache")}
@@ -231,8 +232,6 @@ def test_nightly_time_budget_fits_the_job():
 
 
 def test_the_budget_counts_every_in_process_neuron_test_of_the_registry():
-    from harness.kernels.checks.registry import OPS
-
     budget = _nightly("budget")
     cells = [(op.name, impl.name, case.name, dtype) for op in OPS.values()
              for impl in op.implementations if "neuron" in impl.devices
@@ -243,8 +242,6 @@ def test_the_budget_counts_every_in_process_neuron_test_of_the_registry():
 def test_the_budget_counts_every_run_the_neuron_tier_launches():
     """Every launch of the neuron tier at its size's limit: the run template's cases and the
     tier's own layouts (tiny: compile and EP; full: the recipe and the MoE under EP)."""
-    from harness.launch.run_matrix import cases, layout_cases
-
     budget = _nightly("budget")
     runs = {item.what: item.count for item in budget.items()}
     launched = {(c.id, c.size) for c in cases(("neuron",))} | {(c.id, "tiny") for c in layout_cases(("neuron",))}

@@ -21,7 +21,8 @@ def _check_caught(plant, case_name, dtype, tmp_path):
     assert not result.passed, f"plant {plant.name} ({plant.description}) was not caught:\n{result.report()}"
     failed = {check.name for check in result.failures}
     missing = set(plant.caught_by) - failed
-    assert not missing, f"{plant.name}: expected failing checks {sorted(missing)}; failed: {sorted(failed)}\n{result.report()}"
+    assert not missing, (f"{plant.name}: expected failing checks {sorted(missing)}; failed: {sorted(failed)}\n"
+                         f"{result.report()}")
     for check in result.failures:
         arbitration = check.details.get("arbitration")
         if arbitration is not None:  # a defect must not survive arbitration either

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.common.rope import CosSinRoPE
 
 import harness.kernels.ops
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops import neuron
 from harness.kernels.ops import rope as _rope
+from harness.kernels.ops.modules import CustomOpCosSinRoPE, CustomOpGroupedExperts
 from harness.kernels.ops.nki import grouped_swiglu_kernel, rope_kernel, simulation
 from harness.kernels.ops.nki.rope_kernel_torch import rope_halves_kernel_torch_ref
 from harness.registry import known_issues
@@ -26,7 +30,8 @@ def _rope_inputs(dtype, seed=0, batch_cos=False):
     g = _gen(seed)
     x = torch.randn(2, 3, 2, 8, generator=g).to(dtype)
     shape = (2, 3, 8) if batch_cos else (3, 8)
-    return x, torch.randn(*shape, generator=g, dtype=torch.float64), torch.randn(*shape, generator=g, dtype=torch.float64)
+    return (x, torch.randn(*shape, generator=g, dtype=torch.float64),
+            torch.randn(*shape, generator=g, dtype=torch.float64))
 
 
 def _swiglu_inputs(dtype, dims=(4, 16, 32), counts=(3, 0, 4, 2), seed=1):
@@ -97,10 +102,6 @@ def test_checker_catches_rope_backward_minus_sin_shortcut():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_module_matches_torchtitan_bitwise(dtype):
-    from torchtitan.models.common.rope import CosSinRoPE
-
-    from harness.kernels.ops.modules import CustomOpCosSinRoPE
-
     config = dict(dim=16, max_seq_len=64, theta=1e6)
     ours, theirs = CustomOpCosSinRoPE.Config(**config).build(), CosSinRoPE.Config(**config).build()
     g = _gen(2)
@@ -114,16 +115,12 @@ def test_rope_module_matches_torchtitan_bitwise(dtype):
         out = module(qq, kk, positions)
         torch.autograd.backward(out, grads)
         results.append((*out, qq.grad, kk.grad))
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_experts_module_matches_torchtitan_bitwise(dtype):
-    from torchtitan.models.common.moe import GroupedExperts
-
-    from harness.kernels.ops.modules import CustomOpGroupedExperts
-
     x, counts, w1, w2, w3 = _swiglu_inputs(dtype)
     config = dict(dim=32, hidden_dim=16, num_experts=4)
     results = []
@@ -136,7 +133,7 @@ def test_grouped_experts_module_matches_torchtitan_bitwise(dtype):
         y = titan_api.grouped_experts_compute(module, xx, counts)
         y.backward(grad)
         results.append((y, xx.grad, module.w1_EFD.grad, module.w2_EDF.grad, module.w3_EFD.grad))
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
@@ -154,7 +151,7 @@ def test_grouped_swiglu_backward_equals_autograd_of_its_forward(dims):
     y_b = gs.grouped_swiglu_math(leaves_b[0], offsets, *leaves_b[1:])
     grads_b = torch.autograd.grad(y_b, leaves_b, grad)
     assert torch.equal(y_a, y_b)
-    for a, b in zip(grads_a, grads_b):
+    for a, b in zip(grads_a, grads_b, strict=True):
         assert torch.equal(a, b)
 
 
@@ -168,7 +165,8 @@ def test_grouped_mm_loop_fallback_equals_torch_grouped_mm():
 
 def test_rows_owned_by_no_expert_are_zero_in_output_and_gradient():
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32) - torch.tensor([0, 0, 0, 2], dtype=torch.int32)  # last 2 rows unowned
+    # the last 2 rows unowned
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32) - torch.tensor([0, 0, 0, 2], dtype=torch.int32)
     xx = x.clone().requires_grad_()
     y = torch.ops.harness.grouped_swiglu(xx, offsets, w1, w2, w3)
     y.backward(torch.ones_like(y))
@@ -196,10 +194,9 @@ def _raised(fn, marker: str) -> tuple[str | None, dict]:
 def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
     """Upstream (torch 2.14 CPU): GroupedExperts(...).sum().backward() raises 'Invalid strides/sizes'
     (known issue torch-grouped-mm-cpu-expanded-grad: xfails while it raises exactly that)."""
-    from torchtitan.models.common.moe import GroupedExperts
-
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16)
-    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=32, hidden_dim=16, num_experts=4).build().bfloat16()
+    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=32, hidden_dim=16,
+                                              num_experts=4).build().bfloat16()
     problem, observed = _raised(
         lambda: titan_api.grouped_experts_compute(module, x.clone().requires_grad_(), counts).sum().backward(),
         "Invalid strides/sizes",
@@ -211,10 +208,9 @@ def test_torchtitan_grouped_experts_backward_with_expanded_gradient():
 def test_torchtitan_grouped_experts_needs_16_byte_strides_in_bfloat16():
     """Upstream: dim/hidden not multiples of 8 in bfloat16 raise (known issue
     torch-grouped-mm-bf16-alignment); the harness op runs them through its per-expert loop."""
-    from torchtitan.models.common.moe import GroupedExperts
-
     x, counts, w1, w2, w3 = _swiglu_inputs(torch.bfloat16, dims=(3, 12, 20), counts=(2, 1, 3))
-    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=20, hidden_dim=12, num_experts=3).build().bfloat16()
+    module = titan_api.grouped_experts_config(GroupedExperts.Config, dim=20, hidden_dim=12,
+                                              num_experts=3).build().bfloat16()
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     assert torch.ops.harness.grouped_swiglu(x, offsets, w1, w2, w3).isfinite().all()
     problem, observed = _raised(lambda: titan_api.grouped_experts_compute(module, x, counts),
@@ -294,8 +290,6 @@ def test_rope_kernel_contract_twin_equals_the_op_bitwise(dtype):
 
 def test_bf16_results_of_the_simulator_arrive_as_torch_bfloat16_bit_for_bit():
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    import numpy as np
-
     values = torch.randn(5, 7, generator=torch.Generator().manual_seed(3)).bfloat16()
     array = values.float().numpy().astype(ml_dtypes.bfloat16)  # what nki.simulate returns
     with pytest.raises(TypeError):
@@ -307,12 +301,13 @@ def test_bf16_results_of_the_simulator_arrive_as_torch_bfloat16_bit_for_bit():
 
 def test_simulator_is_pinned_to_trn2(isolated_neuron_probe, monkeypatch):
     body = ("import os\nseen = []\ndef jit(f):\n    return f\n"
-            "def simulate(f):\n    def run(*a):\n        seen.append(os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE'))\n"
+            "def simulate(f):\n    def run(*a):\n"
+            "        seen.append(os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE'))\n"
             "        return f(*a)\n    return run\n")
     _fake_package(isolated_neuron_probe, "nki", body)
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
     assert torch.equal(simulation.simulated(lambda x: x)(torch.ones(2)), torch.ones(2))
-    import nki
+    import nki  # noqa: PLC0415  order: the fake nki planted above
 
     assert nki.seen == ["trn2"]
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
@@ -332,7 +327,8 @@ def test_nkilib_is_found_bundled_or_as_the_standalone_wheel():
 
         return import_module
 
-    assert simulation.nkilib_module("core.embeddings.rope", importer({"nkilib.core.embeddings.rope"})) == "nkilib.core.embeddings.rope"
+    assert simulation.nkilib_module("core.embeddings.rope", importer({"nkilib.core.embeddings.rope"})) == (
+        "nkilib.core.embeddings.rope")
     assert simulation.nkilib_module("core.embeddings.rope", importer({"nkilib_src.nkilib.core.embeddings.rope"})) == (
         "nkilib_src.nkilib.core.embeddings.rope")
     with pytest.raises(ImportError, match="tried nkilib.core.cumsum.*nkilib_src.nkilib.core.cumsum"):

@@ -1,5 +1,5 @@
 """Our NKI kernels share the work between the two programs of an LNC=2 launch (``kernel[2]``,
-trn2's default), instead of each core computing everything (issue 29, part 3): on the emulator,
+trn2's default), instead of each core computing everything: on the emulator,
 a launch on two programs issues exactly the one-program launch's instructions, each program
 its own contiguous part, and the results are the same. (The MoE kernel's form of this check is
 in test_moe_blockwise_cost.py.)"""

@@ -21,7 +21,8 @@ from harness.kernels.ops import CustomOpCosSinRoPE, CustomOpGroupedExperts, use_
 
 DIM, VOCAB, LAYERS = 64, 128, 2
 
-# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/registry/known_issues/): torchtitan's router warns that CPU autocast ignores float32.
+# F2 (known issue kernel-titan-router-cpu-autocast-bf16-scores, harness/registry/known_issues/):
+# torchtitan's router warns that CPU autocast ignores float32.
 pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
 
 
@@ -87,7 +88,7 @@ def test_use_custom_ops_swaps_every_layer_and_nothing_else():
     config = _tiny_moe_config()
     swapped = use_custom_ops(config)
     assert swapped is not config
-    for original, new in zip(config.layers, swapped.layers):
+    for original, new in zip(config.layers, swapped.layers, strict=True):
         assert type(original.attention.rope) is CosSinRoPE.Config  # the input is not mutated
         assert type(titan_api.moe_grouped_experts(original.moe)) is GroupedExperts.Config
         assert type(new.attention.rope) is CustomOpCosSinRoPE.Config
@@ -117,7 +118,7 @@ def test_use_custom_ops_rejects_what_it_cannot_swap():
 def test_swapped_model_matches_torchtitan_exactly(dtype):
     reference, swapped = _pair(dtype)
     assert swapped_modules(swapped) == [] and len(swapped_modules(reference)) == 2 * LAYERS
-    for a, b in zip(forward_backward(reference, dtype), forward_backward(swapped, dtype)):
+    for a, b in zip(forward_backward(reference, dtype), forward_backward(swapped, dtype), strict=True):
         assert a is not None and b is not None and torch.equal(a, b)
 
 
@@ -133,5 +134,6 @@ def test_checker_catches_a_one_ulp_weight_difference():
     with torch.no_grad():
         w = swapped.norm.weight
         w[0] = torch.nextafter(w[0], torch.tensor(float("inf")))
-    results = zip(forward_backward(reference, torch.float32), forward_backward(swapped, torch.float32))
+    results = zip(forward_backward(reference, torch.float32), forward_backward(swapped, torch.float32),
+                  strict=True)
     assert not all(torch.equal(a, b) for a, b in results)

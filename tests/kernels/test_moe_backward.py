@@ -23,6 +23,8 @@ The full 30B-A3B cut (8192 routed rows, 64 experts) is in the slow tier.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -31,9 +33,14 @@ from harness.registry import upstream
 if upstream.missing("nki-library"):
     pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
+import harness.kernels.ops  # noqa: F401  (registers the ops)
+from harness.kernels import emu as nki_emu
+from harness.kernels.checks.adapters import torchtitan
 from harness.kernels.checks.compare import arbitrate, elementwise
+from harness.kernels.emu import RuleViolation, install
 from harness.kernels.ops import grouped_swiglu_torch
 from harness.kernels.ops.nki import grouped_swiglu_backward as gb
+from harness.registry import known_issues
 from harness.registry.tolerances import kernel_tolerance
 
 TOLERANCE = kernel_tolerance("grouped_matmul", torch.bfloat16)
@@ -62,8 +69,6 @@ def torchtitan_derivative(grad, x, offsets, w1, w2, w3):
     no expert are left out of its ``dx``: ``_grouped_mm`` leaves them uninitialised (observed
     3e38; harness/kernels/ops/grouped_swiglu.py documents the op's zeros there) -- their ``dx`` is set to
     the float64 derivative's (zero), so only owned rows are compared."""
-    from harness.kernels.checks.adapters import torchtitan
-
     leaves = [t.detach().clone().requires_grad_() for t in (x, w1, w2, w3)]
     counts = torch.diff(offsets.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
     y = torchtitan.grouped_swiglu({"x": leaves[0], "w1": leaves[1], "w2": leaves[2], "w3": leaves[3],
@@ -77,7 +82,7 @@ def gradient_problems(grads, truth, titan) -> list[str]:
     """Where ``grads`` miss the kernel tolerance against float64, or are less accurate than
     torchtitan's gradients by more than the arbitration factor."""
     problems = []
-    for name, got, exact, reference in zip(GRADS, grads, truth, titan):
+    for name, got, exact, reference in zip(GRADS, grads, truth, titan, strict=True):
         if not elementwise(got, exact, TOLERANCE)["passed"]:
             versus_floor = arbitrate(got, exact, exact.to(got.dtype).double(), TOLERANCE.arbitration_factor,
                                      TOLERANCE.underflow)
@@ -161,8 +166,6 @@ def test_the_ops_autograd_calls_the_backward_op_the_neuron_registration_fills(mo
     """``harness::grouped_swiglu``'s autograd calls ``harness::grouped_swiglu_backward`` (the op
     harness.kernels.ops.neuron gives the NKI kernel on 'neuron'): with that op swapped for the emulated
     NKI backward, autograd through the forward op returns the NKI gradients bit for bit."""
-    import harness.kernels.ops  # noqa: F401  (registers the ops)
-
     grad, x, offsets, w1, w2, w3 = _inputs((3, 0, 4, 2), 64, 32)
     nki = gb.grouped_swiglu_backward_emulated(grad, x, offsets, w1, w2, w3)
     calls = []
@@ -175,14 +178,12 @@ def test_the_ops_autograd_calls_the_backward_op_the_neuron_registration_fills(mo
     leaves = [t.detach().clone().requires_grad_() for t in (x, w1, w2, w3)]
     y = torch.ops.harness.grouped_swiglu(leaves[0], offsets, *leaves[1:])
     got = torch.autograd.grad(y, leaves, grad)
-    assert calls == [6] and all(torch.equal(a, b) for a, b in zip(got, nki))
+    assert calls == [6] and all(torch.equal(a, b) for a, b in zip(got, nki, strict=True))
 
 
 def dst_rmw_uses(run, monkeypatch, seen: list | None = None) -> tuple[int, int]:
     """(DMAs passing ``dst_rmw_op``, DMAs) issued on the emulator while ``run()`` runs (the
     emulator refuses ``dst_rmw_op``: rule dma-rmw)."""
-    from harness.kernels.emu import install
-
     isa = install._emulator_modules()["nki.isa"]
     real, seen = isa.dma_copy, ([] if seen is None else seen)
 
@@ -206,8 +207,6 @@ def test_no_instruction_of_the_backward_uses_dst_rmw_op(monkeypatch):
 def test_the_dst_rmw_op_count_sees_a_kernel_that_uses_it(monkeypatch):
     """The check above can fail: a kernel that passes ``dst_rmw_op`` is refused (dma-rmw), and the
     count sees its DMA."""
-    from harness.kernels import emu as nki_emu
-
     def accumulate(src):
         nl, isa = (nki_emu.install._emulator_modules()[m] for m in ("nki.language", "nki.isa"))
         tile = nl.ndarray((1, 4), nl.float32, buffer=nl.sbuf)
@@ -238,8 +237,6 @@ def test_the_ea_grad_race_is_exactly_the_known_issue_and_the_gradients_hold():
     the emulator records it, every race is the EA grad [T*E, 1] at elements the other program's
     zeroing covers (T = 321 tokens, E = 3: 175.0 vs 0.0 at index 321), and every gradient the path
     returns still meets the tolerances."""
-    from harness.registry import known_issues
-
     args, grads, races = _race_case()
     tokens, experts = args[1].shape[0] + 1, args[3].shape[0]
     assert races and all(gb.ea_grad_race(r, tokens, experts, 2) == gb.EA_GRAD_RACE for r in races)
@@ -251,10 +248,6 @@ def test_the_ea_grad_race_is_exactly_the_known_issue_and_the_gradients_hold():
 def test_a_race_other_than_the_known_one_is_refused():
     """The settling can fail: the same race on another tensor shape, or with the zero on the
     program whose zeroing does not cover the element, is not the known issue."""
-    import dataclasses
-
-    from harness.kernels.emu import RuleViolation
-
     args, _, races = _race_case()
     tokens, experts = args[1].shape[0] + 1, args[3].shape[0]
     race = races[0]

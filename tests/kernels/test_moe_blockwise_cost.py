@@ -19,15 +19,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.kernels import emu as nki_emu
 from harness.kernels.ops import grouped_swiglu as gs
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost
 from harness.kernels.ops.nki import grouped_swiglu_kernel as gk
+from harness.kernels.ops.nki import moe_cost_table
 from harness.kernels.ops.nki.grouped_swiglu_cost import (
     SOURCE_SHAPE,
     blockwise_cost,
     capacity_padded_cost,
     previous_blockwise_cost,
 )
+from harness.kernels.ops.nki.moe_cost_table import Row
 from harness.registry import upstream
 
 BALANCED_FLOPS, WORST_FLOPS, INSTRUCTION_FACTOR, HBM_LIMIT = 1.25, 2.0, 6, 2**30
@@ -76,8 +79,9 @@ def test_the_bounds_fail_other_designs(kernel_cost):
     assert cost_problems(kernel_cost, capacity_padded_cost(**SOURCE_SHAPE))
 
 
-def test_the_replaced_kernel_cost_is_the_issue_estimate():
-    """~660,000 instructions and 64x the FLOPs (issue 16), counted from its loop structure."""
+def test_the_capacity_padded_kernel_costs_660k_instructions_and_64x_the_flops():
+    """The capacity-padded kernel the blockwise one replaced: ~660,000 instructions and 64x the
+    FLOPs, counted from its loop structure."""
     replaced = capacity_padded_cost(**SOURCE_SHAPE)
     assert replaced.total_instructions == 663_552 and replaced.flops_ratio == 64
 
@@ -86,7 +90,6 @@ def test_the_replaced_kernel_cost_is_the_issue_estimate():
 
 
 def _emulator():
-    from harness.kernels import emu as nki_emu
     return nki_emu, nki_emu.import_module("harness.kernels.ops.nki.grouped_swiglu_kernel")
 
 
@@ -125,8 +128,8 @@ def test_cost_comparison_catches_a_miscounted_loop():
     _, report = nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=(gk.PROGRAMS,))(
         *_kernel_args(nki_emu, **shape))
     right = blockwise_cost(**shape)
-    wrong = type(right)(**{**right.__dict__, "instructions": {**right.instructions,
-                                                               "dma_copy": right.instructions["dma_copy"] - right.blocks}})
+    fewer_dmas = {**right.instructions, "dma_copy": right.instructions["dma_copy"] - right.blocks}
+    wrong = type(right)(**{**right.__dict__, "instructions": fewer_dmas})
     assert _matches(wrong, report)
 
 
@@ -149,7 +152,8 @@ def weight_traffic_problems(counts, weight_load, report) -> list[str]:
     weights = cost.weight_bytes_moved(weight_load, 256, 128, experts)
     problems = []
     if report.dma_bytes_moved != analytic.dma_bytes - analytic.weight_dma_bytes + weights:
-        problems.append(f"emulator moved {report.dma_bytes_moved} B, the model says {analytic.dma_bytes - analytic.weight_dma_bytes + weights}")
+        problems.append(f"emulator moved {report.dma_bytes_moved} B, the model says "
+                        f"{analytic.dma_bytes - analytic.weight_dma_bytes + weights}")
     if weights > analytic.weight_dma_bytes_moved:
         problems.append(f"{int((weight_load < experts).sum())} expert loads > E + {gk.PROGRAMS - 1}")
     return problems
@@ -182,8 +186,8 @@ def test_the_blocks_split_across_the_two_programs_without_repeating_work():
     each block is computed by one program (at LNC=2 the kernel before ran every block on both)."""
     nki_emu, module = _emulator()
     shape = {"rows": 52, "dim": 256, "hidden": 384, "experts": 4}
-    reports = [nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
-               for grid in ((), (gk.PROGRAMS,))]
+    reports = [nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(
+        *_kernel_args(nki_emu, **shape))[1] for grid in ((), (gk.PROGRAMS,))]
     assert reports[1].programs == gk.PROGRAMS and reports[0].opcodes == reports[1].opcodes
     n = gs.max_blocks(52, 4, gs.BLOCK_SIZE)
     split = [gk.program_blocks(n, gk.PROGRAMS, p) for p in range(gk.PROGRAMS)]
@@ -195,8 +199,8 @@ def test_the_split_check_catches_programs_that_each_run_every_block(monkeypatch)
     nki_emu, module = _emulator()
     monkeypatch.setattr(module, "program_blocks", lambda n, programs, program: range(n))
     shape = {"rows": 52, "dim": 256, "hidden": 384, "experts": 4}
-    one, two = (nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(*_kernel_args(nki_emu, **shape))[1]
-                for grid in ((), (gk.PROGRAMS,)))
+    one, two = (nki_emu.trace(module.grouped_swiglu_kernel, numerics=False, grid=grid)(
+        *_kernel_args(nki_emu, **shape))[1] for grid in ((), (gk.PROGRAMS,)))
     assert one.opcodes != two.opcodes
 
 
@@ -221,7 +225,8 @@ def decision_problems(rows) -> list[str]:
     if before and not 2 * ours.busiest_program_instructions <= before[0].busiest_program_instructions:
         problems.append("ours issues more than half of the kernel-before's instructions per core")
     parts, total = [r for r in rows if r.direction == "backward"][:-1], rows[-1]
-    if total.matmul_flops != sum(r.matmul_flops for r in parts) or total.instructions != sum(r.instructions for r in parts):
+    if (total.matmul_flops != sum(r.matmul_flops for r in parts)
+            or total.instructions != sum(r.instructions for r in parts)):
         problems.append("the backward total is not the sum of its parts")
     return problems
 
@@ -229,8 +234,6 @@ def decision_problems(rows) -> list[str]:
 @pytest.mark.skipif(bool(upstream.missing("nki-library")), reason=str(upstream.missing("nki-library")))
 def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_model():
     """The cheap form of the full-size table: every row traced, ours equal to the cost model."""
-    from harness.kernels.ops.nki import moe_cost_table
-
     shape = {"rows": 100, "dim": 256, "hidden": 128, "experts": 4}
     rows = moe_cost_table.trace_rows(shape)
     assert [(r.direction, r.name.split(" (")[0]) for r in rows] == [
@@ -246,8 +249,6 @@ def test_the_cost_table_at_a_small_shape_holds_every_kernel_and_matches_the_mode
 @pytest.mark.skipif(bool(upstream.missing("nki-library")), reason=str(upstream.missing("nki-library")))
 def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf():
     """Shape-only traces at the cut (about 4 minutes of one core, nki-library's backward most)."""
-    from harness.kernels.ops.nki import moe_cost_table
-
     rows = moe_cost_table.trace_rows()
     assert decision_problems(rows) == [], moe_cost_table.markdown(rows)
 
@@ -255,8 +256,6 @@ def test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf
 def test_the_decision_check_fails_where_nki_librarys_forward_would_win():
     """The facts above can fail: the same table with our forward at B = 128 (1.98x FLOPs, as
     nki-library's) does not beat it on FLOPs."""
-    from harness.kernels.ops.nki.moe_cost_table import Row
-
     def row(name, flops, dma, sbuf, direction="forward", instructions=10):
         return Row(direction, name, 32, 2, flops, 1, instructions, instructions, dma, dma, sbuf, 0, 0.0)
 

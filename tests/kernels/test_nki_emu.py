@@ -1,8 +1,8 @@
 """The NKI emulator (harness/kernels/emu) itself: its seam and identity, the documented semantics
 (matmul, PSUM accumulation, rounding at the destination, poisoned fresh memory), trn2's rules
 (one violating kernel per rule, beside the same kernel at the limit), and the cost report.
-The semantics of issue 29 are tests/kernels/test_nki_emu_semantics.py, LNC=2 is
-tests/kernels/test_nki_emu_lnc.py."""
+Integer arithmetic, dtypes, indexing, transposes and scans are
+tests/kernels/test_nki_emu_semantics.py, LNC=2 is tests/kernels/test_nki_emu_lnc.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from harness import plants
 from harness.kernels import emu as nki_emu
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
-from harness.kernels.emu.rules import RuleViolation
+from harness.kernels.emu import nki_module
+from harness.kernels.emu.rules import RULES, RuleViolation
+from harness.kernels.ops.neuron import nki_available
+from harness.kernels.ops.nki import rope_kernel
 
 
 def _g(seed=0):
@@ -29,14 +32,12 @@ def test_seam_installs_the_emulator_as_nki_and_restores_what_was_there(monkeypat
     sentinel = object()
     monkeypatch.setitem(sys.modules, "nki", sentinel)
     with nki_emu.installed():
-        import nki
-        import nki.isa
-        import nki.language
+        import nki  # noqa: PLC0415  order: the seam installs the emulator as nki
+        import nki.isa  # noqa: PLC0415  order: the seam installs the emulator as nki
+        import nki.language  # noqa: PLC0415  order: the seam installs the emulator as nki
 
         assert nki.__emulator__ is True and "emulator" in nki.__version__
         assert nki.language is nl and nki.isa is nisa
-        from harness.kernels.ops.neuron import nki_available
-
         ok, reason = nki_available()
         assert not ok and "emulator" in reason
     assert sys.modules["nki"] is sentinel
@@ -53,8 +54,6 @@ def test_modules_imported_under_the_seam_leave_sys_modules_after_it():
 
 
 def test_harness_kernel_modules_are_rebound_to_the_emulator_not_replaced():
-    from harness.kernels.ops.nki import rope_kernel
-
     emulated = nki_emu.import_module("harness.kernels.ops.nki.rope_kernel")
     assert emulated is not rope_kernel and isinstance(emulated.rope_halves_kernel, nki_emu.JitKernel)
     assert sys.modules["harness.kernels.ops.nki.rope_kernel"] is rope_kernel
@@ -71,14 +70,12 @@ def test_a_documented_api_outside_the_subset_imports_but_raises_naming_itself_wh
 @pytest.mark.parametrize("module, name", [(nisa, "nki.isa"), (nl, "nki.language")])
 def test_an_unknown_api_is_an_attribute_error_naming_itself(module, name):
     with pytest.raises(AttributeError, match=rf"module {name} has no attribute 'made_up'"):
-        module.made_up
+        _ = module.made_up
 
 
 def test_the_real_simulator_api_is_not_faked():
-    from harness.kernels.emu import nki_module
-
     with pytest.raises(AttributeError, match="nki.simulate is not faked"):
-        nki_module.simulate  # noqa: B018
+        _ = nki_module.simulate
 
 
 def test_tile_level_language_functions_raise():
@@ -241,7 +238,8 @@ def _two_psum_inputs():
 
 
 def _dma_into_psum():
-    nisa.dma_copy(dst=nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.psum), src=nl.zeros((8, 8), dtype=nl.float32, buffer=nl.sbuf))
+    nisa.dma_copy(dst=nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.psum),
+                  src=nl.zeros((8, 8), dtype=nl.float32, buffer=nl.sbuf))
 
 
 def _out_of_bounds():
@@ -369,11 +367,9 @@ def test_tiles_over_capacity_that_are_never_live_together_fit(buffer, sizes):
 
 
 def test_every_rule_has_a_violating_kernel():
-    from harness.kernels.emu.rules import RULES
-
     covered = {c.split("/")[0] for c in RULE_CASES}
     elsewhere = {"lnc-race", "core-barrier", "matmul-transpose",  # test_nki_emu_lnc.py, test_nki_emu_semantics.py
-                 "pinned-address",  # test_emu_gaps.py
+                 "pinned-address",  # test_nki_emu_moe_instructions.py
                  "matmul-double-row", "local-gather"}  # test_nki_emu_core_kernels.py
     assert set(RULES) - covered - elsewhere == {"on-chip-operand", "gpsimd-psum", "same-tile-size", "iota-memory",
                                                 "dma-size", "stream-shuffle", "transpose-memory", "transpose-dtype",
@@ -399,7 +395,8 @@ def test_cost_report_counts_instructions_bytes_flops_and_footprint():
 def test_shape_only_trace_counts_the_same_without_data():
     lhsT, rhs = _matmul_inputs()
     out, numeric = nki_emu.trace(_matmul_kernel)(lhsT, rhs)
-    meta_out, shape_only = nki_emu.trace(_matmul_kernel, numerics=False)(nki_emu.meta(lhsT.shape), nki_emu.meta(rhs.shape))
+    meta_out, shape_only = nki_emu.trace(_matmul_kernel, numerics=False)(nki_emu.meta(lhsT.shape),
+                                                                          nki_emu.meta(rhs.shape))
     assert meta_out.device.type == "meta" and meta_out.shape == out.shape
     assert {**vars(shape_only), "numerics": True} == vars(numeric)
 

@@ -1,5 +1,5 @@
 """The NKI emulator's semantics that nki-library's training kernels (attention, MLP, QKV,
-output projection, norms, MoE; issue 42) use, each checked against its NKI 0.7 docs page
+output projection, norms, MoE) use, each checked against its NKI 0.7 docs page
 (harness/kernels/emu/rules.py SEMANTICS) by a cheap kernel or object of its own.
 
 Specification:
@@ -104,7 +104,7 @@ def test_a_dataclass_field_not_given_stays_unset_until_read():
     assert (dims.T, dims.column_tiling_dim, dims.K) == (4, 32, None)
     assert not hasattr(dims, "remainder")
     with pytest.raises(AttributeError, match="remainder: this field was never given a value"):
-        dims.remainder
+        _ = dims.remainder
     dims.remainder = 3  # a later assignment sets it
     assert dims.remainder == 3 and _Dimensions(1, 2, 3).remainder == 2
     with pytest.raises(TypeError, match="colour"):
@@ -287,7 +287,8 @@ def _double_row(stationary_shape, moving_shape, dtype=nl.float8_e4m3, **options)
         return out
 
     rng = np.random.default_rng(0)
-    return kernel, (rng.standard_normal(stationary_shape).astype(dtype), rng.standard_normal(moving_shape).astype(dtype))
+    return kernel, (rng.standard_normal(stationary_shape).astype(dtype),
+                    rng.standard_normal(moving_shape).astype(dtype))
 
 
 def test_double_row_matmul_contracts_over_the_partitions_and_the_pair_dimension():

@@ -1,6 +1,5 @@
-"""The NKI emulator's documented semantics added for issue 29, each against a kernel that
-shows it, and each old behaviour kept as a plant (harness/plants/nki_emu.py) the test must
-catch:
+"""The NKI emulator's documented semantics listed below, each against a kernel that shows it,
+and each wrong alternative kept as a plant (harness/plants/nki_emu.py) the test must catch:
 
 - integers are exact: same-dtype DMA and copies move the values untouched (nki.isa.dma_copy,
   nki.isa.tensor_copy), an int32 tensor_tensor runs in integer arithmetic on GpSimd
@@ -27,6 +26,7 @@ from harness.kernels import emu as nki_emu
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
 from harness.kernels.emu import nki_module
+from harness.kernels.emu.isa import _scan
 from harness.kernels.emu.ops import OPS
 from harness.kernels.emu.rules import RuleViolation
 
@@ -276,8 +276,6 @@ def test_max8_gives_each_partitions_eight_largest_descending():
 def test_the_cumulative_sum_scan_rounds_as_the_column_recurrence():
     """The fast path (one float32 accumulation per row) equals the engine's recurrence
     state = (1 * state) + x_i rounded at each column, bit for bit."""
-    from harness.kernels.emu.isa import _scan
-
     g = torch.Generator().manual_seed(0)
     b = (torch.randn(8, 3000, generator=g) * 1000).bfloat16().float()
     initial = torch.randn(8, generator=g)

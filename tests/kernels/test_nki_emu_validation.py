@@ -7,6 +7,7 @@ Then each deliberately wrong semantic (harness/plants/nki_emu.py) breaks what it
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness import plants
 from harness.registry import upstream
@@ -14,6 +15,8 @@ from harness.registry import upstream
 if upstream.missing("nki-library"):
     pytest.skip(upstream.missing("nki-library"), allow_module_level=True)
 
+from harness.kernels.checks.registry import OPS
+from harness.kernels.checks.runner import run
 from harness.kernels.emu import validation
 
 
@@ -24,8 +27,6 @@ def test_nki_library_kernel_on_the_emulator_matches_its_own_reference(case_id):
 
 
 def test_the_comparator_is_nki_librarys_max_norm_rule_and_fails_on_nan_dtype_and_size():
-    import torch
-
     ref = torch.tensor([1.0, -4.0, 2.0])
     close = validation.max_all_close
     assert close(ref + 0.04, ref, rtol=0.01, atol=0.0)["passed"]  # 0.04 <= 0.01 * max|ref|
@@ -55,7 +56,8 @@ def test_matmul_without_the_stationary_transpose_breaks_the_rope_matmul_relayout
 
 def test_no_cast_at_the_destination_breaks_rope_hf_values_and_every_bf16_dtype():
     cheap = {"RoPE-64x1x8x16-interleaved-sbuf_relayout-lnc1", "cumsum-1_256_2_1_float32",
-             "cross_entropy_forward-1x32128-bfloat16-pb1-cs32128", "cross_entropy_backward-1x32128-bfloat16-pb1-cs16384-mean"}
+             "cross_entropy_forward-1x32128-bfloat16-pb1-cs32128",
+             "cross_entropy_backward-1x32128-bfloat16-pb1-cs16384-mean"}
     assert _broken("nki_emu_no_cast", _cheap(cheap)) == cheap - {"cumsum-1_256_2_1_float32"}
     with plants.planted("nki_emu_no_cast"):
         row = validation.validate(validation.by_id("rope_hf-1x32x8x256x128-bfloat16-lnc1"))
@@ -67,13 +69,8 @@ def test_psum_that_overwrites_breaks_our_moe_kernel_on_the_emulator():
     """No validated nki-library path accumulates in PSUM (test_nki_emu.py shows the tiled
     matmul breaking); the kernel suite's grouped SwiGLU at the 30B-A3B dims (D = 2048: 16
     accumulated contraction tiles) must fail."""
-    from harness.kernels.checks.registry import OPS
-    from harness.kernels.checks.runner import run
-
     op = OPS["grouped_swiglu"]
     impl, case = op.implementation("nki_kernel"), op.case("qwen3_30b_dims")
-    import torch
-
     assert run(op, impl, "nki-emu", case, torch.bfloat16).passed
     with plants.planted("nki_emu_psum_overwrites"):
         assert not run(op, impl, "nki-emu", case, torch.bfloat16).passed

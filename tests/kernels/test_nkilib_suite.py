@@ -35,7 +35,7 @@ from harness.kernels.emu import cpu_simulator
 from harness.kernels.emu import isa as nisa
 from harness.kernels.emu import language as nl
 from harness.kernels.emu.cpu_simulator import neuron_dtypes, pytest_plugin
-from harness.registry import paths, upstream
+from harness.registry import known_issues, paths, upstream
 
 SCRIPT = paths.REPO_ROOT / "scripts" / "nkilib_tests.py"
 
@@ -120,8 +120,10 @@ def test_the_table_counts_each_files_outcomes(tmp_path):
     junit.write_text(
         '<testsuites><testsuite>'
         '<testcase classname="integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel" name="a"/>'
-        '<testcase classname="integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel" name="b"><skipped/></testcase>'
-        '<testcase classname="integration.nkilib.experimental.loss.test_cross_entropy_forward.T" name="c"><failure/></testcase>'
+        '<testcase classname="integration.nkilib.core.cumsum.test_cumsum.TestCumsumKernel" name="b">'
+        '<skipped/></testcase>'
+        '<testcase classname="integration.nkilib.experimental.loss.test_cross_entropy_forward.T" name="c">'
+        '<failure/></testcase>'
         '<testcase classname="" name="test/integration/nkilib/core/mlp/test_mlp_cte.py"><error message="collection '
         'failure">E   IndentationError: unexpected indent</error></testcase>'
         '<testcase classname="" name="test/integration/nkilib/core/mlp/test_mlp_tkg.py"><error message="collection '
@@ -131,8 +133,8 @@ def test_the_table_counts_each_files_outcomes(tmp_path):
         "test/integration/nkilib/experimental/loss/test_cross_entropy_forward.py::T::d\t9\tsize\n"
         "test/integration/nkilib/core/mlp/test_mlp_cte.py::T::e\t\tsample\n"
         "test/integration/nkilib/core/mlp/test_mlp_cte.py::T::f\t\tplatform\n")
-    files = ("core/cumsum/test_cumsum.py", "experimental/loss/test_cross_entropy_forward.py", "core/mlp/test_mlp_cte.py",
-             "core/mlp/test_mlp_tkg.py")
+    files = ("core/cumsum/test_cumsum.py", "experimental/loss/test_cross_entropy_forward.py",
+             "core/mlp/test_mlp_cte.py", "core/mlp/test_mlp_tkg.py")
     lines = _script().table(junit, files, 12.0).splitlines()
     # file | collected | passed | failed | known | skipped | size | sample | platform
     assert lines[2] == "| core/cumsum/test_cumsum.py | 2 | 1 | 0 | 0 | 1 | 0 | 0 | 0 |"
@@ -182,8 +184,9 @@ def test_the_plugin_samples_runnable_cases_per_file_with_its_seed_and_deselects_
     assert f"{base}[skipped]" in kept and "integration/nkilib/core/cumsum/test_cumsum.py::T::t[1]" in kept  # whole
     sampled = [k for k in kept if k.startswith(base) and "skipped" not in k]
     assert len(sampled) == 5 and sum(reason == "sample" for reason, _ in reasons.values()) == 15
-    assert _select(list(reversed(items)), **{"--nki-emu-max-work": 2**20, "--nki-emu-sample": 5,
-                                             "--nki-emu-whole": ["core/cumsum/test_cumsum.py"]})[0].count(sampled[0]) == 1
+    reversed_order = _select(list(reversed(items)), **{"--nki-emu-max-work": 2**20, "--nki-emu-sample": 5,
+                                                       "--nki-emu-whole": ["core/cumsum/test_cumsum.py"]})[0]
+    assert reversed_order.count(sampled[0]) == 1
     again = _select(items, **{"--nki-emu-max-work": 2**20, "--nki-emu-sample": 5})[0]
     assert [k for k in again if k in sampled] == sampled  # the same draw, run after run
     other_seed = _select(items, **{"--nki-emu-max-work": 2**20, "--nki-emu-sample": 5, "--nki-emu-seed": 1,
@@ -192,7 +195,8 @@ def test_the_plugin_samples_runnable_cases_per_file_with_its_seed_and_deselects_
 
 
 def test_the_work_of_a_case_is_the_product_of_its_integer_parameters():
-    assert pytest_plugin.work(_Item("x", {"bs": 2, "shape": (3, 4), "dtype": "bfloat16", "causal": True, "s": 0.5})) == 24
+    params = {"bs": 2, "shape": (3, 4), "dtype": "bfloat16", "causal": True, "s": 0.5}
+    assert pytest_plugin.work(_Item("x", params)) == 24
     assert pytest_plugin.work(_Item("x", None)) == 0
 
 
@@ -266,8 +270,6 @@ def test_the_work_of_a_ranged_case_is_its_tensors_shape():
      "nki.isa.core_barrier: data is in nl.sbuf (the shared HBM ...)", "nkilib-core-barrier-on-sbuf-tile"),
 ])
 def test_nki_librarys_own_defects_are_known_only_in_their_files_and_by_their_signatures(case, error, issue):
-    from harness.registry import known_issues
-
     verdict = known_issues.judge("nkilib_suite", error, {"error": error}, case=case)
     assert verdict.status == "known" and [i.name for i in verdict.issues] == [issue]
     elsewhere = known_issues.judge("nkilib_suite", error, {"error": error}, case="core/cumsum/test_cumsum.py")

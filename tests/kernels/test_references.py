@@ -31,7 +31,7 @@ def test_reference_gradcheck_float64(op_name):
 
     def fn(*tensors):
         inputs = dict(master)
-        inputs.update(zip(diff, tensors))
+        inputs.update(zip(diff, tensors, strict=True))
         outputs = op.reference(**inputs, **params)
         return tuple(outputs[name] for name in op.diff_outputs)
 
@@ -51,7 +51,9 @@ def test_rope_reference_is_a_rotation_of_each_pair():
     x, positions = inputs["x"], inputs["positions"]
     y = references.rotary_embedding(x, positions, **params)["y"]
     half = x.shape[-1] // 2
-    pair_norm = lambda t: t[..., :half] ** 2 + t[..., half:] ** 2  # noqa: E731
+    def pair_norm(t):
+        return t[..., :half] ** 2 + t[..., half:] ** 2
+
     torch.testing.assert_close(pair_norm(y), pair_norm(x), **AGREE)
     # Second opinion: complex multiplication by exp(i * angle) on (x_i, x_{i+D/2}) pairs.
     dim = x.shape[-1]
@@ -70,7 +72,8 @@ def test_rmsnorm_reference_matches_torch_rms_norm_in_float64():
 def test_router_reference_weights_sum_to_one_and_follow_softmax_order():
     inputs, params = _master("moe_router", "qwen3_30b_a3b")
     out = references.moe_router(inputs["x"], inputs["gate_weight"], **params)
-    torch.testing.assert_close(out["weights"].sum(-1), torch.ones(out["weights"].shape[0], dtype=torch.float64), **AGREE)
+    torch.testing.assert_close(out["weights"].sum(-1), torch.ones(out["weights"].shape[0], dtype=torch.float64),
+                               **AGREE)
     logits = inputs["x"] @ inputs["gate_weight"].t()
     chosen_logits = logits.gather(1, out["ids"])
     # renormalised top-k softmax == softmax over the chosen logits only
@@ -81,7 +84,8 @@ def test_router_reference_weights_sum_to_one_and_follow_softmax_order():
 def test_swiglu_reference_matches_a_dense_per_row_formulation():
     inputs, _ = _master("grouped_swiglu", "many_experts")
     y = references.grouped_swiglu(**inputs)["y"]
-    expert = torch.repeat_interleave(torch.arange(len(inputs["num_tokens_per_expert"])), inputs["num_tokens_per_expert"])
+    counts = inputs["num_tokens_per_expert"]
+    expert = torch.repeat_interleave(torch.arange(len(counts)), counts)
     x = inputs["x"]
     rows = [
         F.linear(F.silu(F.linear(x[r], inputs["w1"][e])) * F.linear(x[r], inputs["w3"][e]), inputs["w2"][e])

@@ -7,6 +7,8 @@ import torch
 
 from harness import plants
 from harness.kernels.checks import cli, runner
+from harness.kernels.checks.adapters import nkilib
+from harness.kernels.checks.neuron_env import neuron_kernel_env, neuron_test_env
 from harness.kernels.checks.registry import OPS
 from harness.kernels.checks.runner import run
 from harness.kernels.checks.spec import device_status
@@ -30,11 +32,13 @@ def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
     case_name, dtype = defect.catch_on[0]
     result = run(op, defect.implementation, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
     report = result.report()
-    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration", "replay: python -m harness.kernels.checks replay"):
+    for needle in ("worst at", "rel err", "mismatched", "histogram", "float64 arbitration",
+                   "replay: python -m harness.kernels.checks replay"):
         assert needle in report
     assert result.replay_path.parent == tmp_path
     bundle = torch.load(result.replay_path, weights_only=False)
-    assert bundle["impl"] == defect.implementation.name and set(bundle["master_inputs"]) == {"x", "num_tokens_per_expert", "w1", "w2", "w3"}
+    assert bundle["impl"] == defect.implementation.name
+    assert set(bundle["master_inputs"]) == {"x", "num_tokens_per_expert", "w1", "w2", "w3"}
     again = runner.replay(result.replay_path, impl=defect.implementation)
     assert not again.passed and {c.name for c in again.failures} == {c.name for c in result.failures}
 
@@ -42,7 +46,8 @@ def test_failure_report_and_replay_reproduce_the_failure(tmp_path, capsys):
 def test_replay_of_a_registry_implementation_via_the_cli(tmp_path, capsys):
     op = OPS["rms_norm"]
     defect = plants.plant("rmsnorm_eps_outside_sqrt").kernel
-    result = run(op, defect.implementation, "cpu", op.case(defect.catch_on[0][0]), defect.catch_on[0][1], save_dir=tmp_path)
+    case_name, dtype = defect.catch_on[0]
+    result = run(op, defect.implementation, "cpu", op.case(case_name), dtype, save_dir=tmp_path)
     bundle = torch.load(result.replay_path, weights_only=False)
     bundle["impl"] = "transformers"  # a registered implementation replays from the file alone
     torch.save(bundle, result.replay_path)
@@ -61,25 +66,20 @@ def test_visible_cores_follow_the_xdist_worker_id():
 
 
 def test_neuron_kernel_env_is_the_ranks_lnc():
-    from harness.kernels.checks.neuron_env import neuron_kernel_env
-
     assert neuron_kernel_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}  # harness.device.devices' rank default
     assert neuron_kernel_env({"NEURON_LOGICAL_NC_CONFIG": "1"}) == {"NEURON_LOGICAL_NC_CONFIG": "1"}
 
 
 def test_neuron_marked_tests_get_the_ranks_lnc_and_their_cores():
     """What tests/kernels/conftest.py sets for tests marked ``neuron`` (computed, not run on Neuron)."""
-    from harness.kernels.checks.neuron_env import neuron_test_env
-
     assert neuron_test_env({}) == {"NEURON_LOGICAL_NC_CONFIG": "2"}
-    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw3"}) == {"NEURON_RT_VISIBLE_CORES": "3", "NEURON_LOGICAL_NC_CONFIG": "2"}
-    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw1", "NEURON_RT_VISIBLE_CORES": "9", "NEURON_LOGICAL_NC_CONFIG": "1"}) == {
-        "NEURON_LOGICAL_NC_CONFIG": "1"}
+    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw3"}) == {"NEURON_RT_VISIBLE_CORES": "3",
+                                                               "NEURON_LOGICAL_NC_CONFIG": "2"}
+    assert neuron_test_env({"PYTEST_XDIST_WORKER": "gw1", "NEURON_RT_VISIBLE_CORES": "9",
+                            "NEURON_LOGICAL_NC_CONFIG": "1"}) == {"NEURON_LOGICAL_NC_CONFIG": "1"}
 
 
 def test_nkilib_cross_entropy_tries_the_documented_path_first():
-    from harness.kernels.checks.adapters import nkilib
-
     tried = []
 
     def importer(available):

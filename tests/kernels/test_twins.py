@@ -5,16 +5,21 @@ tests/kernels/test_moe_blockwise.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
 import torch
+from torchtitan.models.common.rope import CosSinRoPE
 
 from harness import plants
+from harness.kernels import emu as nki_emu
 from harness.kernels.checks.registry import OPS, op_twin_problems, twin_problems
 from harness.kernels.ops import rope_torch
 from harness.kernels.ops.nki import rope_kernel, rope_kernel_torch
+from harness.references import model as reference
 from harness.registry import paths
+from harness.registry.hf_config import Qwen3Arch
 
 
 @pytest.mark.parametrize("op_name", list(OPS))
@@ -56,8 +61,6 @@ def test_twin_check_catches_planted_mismatches(planted_package):
 
 
 def test_op_with_own_implementations_but_no_kernels_is_a_problem():
-    import dataclasses
-
     op = dataclasses.replace(OPS["grouped_swiglu"], kernels=())
     assert "lists no kernels" in op_twin_problems(op)[0]
 
@@ -74,7 +77,8 @@ def _rope_args(dtype, seed=0):
 
 def test_rope_twin_equals_the_op_in_float64():
     x, cos, sin = _rope_args(torch.float64)
-    torch.testing.assert_close(torch.ops.harness.rope(x, cos, sin), rope_torch.rope_torch_ref(x, cos, sin), rtol=0, atol=0)
+    torch.testing.assert_close(torch.ops.harness.rope(x, cos, sin), rope_torch.rope_torch_ref(x, cos, sin),
+                               rtol=0, atol=0)
     assert rope_torch.rope_torch_ref(x, cos, sin).dtype == torch.float64
 
 
@@ -90,8 +94,6 @@ def test_rope_halves_twin_equals_the_op_through_the_kernel_layout_in_float64():
 
 
 def test_rope_cos_sin_in_float32_is_torchtitans_cache_bitwise():
-    from torchtitan.models.common.rope import CosSinRoPE
-
     module = CosSinRoPE.Config(dim=16, max_seq_len=64, theta=1e6).build()
     cos, sin = rope_torch.rope_cos_sin(torch.arange(64), 16, 1e6, dtype=torch.float32)
     assert torch.equal(torch.cat((cos, sin), dim=-1), module.cache[:64])
@@ -100,8 +102,6 @@ def test_rope_cos_sin_in_float32_is_torchtitans_cache_bitwise():
 def _model_reference_rope_step(arch, positions):
     """(q, k) into and out of the model reference's RoPE step (layer 0 of the tiny dense
     fixture, float32: the parity comparison's precision)."""
-    from harness.references import model as reference
-
     weights = reference.load_hf_tensors(paths.TINY_DENSE)
     unit = reference.unit_weight_names(arch, "layers.0", set(weights))
     x = torch.randn(*positions.shape, arch.hidden_size, generator=torch.Generator().manual_seed(5))
@@ -114,16 +114,13 @@ def test_the_model_reference_rotates_with_the_one_rope_reference_bitwise():
     """The model reference's RoPE step is this RoPE in float32 (torchtitan's cache, bitwise):
     the rotation of its own q and k by ``rope_cos_sin(dtype=float32)``, and one at a planted
     theta is not."""
-    import dataclasses
-
-    from harness.registry.hf_config import Qwen3Arch
-
     arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
     positions = torch.tensor([[0, 1, 2, 900], [7, 8, 40000, 3]])
     (q, k), rotated = _model_reference_rope_step(arch, positions)
     cos, sin = rope_torch.rope_cos_sin(positions, arch.head_dim, arch.rope_theta, dtype=torch.float32)
     assert rotated[0].dtype == torch.float32
-    assert all(torch.equal(a, b) for a, b in zip(rotated, (rope_torch.apply_rope(t, cos, sin) for t in (q, k))))
+    assert all(torch.equal(a, b)
+               for a, b in zip(rotated, (rope_torch.apply_rope(t, cos, sin) for t in (q, k)), strict=True))
     _, planted = _model_reference_rope_step(dataclasses.replace(arch, rope_theta=arch.rope_theta * 10), positions)
     assert not torch.equal(planted[1], rotated[1])
 
@@ -131,8 +128,6 @@ def test_the_model_reference_rotates_with_the_one_rope_reference_bitwise():
 def test_rope_reference_catches_a_planted_wrong_theta():
     """The bitwise comparisons above can fail."""
     cos, _ = rope_torch.rope_cos_sin(torch.arange(64), 16, 1e5, dtype=torch.float32)
-    from torchtitan.models.common.rope import CosSinRoPE
-
     assert not torch.equal(cos, CosSinRoPE.Config(dim=16, max_seq_len=64, theta=1e6).build().cache[:64, :16])
 
 
@@ -143,13 +138,11 @@ def test_rope_kernel_on_the_emulator_equals_its_twin_bitwise(dtype):
     half, n = 64, 700  # n > FREE_TILE: two free-axis tiles, the second partial
     x1, x2 = (torch.randn(half, n, generator=g).to(dtype) for _ in range(2))
     c1, c2, s1, s2 = (torch.randn(half, n, generator=g) for _ in range(4))
-    from harness.kernels import emu as nki_emu
-
     kernel = nki_emu.import_module("harness.kernels.ops.nki.rope_kernel").rope_halves_kernel
     want = rope_kernel_torch.rope_halves_kernel_torch_ref(x1, x2, c1, c2, s1, s2)
 
     def matches(got):
-        return all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+        return all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
     assert matches(nki_emu.run(kernel)(x1, x2, c1, c2, s1, s2))
     if dtype == torch.bfloat16:  # the check fails when the kernel's values skip the cast

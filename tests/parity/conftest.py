@@ -14,6 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.device.devices import TIER_MARKERS
+from harness.launch.run_matrix import layout_cases
 from harness.parity import models as M
 from harness.references.batch import Batch
 from harness.registry import paths
@@ -88,8 +90,6 @@ def activations():
 
 
 def _layout_param(case):
-    from harness.device.devices import TIER_MARKERS
-
     marks = [getattr(pytest.mark, TIER_MARKERS[case.device])] if case.device in TIER_MARKERS else []
     if case.slow:
         marks.append(pytest.mark.slow)
@@ -100,8 +100,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The layouts' runs (harness/launch/run_matrix.py ``layout_cases``), marked with their
     tier; ``fsdp_layout_case``: those that read the FSDP run's own batches;
     ``moe_fsdp_layout_case``: those of them that train an MoE."""
-    from harness.launch.run_matrix import layout_cases
-
     if "layout_case" in metafunc.fixturenames:
         metafunc.parametrize("layout_case", [_layout_param(c) for c in layout_cases()], scope="module")
     same_rows = [c for c in layout_cases() if c.layout_spec.same_batches_as_fsdp]

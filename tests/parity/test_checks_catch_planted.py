@@ -13,14 +13,18 @@ import dataclasses
 
 import pytest
 import torch
+import torchtitan.models.qwen3 as qwen3
+from torchtitan.models.common.attention import create_attention_mask, get_causal_mask_mod
+from torchtitan.models.qwen3 import Qwen3StateDictAdapter
 
 from harness import plants
+from harness.backends import titan_native
 from harness.parity import compare, routing
 from harness.parity import models as M
 from harness.parity import training as T
 from harness.parity.conformance import checkpoint as C
-from harness.parity.conformance.config import config_violations
-from harness.parity.settings import settings_table
+from harness.parity.conformance.config import build_meta, config_violations, conformance_outcome
+from harness.parity.settings import DOCUMENT_CAUSAL, hf_settings, settings_table
 from harness.plants.inputs import (
     DOWN,
     INV_FREQ,
@@ -32,8 +36,10 @@ from harness.plants.inputs import (
     first_key_in_shard,
 )
 from harness.references import model as reference
+from harness.registry import known_issues, paths
 from harness.registry.hf_config import read_config_json
 from harness.registry.tolerances import parity_tolerance as tolerance
+from harness.upstream import workarounds as W
 
 
 def _kinds(violations):
@@ -153,8 +159,6 @@ def _vs_unplanted(planted, unplanted, batch):
 
 
 def _native_with_adapter(dense_dir, wrap):
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter
-
     return M.build_native(dense_dir, adapter_factory=lambda cfg, d: wrap(Qwen3StateDictAdapter(cfg, str(d))))
 
 
@@ -197,7 +201,8 @@ def test_logits_parity_catches_a_transposed_square_weight_and_names_the_layer(de
 
 def test_round_trip_catches_a_lossy_export(dense_models):
     native = dense_models["native"]
-    v = C.adapter_round_trip_violations(plants.make("adapter_lossy_export", native.adapter), dict(native.module.state_dict()), [])
+    v = C.adapter_round_trip_violations(plants.make("adapter_lossy_export", native.adapter),
+                                        dict(native.module.state_dict()), [])
     assert any(x.key == "layers.0.attention.qkv_linear.wq.weight" for x in v), v
 
 
@@ -255,8 +260,6 @@ def test_conformance_catches_a_dense_model_built_from_an_moe_config(dense_dir, m
 def _build_then(edit):
     """A meta-device build of the config, then ``edit(model)``: a defect in the built model
     that its config does not show."""
-    from harness.parity.conformance.config import build_meta
-
     def build(cfg):
         model = build_meta(cfg)
         edit(model)
@@ -267,7 +270,9 @@ def _build_then(edit):
 def test_conformance_catches_an_lm_head_not_tied_despite_the_flag(dense_dir):
     """The config says tied (enable_weight_tying) but lm_head holds its own tensor: the check
     looks at the built parameters, not the flag."""
-    untie = lambda model: plants.make("untied_lm_head", model)  # noqa: E731
+    def untie(model):
+        return plants.make("untied_lm_head", model)
+
     report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(untie))
     tie = [v for v in report.violations if v.key.startswith("tie_word_embeddings")]
     assert tie and "False" in tie[0].detail, report.format()
@@ -276,7 +281,9 @@ def test_conformance_catches_an_lm_head_not_tied_despite_the_flag(dense_dir):
 def test_conformance_runs_the_attention_and_catches_a_wrong_scale(dense_dir):
     """Attention scaled by (hidden / heads * 2)^-0.5 instead of head_dim^-0.5: the check runs
     the built attention and compares its output with softmax(q k^T / sqrt(head_dim)) v."""
-    rescale = lambda model: plants.make("attention_scale_doubled_dim", model)  # noqa: E731
+    def rescale(model):
+        return plants.make("attention_scale_doubled_dim", model)
+
     report = config_violations(_config(dense_dir), read_config_json(dense_dir), build=_build_then(rescale))
     assert report.fields() == {"attention scale"}, report.format()
 
@@ -284,12 +291,6 @@ def test_conformance_runs_the_attention_and_catches_a_wrong_scale(dense_dir):
 def test_conformance_judge_fails_a_known_issue_subject_that_fails_differently_or_conforms():
     """flavor:4B carries the known theta issue: it is 'known' only with exactly the recorded
     fields; another violation on top is a failure, and so is conforming (fixed upstream)."""
-    import torchtitan.models.qwen3 as qwen3
-
-    from harness.parity.conformance.config import conformance_outcome
-    from harness.registry import known_issues, paths
-    from harness.upstream import workarounds as W
-
     hf = read_config_json(paths.FIXTURES / "reference_configs" / "Qwen3-4B-Instruct-2507")
     cfg = qwen3.model_registry("4B").model
 
@@ -317,8 +318,6 @@ def test_activation_comparison_localises_a_wrong_norm_eps(dense_dir, dense_model
 
 
 def test_settings_and_activations_catch_a_wrong_theta_in_transformers(dense_dir, dense_models, dense_batch):
-    from harness.parity.settings import DOCUMENT_CAUSAL, hf_settings
-
     hf = M.load_hf(dense_dir)
     plants.make("hf_rope_theta_1e4", hf.module)
     settings = hf_settings(hf.module, attn_mask=DOCUMENT_CAUSAL)
@@ -344,8 +343,6 @@ def test_routing_check_catches_an_unnormalised_router(moe_dir, moe_models, moe_b
 def test_mask_check_catches_attention_across_documents(dense_batch, dense_models):
     """compare.document_mask_problem (the check test_hf_backend_parity applies to the backend's
     BlockMask) passes native flex's per-document mask and names a causal-only one."""
-    from torchtitan.models.common.attention import create_attention_mask, get_causal_mask_mod
-
     pos = dense_batch.positions
     B, L = pos.shape
     native = dense_models["native"].module.get_attention_masks(positions=pos)
@@ -359,8 +356,6 @@ def test_mask_issue_signature_does_not_excuse_other_failures():
     """The hf_v5 mask issue is 'known' only at its recorded size (measured +0.053 at step 1):
     RoPE off in hf_v5 (+1.1 nats), or hf_v5 masked per document against native sdpa (-0.0004),
     is a failure."""
-    from harness.registry import known_issues
-
     def status(deviation, attention="flex"):
         return known_issues.judge("loss_curve_vs_titan_native", "curves differ", {"deviation": deviation},
                                   (), backend="hf_v5", attention=attention, generation="v0_3").status
@@ -412,16 +407,13 @@ def test_sdpa_comparison_sees_a_per_document_mask_on_the_other_side(dense_dir, d
 # ---------------------------------------------------------------------- training
 
 def test_hyperparameter_check_catches_changed_adam_constants():
-    from harness.backends import titan_native
-
     cfg = plants.make("adam_constants_changed", titan_native.tiny())
     problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
-    assert any(p.startswith("betas") for p in problems) and any(p.startswith("weight_decay") for p in problems), problems
+    assert any(p.startswith("betas") for p in problems), problems
+    assert any(p.startswith("weight_decay") for p in problems), problems
 
 
 def test_hyperparameter_check_catches_a_changed_schedule():
-    from harness.backends import titan_native
-
     cfg = plants.make("lr_schedule_changed", titan_native.tiny())
     problems = T.hyperparameter_violations(T.stated_hyperparameters(cfg))
     assert {"warmup_steps", "decay_type"} <= {p.split(":")[0] for p in problems}, problems

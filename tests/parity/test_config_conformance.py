@@ -14,6 +14,7 @@ differ or when it conforms (upstream fixed: delete the entry).
 from __future__ import annotations
 
 import pytest
+import torchtitan.models.qwen3 as qwen3
 
 from harness.backends import nki_moe, titan_native
 from harness.parity.conformance.config import config_violations, conformance_outcome
@@ -27,8 +28,6 @@ CHECK = "config_conformance"
 
 def _flavor(name):
     def get():
-        import torchtitan.models.qwen3 as qwen3
-
         return qwen3.model_registry(name).model
     return get
 

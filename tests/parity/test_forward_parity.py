@@ -18,8 +18,10 @@ xfail naming it only while exactly the routed experts were left unloaded
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.parity import compare
+from harness.parity import models as M
 from harness.parity.settings import settings_table
 from harness.registry import known_issues
 from harness.registry.tolerances import parity_regime_for as regime_for
@@ -85,8 +87,6 @@ SUBJECT = {"dense": "tiny_dense", "moe": "tiny_moe"}
 def test_loss_matches(family, dense_models, moe_models, dense_batch, moe_batch, workarounds):
     models, batch = (dense_models, dense_batch) if family == "dense" else (moe_models, moe_batch)
     regime = regime_for(models["native"].arch)
-    import torch
-
     with torch.no_grad():
         losses = {name: float(m.loss(batch)) for name, m in models.items()}
     band = tolerance("loss", regime).atol
@@ -140,15 +140,13 @@ def test_gradients_match_per_parameter(family, dense_models, moe_models, dense_b
                               tolerance("grads", "float32")),
     ]
     problem = None if all(r.ok for r in reports) else compare.parity_message(*(r.format() for r in reports))
-    bad = [models["hf"], *(models[name] for name, r in zip(("native", "reference"), reports) if not r.ok)]
+    bad = [models["hf"], *(models[name] for name, r in zip(("native", "reference"), reports, strict=True) if not r.ok)]
     verdict = compare.judge_parity(problem, bad, workarounds, subject=SUBJECT[family])
     known_issues.settle(verdict, problem)
 
 
 @pytest.fixture(scope="module")
 def dense_sdpa(dense_dir, dense_models):
-    from harness.parity import models as M
-
     return {"native_sdpa": M.build_native(dense_dir, attention="sdpa"), "hf": dense_models["hf"],
             "reference_causal": M.reference_model(dense_dir, document_mask=False)}
 
@@ -173,8 +171,6 @@ def test_transformers_masks_a_packed_row_as_asked(dense_dir, dense_models, dense
     document on its own (the reference's document mask); an all-ones one, causally over the
     whole row at the same per-document positions (the reference's causal mask). On a packed
     row the two differ, so a reference masked the wrong way is told apart."""
-
-    from harness.parity import models as M
 
     logits = {"document": dense_models["hf"].logits(dense_batch),
               "causal": M.load_hf(dense_dir, mask="causal").logits(dense_batch)}

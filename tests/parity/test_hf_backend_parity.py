@@ -26,6 +26,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.device import determinism
 from harness.kernels.ops.rope_torch import rope_inv_freq
 from harness.parity import compare
 from harness.parity import models as M
@@ -149,8 +150,6 @@ def test_backend_rope_frequencies_are_initialised(dense_dir, workarounds, alloca
     (NaN, harness/device/determinism.py), 20 times, with the allocator as the previous build left it
     ("as_left") or primed with a freed correct inv_freq of the same size just before
     ("primed"); every build gives the same verdict."""
-    from harness.device import determinism
-
     reruns = 20
     outcomes = []
     for _ in range(reruns):

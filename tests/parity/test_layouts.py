@@ -28,16 +28,26 @@ the reference's), the saved weights as ``saved_weights_vs_reference``, the FSDP 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from harness.checks import run_checks as checks
+from harness.checks.reference_forward import model_masking
+from harness.launch import instrumented
+from harness.launch.run_matrix import LayoutCase
 from harness.parity import curves
 from harness.parity import models as M
+from harness.references.batch import load_batches
 from harness.references.loss import valid_labels
-from harness.registry import known_issues
+from harness.references.model import load_hf_tensors
+from harness.registry import dump_layout, known_issues
+from harness.registry.layouts import FSDP
 from harness.registry.tolerances import parity_regime_for, parity_tolerance
+from harness.results import training_state as ts
 from harness.upstream import titan_api
+from tests.e2e.test_ignored_labels import microbatches, sft_run
 
 # The template's checks a layout's run gets as they are; its first step is held to the
 # reference on its own batch (the recorded first-step loss is the FSDP run's batch's).
@@ -54,8 +64,6 @@ def layout_run(device_runs, steps, workarounds):
     """``layout_run(case)``: the case's run (one launch per session), after its completion
     check (a run a known issue stops is an xfail naming it)."""
     def get(case, plants=()):
-        from dataclasses import replace
-
         spec = case.run_spec(steps, workarounds)
         profile = device_runs(case.device).profile
         if spec.ranks(profile) < case.layout_spec.ranks:
@@ -70,8 +78,6 @@ def layout_run(device_runs, steps, workarounds):
 def reference_of(steps, result):
     """The reference trajectory from the run's weights on its own batches, masked as the run's
     model masks packed rows (the transformers backend: as its generation masks them)."""
-    from harness.checks.reference_forward import model_masking
-
     lay = result.spec.layout_spec
     return curves.reference_trajectory(result.spec.weights_dir(), steps, model_masking(result),
                                        dp=lay.data_parallel, rows_per_rank=lay.rows_per_rank)
@@ -104,8 +110,6 @@ def test_layout_follows_the_reference_trajectory(layout_case, layout_run, steps)
 
 
 def test_layout_saved_weights_are_the_reference_trajectorys(layout_case, layout_run, steps):
-    from harness.references.model import load_hf_tensors
-
     result = layout_run(layout_case)
     verdict, outcome = checks.verdict("hf_checkpoint_complete", result, steps)
     known_issues.settle(verdict, outcome.problem, result.describe())
@@ -135,8 +139,6 @@ def _step1_balance(run, steps) -> dict[str, tuple]:
     ranks of one data-parallel group route the same tokens, so each token counts once per
     group), and the expert_bias after the update of the lowest rank holding the layer (a
     pipeline stage holds its own layers only)."""
-    from harness.registry import dump_layout
-
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     first = {rank: records[0]["layers"] for rank, records in dump_layout.balance_records(run.run_dir).items()}
     tp = run.degrees["tensor_parallel_degree"]
@@ -155,8 +157,6 @@ def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_ru
     the bf16 experts' output of the layers before it, which the layout groups and reduces
     otherwise: there a token may swap near-tied experts, and the share of routing choices that
     moved is held to the policy's ``router_flips``."""
-    from harness.registry.tolerances import parity_tolerance
-
     case = moe_fsdp_layout_case
     result = layout_run(case)
     fsdp = device_runs(case.device).get(case.fsdp_case().run_spec(steps, workarounds=workarounds))
@@ -179,8 +179,6 @@ def test_moe_load_balancing_equals_the_fsdp_runs(moe_fsdp_layout_case, layout_ru
 # check named beside it must fail on the planted run.
 
 def _case(backend, layout_name):
-    from harness.launch.run_matrix import LayoutCase
-
     return LayoutCase("cpu", backend, layout_name)
 
 
@@ -246,10 +244,6 @@ def test_routing_counts_added_twice_are_caught(layout_run, steps):
 
 def sft_ga_pair(backend_runs, plants=()):
     """(the SFT run under ``ga=2``, ``plants`` put in; the single-batch SFT run on its rows)."""
-    from harness.launch import instrumented
-    from harness.registry.layouts import FSDP
-    from tests.e2e.test_ignored_labels import sft_run
-
     with instrumented.instrumented_backend("titan_native") as name:
         return sft_run(backend_runs, name, plants), sft_run(backend_runs, name, layout=FSDP)
 
@@ -259,10 +253,6 @@ def ga_findings(ga, single) -> tuple[list[str], dict]:
     (the rows each rank was fed, the step-1 loss, every parameter's step-1 gradient before
     clipping), and what was measured: the valid labels per microbatch, the loss delta, the
     largest relative gradient delta."""
-    from harness.references.batch import load_batches
-    from harness.results import training_state as ts
-    from tests.e2e.test_ignored_labels import microbatches
-
     found = []
     for rank, (a, b) in enumerate(zip(load_batches(ga.run_dir), load_batches(single.run_dir), strict=True)):
         for key in ("inputs", "labels"):
@@ -323,8 +313,6 @@ def _balance_by_step(run, steps) -> dict[tuple[int, str], tuple]:
     """Per (step, MoE layer): the routing counts summed over the ranks, the run's own
     ``moe_routing_counts`` ratio divided out (the known recompute doubling), and the
     expert_bias after the update (rank 0's: every rank holds the same)."""
-    from harness.registry import dump_layout
-
     ratio = checks.RUN_CHECKS["moe_routing_counts"](run, steps).observed["counts_ratio"]
     records = dump_layout.balance_records(run.run_dir)
     out = {}
@@ -340,8 +328,6 @@ def ac_findings(full, none, steps) -> tuple[list[str], dict]:
     (each run's own recompute ratio divided out: the known issue's doubling is judged by the
     routing-count check, by its signature) and expert_bias updates, in every MoE layer, and
     every parameter's step-1 gradient, bit for bit (the same ops on the same values)."""
-    from harness.results import training_state as ts
-
     found = []
     mine, theirs = _balance_by_step(full, steps), _balance_by_step(none, steps)
     if list(mine) != list(theirs):

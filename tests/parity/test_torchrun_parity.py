@@ -37,8 +37,10 @@ from harness.launch.run_matrix import RunCase
 from harness.parity import compare, curves
 from harness.parity import models as M
 from harness.parity.conformance import checkpoint as C
+from harness.references.model import load_hf_tensors
 from harness.registry import known_issues
 from harness.registry.tolerances import parity_regime_for
+from harness.results.run_result import RunFailed
 from harness.upstream import titan_api
 
 DP = 2  # ranks per tiny CPU run (harness/backends SizeSpec nproc)
@@ -60,7 +62,6 @@ def run(backend_runs, device_profile, steps, workarounds):
             steps, None, names)
         result = checks.completed_or_known(backend_runs.get(spec), steps)
         if not result.ok or len(result.steps) != steps:
-            from harness.results.run_result import RunFailed
 
             raise RunFailed(result, f"{spec.name} did not complete {steps} steps")
         return result
@@ -169,7 +170,6 @@ saved_weights_problem = curves.saved_weights_problem
                          ids=[f"{b}-{a or 'default'}{''.join('+' + e for e in x)}" for b, a, x, _ in SAVED_CASES])
 def test_saved_weights_are_the_reference_trajectorys_weights(backend, attention, extra, mask, run, steps,
                                                             workarounds):
-    from harness.references.model import load_hf_tensors
 
     result = run(backend, attention, extra)
     model_dir = result.spec.weights_dir()

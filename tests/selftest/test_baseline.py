@@ -20,6 +20,7 @@ import json
 
 import pytest
 
+from harness.launch.run import cache_entries, compile_cache_state
 from harness.registry.tolerances import BASELINE_THRESHOLDS
 from harness.report import baseline
 
@@ -135,8 +136,6 @@ def test_a_cold_night_still_has_its_step_time_compared():
 
 
 def test_a_launch_records_whether_it_found_its_compile_cache_warm(tmp_path):
-    from harness.launch.run import cache_entries, compile_cache_state
-
     cache = tmp_path / "neff"
     (cache / "MODULE_1").mkdir(parents=True)
     (cache / "MODULE_1" / "graph.neff").write_bytes(b"x")

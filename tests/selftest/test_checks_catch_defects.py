@@ -16,12 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from harness.checks import run_checks as checks
 from harness.device.devices import profile_for
 from harness.launch.run import RunSpec, build_command
 from harness.launch.subjects import Facts
-from harness.references.expected_loss import expected_loss
+from harness.references.expected_loss import expected_loss, lm_head_std
 from harness.registry import known_issues, paths
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
 from harness.registry.known_issues import hf_backend, kernels, native_qwen3, neuron, pytorch, spring2026
@@ -206,8 +208,6 @@ def test_settle_goes_on_on_a_pass_xfails_naming_the_issue_and_fails_with_the_mes
 
 
 def test_an_unknown_workaround_is_refused_with_the_known_names():
-    from harness.launch.run import RunSpec
-
     with pytest.raises(ValueError, match="unknown workaround 'hf_rope_int'.*hf_rope_init"):
         RunSpec("hf_v5", workarounds=("hf_rope_int",))
 
@@ -292,16 +292,10 @@ with pytest.raises(pytest.xfail.Exception):
 
 
 def test_checkpoint_reload_passes_on_a_complete_checkpoint():
-    from harness.registry import paths
-
     assert checks._reload_problems(paths.TINY_DENSE, paths.TINY_DENSE).problem is None
 
 
 def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    from harness.registry import paths
-
     tensors = load_file(paths.TINY_DENSE / "model.safetensors")
     dropped = "model.layers.1.self_attn.k_norm.weight"
     del tensors[dropped]
@@ -311,8 +305,6 @@ def test_checkpoint_reload_catches_a_dropped_key(tmp_path):
 
 
 def test_checkpoint_reload_catches_a_checkpoint_of_another_architecture():
-    from harness.registry import paths
-
     problem = checks._reload_problems(paths.TINY_DENSE, paths.TINY_MOE).problem
     # every kind at once: the dense MLP's keys unexpected, the experts' missing, and the
     # attention projections mis-shaped (the MoE fixture has 8 heads, the dense one 4)
@@ -325,10 +317,6 @@ def test_checkpoint_reload_catches_a_checkpoint_of_another_architecture():
 def test_a_truncated_init_rule_is_the_std_torch_draws():
     """``trunc3(hidden^-0.5)`` is ``nn.init.trunc_normal_(std=s, a=-3s, b=3s)``'s std (0.9866 s),
     not s: spring-2026's and the transformers backend's output init."""
-    import torch
-
-    from harness.references.expected_loss import lm_head_std
-
     hidden = 2048
     s = hidden ** -0.5
     drawn = torch.nn.init.trunc_normal_(torch.empty(4_000_000, dtype=torch.float64),
@@ -349,8 +337,6 @@ def test_a_truncated_init_rule_is_the_std_torch_draws():
      "CheckpointException: CheckpointException ranks:dict_keys([1])"),
 ], ids=["the-first", "the-cause-a-wrapper-names-not", "a-wrapper-alone"])
 def test_a_runs_first_error_is_its_first_cause(tmp_path, log, first):
-    from harness.results.run_result import RunResult
-
     (tmp_path / "stderr.log").write_text(log)
     result = RunResult(spec=RunSpec("hf_v5"), device="cpu", nproc=2, layout="fsdp", degrees={},
                        command=[], returncode=1, timed_out=False, duration_s=1.0,

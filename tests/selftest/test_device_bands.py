@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tomllib
 
 import pytest
 
@@ -77,8 +78,6 @@ def test_a_nights_report_becomes_measured_bands(tmp_path, monkeypatch):
     out = tmp_path / "device_bands.toml"
     assert record.main(["--device", "neuron", "--report", str(_report(tmp_path, 4e-5)),
                         "--output", str(out)]) == 0
-    import tomllib
-
     entry = tomllib.loads(out.read_text())["neuron"]["layout_loss/float32"]
     assert entry["atol"] == pytest.approx(4e-4) and "4e-05" in entry["why"]
     # a night whose worst delta x 10 would pass the defects is refused, naming the quantity

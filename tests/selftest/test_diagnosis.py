@@ -26,15 +26,31 @@ Specification:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from harness.diagnosis import hints
+from harness.checks import run_checks as checks
+from harness.device.devices import detect
+from harness.diagnosis import diagnose, hints, localize, subject
 from harness.diagnosis.__main__ import localize_request
+from harness.diagnosis.diagnose import Diagnosis, first_nonfinite_after_step_1, known_explanation
+from harness.launch.run import RunSpec, launch
+from harness.parity.conformance.native_to_hf import module_of_weight
+from harness.references import model as reference
+from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std
+from harness.references.loss import avg_loss
+from harness.references.model import trace_names
 from harness.registry import paths
+from harness.registry.hf_config import Qwen3Arch
 from harness.registry.tolerances import diagnosis_tolerance
+from harness.report.run_report import RunVerdict, write_report
+from harness.results.run_result import RunResult, StepRecord
 from harness.upstream.titan_api import generation
 
 DENSE = ("titan_native", "sdpa", paths.TINY_DENSE, "float32")
@@ -180,11 +196,6 @@ def test_a_known_issue_recorded_elsewhere_is_named_only_when_its_signature_fits(
 
 @pytest.mark.slow
 def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
-    from harness.checks import run_checks as checks
-    from harness.device.devices import detect
-    from harness.launch.run import RunSpec, launch
-    from harness.report.run_report import RunVerdict, write_report
-
     spec = RunSpec(backend="titan_native", size="tiny", init="pretrained", steps=2,
                    plants=("qk_norm_swap_layer1",))
     run = launch(spec, detect("cpu"), tmp_path / "runs" / "planted")
@@ -196,10 +207,6 @@ def test_a_launched_run_with_a_plant_names_its_module_in_summary_md(tmp_path):
 
 @pytest.mark.slow
 def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_path):
-    from harness.device.devices import detect
-    from harness.diagnosis import diagnose
-    from harness.launch.run import RunSpec, launch
-
     spec = RunSpec(backend="titan_native", size="tiny", init="random", steps=1,
                    plants=("qk_norm_swap_layer1",))
     run = launch(spec, detect("cpu"), tmp_path / "runs" / "random")
@@ -210,9 +217,6 @@ def test_a_random_init_run_is_diagnosed_from_the_weights_its_ranks_dumped(tmp_pa
 
 
 def _pretrained_result(loss, tmp_path):
-    from harness.launch.run import RunSpec
-    from harness.results.run_result import RunResult, StepRecord
-
     step = StepRecord(step=1, loss=loss, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
                       peak_memory_gib=1.0)
     spec = RunSpec("titan_native", init="pretrained")
@@ -223,9 +227,6 @@ def _pretrained_result(loss, tmp_path):
 
 
 def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tmp_path):
-    from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std
-    from harness.registry.hf_config import Qwen3Arch
-
     arch = Qwen3Arch.from_dir(paths.TINY_DENSE)
     analytic = analytic_random_init_loss(arch.vocab_size, arch.hidden_size,
                                          configured_lm_head_std("titan_native", arch.hidden_size))
@@ -238,9 +239,6 @@ def test_a_pretrained_run_at_its_random_init_loss_is_told_to_check_its_assets(tm
 def test_a_later_non_finite_step_is_said_to_arise_after_what_step_1_replays(tmp_path):
     """The ``finite`` check fails at step 3: the diagnosis replays step 1 (forward and
     backward); when they agree, it says the NaN arose after the first optimizer step."""
-    from harness.diagnosis.diagnose import Diagnosis, first_nonfinite_after_step_1
-    from harness.results.run_result import StepRecord
-
     run = _pretrained_result(1.2752, tmp_path)
     assert first_nonfinite_after_step_1(run) is None
     run.steps += [StepRecord(step=2, loss=1.1, grad_norm=1.0, tokens_per_s=1.0, step_time_s=1.0,
@@ -259,11 +257,6 @@ def test_a_step_1_loss_that_is_a_known_issue_here_is_named_without_a_module_walk
     """A tiny random-init transformers-backend run +3.6 nats off is the recorded signature of
     hf_v5-tied-embedding-init-scale: the diagnosis says so and rebuilds nothing; 0.5 nats off
     is not that issue, and is diagnosed."""
-    import dataclasses
-
-    from harness.diagnosis.diagnose import Diagnosis, known_explanation
-    from harness.launch.run import RunSpec
-
     run = dataclasses.replace(_pretrained_result(11.8, tmp_path), spec=RunSpec("hf_v5", init="random"))
     assert known_explanation(run, 3.6) == "hf_v5-tied-embedding-init-scale"
     assert known_explanation(run, 0.5) is None
@@ -295,10 +288,6 @@ def _recorded(built):
     on the run's first batch: the whole model in one forward and one backward, or the
     streamed one as it hands them to the diagnosis, unit by unit (a tied weight's gradient
     summed over its uses)."""
-    from harness.diagnosis import localize
-    from harness.references.loss import avg_loss
-    from harness.references.model import trace_names
-
     modules = built.modules if built.modules is not None else localize.native_modules(
         built.module, [n for n, _ in trace_names(built.arch)])
     if built.under_test is None:
@@ -328,8 +317,6 @@ def test_the_streamed_model_computes_bitwise_what_the_whole_model_computes(build
     """One unit in memory at a time (meta build, per-unit load through the trainer's adapter,
     per-unit recomputed backward) gives the whole model's outputs and gradients, bit for bit,
     and never holds more than its largest unit's parameters."""
-    from harness.diagnosis import subject
-
     backend, attention, model_dir, regime = build
     recorded = {}
     for stream in (False, True):
@@ -353,11 +340,6 @@ def test_the_streamed_model_computes_bitwise_what_the_whole_model_computes(build
 def _deeper_dense(layers: int, into):
     """The tiny dense fixture with ``layers`` decoder layers, same width: layer i is the
     fixture's layer i % 2, every other tensor (embedding, final norm) the fixture's own."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
     into.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(paths.TINY_DENSE / name, into / name)
@@ -390,9 +372,6 @@ def _first_steps_moved(model_dir) -> dict[str, str]:
     """For each HF weight of ``model_dir`` (one routed expert per MoE layer), the first step of
     the float64 reference whose output moves when that weight alone is scaled by 1.5: each unit
     that reads it (``unit_weight_names``) run on its clean input, in forward order."""
-    from harness.references import model as reference
-    from harness.registry.hf_config import Qwen3Arch
-
     arch, source = Qwen3Arch.from_dir(model_dir), reference.WeightSource(model_dir)
     weights = {k: source[k] for k in source.keys()}
     tokens = torch.randint(0, arch.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -410,13 +389,13 @@ def _first_steps_moved(model_dir) -> dict[str, str]:
             if key in moved or expert is not None and int(expert) != routed[f"{unit}.moe.router"]:
                 continue  # a tied weight is its first reader's
             again = walk.unit(unit, {**weights, key: weights[key] * 1.5}, x)
-            moved[key] = next(name for (name, a), (_, b) in zip(steps, again) if not _same(a, b))
+            moved[key] = next(name for (name, a), (_, b) in zip(steps, again, strict=True) if not _same(a, b))
     return moved
 
 
 def _same(a, b) -> bool:
     pair = (a, b) if isinstance(a, tuple) else ((a,), (b,))
-    return all(torch.equal(u, v) for u, v in zip(*pair))
+    return all(torch.equal(u, v) for u, v in zip(*pair, strict=True))
 
 
 @pytest.mark.parametrize("model_dir", [paths.TINY_DENSE, paths.TINY_MOE], ids=["dense", "moe"])
@@ -425,8 +404,6 @@ def test_each_gradient_is_filed_under_the_reference_step_that_reads_its_weight(m
     table gives it (harness/parity/conformance/native_to_hf.py ``module_of_weight``): the first step of
     the reference whose output moves when only that weight moves. A table that files q_norm's
     weight under k_norm is caught."""
-    from harness.parity.conformance.native_to_hf import module_of_weight
-
     moved = _first_steps_moved(model_dir)
     assert len(moved) > 20, moved
     assert {k: (module_of_weight(k), s) for k, s in moved.items() if module_of_weight(k) != s} == {}
@@ -441,8 +418,6 @@ def test_the_reference_side_holds_one_unit_at_a_time_at_any_depth(tmp_path, monk
     2 decoder layers as for 8; the unit inputs grow by one activation per layer. A walk that
     keeps every unit's module outputs (as a whole-model record does) grows with depth and is
     caught by the same measure."""
-    from harness.references import model as reference
-
     shallow = _reference_memory(paths.TINY_DENSE, tmp_path)
     deep_dir = _deeper_dense(8, tmp_path / "deep")
     deep = _reference_memory(deep_dir, tmp_path)

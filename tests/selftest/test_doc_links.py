@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from harness.launch.run_matrix import layout_table_markdown
 from harness.registry import paths
 
 LINK = re.compile(r"(?<!\\)\[[^\]]*\]\(([^)\s]+)\)")
@@ -85,8 +86,6 @@ LAYOUT_TABLE = re.compile(r"<!-- layout-table[^>]*-->\n(.*?)\n<!-- /layout-table
 
 
 def test_the_readmes_layout_table_is_the_registrys():
-    from harness.launch.run_matrix import layout_table_markdown
-
     found = LAYOUT_TABLE.search((paths.REPO_ROOT / "README.md").read_text())
     assert found, "README.md has no <!-- layout-table --> block"
     assert found.group(1) == layout_table_markdown(), (

@@ -30,6 +30,7 @@ from harness.device.devices import detect
 from harness.launch.run import build_command
 from harness.launch.run_matrix import LayoutCase, RunCase
 from harness.parity.models import Qwen3Arch
+from harness.registry.assets_twin import build_twin
 from harness.registry.known_issues import hf_backend
 from harness.registry.tolerances import parity_regime_for, parity_tolerance
 from harness.report import equivalence
@@ -161,8 +162,6 @@ def test_the_registry_regime_of_each_tiny_model_is_its_architectures():
 def twin_pair(tmp_path_factory):
     """``twin_pair(backend, init, layout)``: the twin's FSDP run and its run in ``layout``,
     as results of the same curve (full size from the assets twin)."""
-    from harness.registry.assets_twin import build_twin
-
     workdir = tmp_path_factory.mktemp("twin")
     root = build_twin(workdir / "twin")
 

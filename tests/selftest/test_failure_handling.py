@@ -11,6 +11,8 @@ Each fault is a real launch (about half a minute each on 2 cores): marked slow, 
 ``pytest -m slow tests/selftest``.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from harness.checks import run_checks as checks
@@ -76,8 +78,6 @@ def test_nan_loss_stops_the_run_at_the_first_bad_step(device_profile, tmp_path):
 
 def test_two_runs_in_parallel_do_not_collide(device_profile, tmp_path):
     """As under pytest-xdist: each torchrun --standalone picks its own free rendezvous port."""
-    from concurrent.futures import ThreadPoolExecutor
-
     specs = [RunSpec("titan_native", steps=1, extra_env=(("HARNESS_PARALLEL", str(i)),))
              for i in range(2)]
     with ThreadPoolExecutor(max_workers=2) as pool:

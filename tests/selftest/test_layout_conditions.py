@@ -1,4 +1,4 @@
-"""Every layout's cheap form reaches the condition its class of bug needs (issue 41, item 4).
+"""Every layout's cheap form reaches the condition its class of bug needs.
 
 Each layout of the registry (harness/registry/layouts.py) names the condition its class of bug
 needs before it shows (``Layout.condition``: uneven split, uneven valid tokens, recompute of a

@@ -18,15 +18,26 @@ Specification:
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import inspect
 import json
 import os
+import pwd
+import re
 import subprocess
 import sys
 
 import pytest
+import torch.distributed.distributed_c10d as c10d
+import torchtitan.trainer
+from torchtitan.distributed import utils
 
-from harness.registry import dump_layout, environment, paths
+from harness.device import devices
+from harness.device.neuron_collectives import alltoall_base_refusal, alltoall_refusal, barrier_refusal
+from harness.launch.run_matrix import RunCase, cases
+from harness.rank.warm_start import STARTED_WARM
+from harness.registry import dump_layout, environment, known_issues, paths
 
 NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
 
@@ -80,9 +91,6 @@ def test_no_venv_and_no_neuron_python_fails_naming_where_it_looked(tmp_path):
 
 
 def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
-    from harness.device import devices
-    from harness.launch.run_matrix import cases
-
     monkeypatch.setenv(environment.NEURON_STANDIN, "cpu")
     available, reason = devices.tier_status("neuron")
     assert available and "stand-in" in reason
@@ -104,9 +112,6 @@ def test_the_neuron_tier_stands_in_on_the_cpu_profile(monkeypatch):
 
 
 def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
-    from harness.device import devices
-    from harness.launch.run_matrix import cases
-
     monkeypatch.delenv(environment.NEURON_STANDIN, raising=False)
     assert devices.xdist_workers(None, "neuron", 2) == 0
     full = [c for c in cases(("neuron",)) if c.size == "full"]
@@ -122,8 +127,6 @@ def test_without_the_stand_in_the_neuron_tier_is_trn2_s(monkeypatch):
 
 
 def test_the_refusals_are_process_group_neurons():
-    from harness.device.neuron_collectives import alltoall_base_refusal, alltoall_refusal, barrier_refusal
-
     for accepted in ((None, None), ([], []), ([1, 1], [1, 1]), (None, [1, 1])):
         assert alltoall_base_refusal(*accepted, 2) is None, accepted
     # torch-neuronx's own test_invalid_split_sizes_error: [2, 1] on 2 ranks
@@ -174,8 +177,6 @@ def test_a_stand_in_rank_refuses_an_uneven_all_to_all_as_trn2_does():
 
 
 def test_ep_on_neuron_collectives_is_the_named_known_issue_and_nothing_else():
-    from harness.registry import known_issues
-
     error = ("NotImplementedError: alltoall_base: Only even split sizes are supported. "
              "Got output_split_sizes: [301, 211]")
     where = dict(backend="nki_moe", layout="ep", device="cpu", collectives="neuron")
@@ -249,8 +250,6 @@ def test_a_night_whose_tests_passed_has_no_failing_verdict_in_its_report(tmp_pat
 def test_a_full_size_or_neuron_run_may_wait_on_a_collective_as_long_as_it_may_run():
     """torchtitan lowers the collective timeout after step 1 through torch's set_timeout, which
     a backend may ignore (then the init timeout stays): both are the run's own timeout."""
-    from harness.launch.run_matrix import RunCase
-
     for case in (RunCase("neuron", "titan_native", "full", "pretrained", "sdpa"),
                  RunCase("cpu", "titan_native", "full", "pretrained", "sdpa")):
         overrides = list(case.run_spec(10, assets_root="/assets").overrides)
@@ -282,8 +281,6 @@ def test_every_swap_the_rehearsal_makes_is_a_listed_difference():
 def test_the_rehearsal_has_no_gh_and_no_night_step_calls_it():
     """The DLAMI has no GitHub CLI: nothing of the night may call it, and the rehearsal gives
     it none to find."""
-    import re
-
     assert not (NIGHTLY / "rehearsal" / "gh").exists()
     for script in NIGHTLY.glob("*"):
         if script.is_file() and script.name != "rehearse.py":
@@ -338,8 +335,6 @@ def test_the_baseline_run_is_asked_of_the_rest_api_with_the_token(tmp_path):
 def test_the_rehearsal_reads_a_kinder_schedule_off_the_night(tmp_path):
     """A night whose test step used xdist workers, warm ranks or the prefetcher is not a trn2
     night: the rehearsal fails it."""
-    from harness.rank.warm_start import STARTED_WARM
-
     rehearse = _nightly("rehearse")
     # its copies (it imports no harness module at its top) are the harness's
     assert (rehearse.STARTED_WARM, rehearse.PREFETCH_CLAIM) == (STARTED_WARM, dump_layout.PREFETCH_CLAIM)
@@ -368,13 +363,6 @@ def test_why_both_collective_timeouts_are_set_still_holds_upstream():
     """The premise of ``collective_timeout_overrides``, read from the installed code: torchtitan
     lowers the process groups' timeout to train_timeout_seconds after the first step, through
     torch's set_timeout, which lets a backend keep its own. If either changes, revisit it."""
-    import ast
-    import inspect
-
-    import torch.distributed.distributed_c10d as c10d
-    import torchtitan.trainer
-    from torchtitan.distributed import utils
-
     # Read from the file, not the live class: the rank hooks may have wrapped Trainer.train in
     # this process.
     tree = ast.parse(inspect.getsource(torchtitan.trainer))
@@ -403,9 +391,6 @@ def test_the_stand_in_profile_is_as_strict_as_trn2s_or_named():
 def test_the_rehearsal_never_runs_the_night_as_root(monkeypatch):
     """GitHub's runner refuses root: a rehearsal started as root runs the night as another user
     (made with useradd when missing), never as root itself."""
-    import pwd
-    import subprocess
-
     rehearse = _nightly("rehearse")
     made = []
     entry = pwd.struct_passwd((rehearse.RUNNER_USER, "x", 4242, 4242, "", "/nonexistent", "/usr/sbin/nologin"))
@@ -422,8 +407,6 @@ def test_the_rehearsal_never_runs_the_night_as_root(monkeypatch):
 def test_the_rehearsal_gets_the_fork_only_through_the_provisioning_step(monkeypatch, tmp_path):
     """The image's venv has no torchtitan (the DLAMI ships none); the fork reaches the night only
     through scripts/nightly/provision.py, run as the runner user with the fork's wheel."""
-    import subprocess
-
     rehearse = _nightly("rehearse")
     calls = []
     monkeypatch.setattr(rehearse.subprocess, "run", lambda command, **kw: calls.append(command)

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from collections import namedtuple
 
+import pytest
+
 from harness.registry import environment, paths
 
 NIGHTLY = paths.REPO_ROOT / "scripts" / "nightly"
@@ -56,7 +58,7 @@ def test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix(t
     # no neuronx-cc here: nki-library does not import, which is not an entry point that moved
     assert rows["nki-library"][0] == "FAIL" and "neuronx-cc" in rows["nki-library"][2], rows
     assert not [name for name in rows if name.startswith("nki-library ")], rows
-    for name, (status, value, *fix) in rows.items():
+    for name, (status, _value, *fix) in rows.items():
         if status == "FAIL":
             assert fix and fix[0], f"{name} fails with no fix"
             assert f"::error::preflight: {name}:" in done.stdout
@@ -119,8 +121,6 @@ def test_the_entry_points_the_harness_calls_are_the_installed_nki_librarys():
     tested with (the standalone wheel, on the NKI emulator, as the rehearsed night checks it)
     has each of them, by signature. An entry point recorded where the library no longer has it
     (cross entropy back in core.loss) fails here, before a night."""
-    import pytest
-
     if importlib.util.find_spec("nkilib_src") is None:
         pytest.skip("nki-library's wheel is not installed (package nkilib_src)")
     preflight = _preflight()

@@ -12,6 +12,9 @@ Specification, on a suite of its own (pytester, in a subprocess as a user runs p
 
 from __future__ import annotations
 
+import os
+
+from harness.device import devices
 from harness.registry import environment
 
 pytest_plugins = ("pytester",)
@@ -112,10 +115,6 @@ def test_reads_a_launched_run(launched_run):
 
 
 def _tier_session(pytester, tmp_path, monkeypatch):
-    import os
-
-    from harness.device import devices
-
     pids = tmp_path / "tier_pids.txt"
     monkeypatch.setenv("PIDS_FILE", str(pids))
     monkeypatch.setattr(devices, "tier_status", lambda kind: (kind == "neuron", "patched"))

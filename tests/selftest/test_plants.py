@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from harness import plants
 from harness.launch.run import RunSpec
@@ -80,8 +81,6 @@ def test_a_run_refuses_an_unknown_plant_or_one_that_is_not_a_patch():
 
 
 def test_planted_patches_in_process_and_undoes_them():
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
     original = HuggingFaceTokenizer.encode
     with plants.planted("drop_eos"):
         assert HuggingFaceTokenizer.encode is not original

@@ -187,7 +187,8 @@ def test_launching_a_run_and_recording_its_versions_imports_no_training_library(
                  "from harness.launch.run_cache import RunCache; "
                  "from harness.device.devices import profile_for; "
                  "from harness.launch.run import RunSpec, node_commands; "
-                 f"from pathlib import Path; node_commands(RunSpec('nki_moe', layout='ep'), profile_for('cpu'), Path({str(tmp_path)!r})); "
+                 "from pathlib import Path; "
+                 f"node_commands(RunSpec('nki_moe', layout='ep'), profile_for('cpu'), Path({str(tmp_path)!r})); "
                  "from harness.upstream.versions import package_versions; package_versions(); "
                  "print(sorted({m.split('.')[0] for m in sys.modules} "
                  "& {'torch', 'torchtitan', 'transformers', 'datasets'}))")

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from harness.launch.preflight import PreflightError, check_run_inputs
+from harness.launch.preflight import PreflightError, _fix_for, check_run_inputs
 from harness.launch.run import RunSpec, launch
 from harness.registry import paths
 
@@ -31,8 +31,6 @@ def test_truncated_safetensors(model_copy):
 
 
 def test_a_broken_fixture_points_at_the_fixture_script():
-    from harness.launch.preflight import _fix_for
-
     assert "scripts/make_fixtures.py" in _fix_for(paths.TINY_DENSE / "model.safetensors")
 
 

@@ -30,8 +30,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torchtitan.trainer
 
-from harness.backends import BACKENDS
+from harness.backends import BACKENDS, sft_config
 from harness.device.devices import detect, neuron_profile
 from harness.launch.run import RunSpec, rank_environment
 from harness.launch.run_matrix import RunCase
@@ -51,16 +52,12 @@ def registered_config_functions():
             for attention in spec.attention:
                 yield f"{spec.module}.{spec.config_name(size, attention)}", getattr(
                     module, spec.config_name(size, attention))
-    from harness.backends import sft_config
-
     yield "harness.backends.sft_config.tiny_sft", sft_config.tiny_sft
 
 
 def trainer_changes(config_function) -> list[str]:
     """What calling ``config_function`` changed of torchtitan's Trainer class, but for the
     patches of a named upstream shim."""
-    import torchtitan.trainer
-
     cls = torchtitan.trainer.Trainer
     before = dict(vars(cls))
     config_function()
@@ -77,8 +74,6 @@ def test_config_functions_build_a_config_and_touch_nothing_else(name, function):
 
 
 def test_the_purity_check_sees_a_config_function_that_patches_the_trainer():
-    import torchtitan.trainer
-
     cls = torchtitan.trainer.Trainer
     original = cls.train
 
@@ -237,7 +232,7 @@ def test_the_observers_record_at_the_layouts_paths_and_change_nothing(tmp_path, 
     bare = trained(tmp_path / "bare", None, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(fed(observed), fed(bare), strict=True))
     model = observed.model_parts[0]
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), bare.model_parts[0].parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), bare.model_parts[0].parameters(), strict=True))
 
     run_dir = tmp_path / "observed"
     initial = dump_layout.initial_native_state(dump_layout.initial_weights_dir(run_dir))

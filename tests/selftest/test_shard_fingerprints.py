@@ -138,7 +138,9 @@ def test_the_unloaded_experts_of_spring_moe_are_excused_only_as_exactly_the_expe
     g = torch.Generator().manual_seed(1)
     experts = {f"layers.{i}.moe.experts.{w}": torch.randn(4, 8, generator=g)
                for i in range(2) for w in ("w1_EFD", "w2_EDF", "w3_EFD")}
-    loaded = lambda: {f"layers.{i}.attention.wo.weight": torch.randn(4, 8, generator=g) for i in range(2)}
+    def loaded():
+        return {f"layers.{i}.attention.wo.weight": torch.randn(4, 8, generator=g) for i in range(2)}
+
     by_rank = records({0: {**experts, **loaded()}, 1: {**{k: v.clone() for k, v in experts.items()}, **loaded()}})
     for generation, wo_too, status in (("spring2026", False, "known"), ("v0_3", False, "fail"),
                                        ("spring2026", True, "fail")):

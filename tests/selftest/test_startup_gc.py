@@ -11,6 +11,8 @@ import sys
 import types
 from pathlib import Path
 
+from torchtitan.tools.utils import GarbageCollection
+
 from harness.rank.startup_gc import RANK_ENV, enable_as_trainer_builds
 from harness.registry import environment
 
@@ -47,8 +49,6 @@ def test_the_trainer_finds_collection_on_and_manages_it_as_it_always_does():
     """On, with everything allocated before it frozen: torchtitan's first collection
     (``collect(1)``) then walks only what the trainer allocates, as after automatic collection
     (which would have aged the imports into the generation ``collect(1)`` skips)."""
-    from torchtitan.tools.utils import GarbageCollection
-
     seen = {}
 
     class Trainer:  # stands in for torchtitan's: it takes over collection in __init__

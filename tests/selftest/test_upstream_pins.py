@@ -55,7 +55,9 @@ def test_a_mirrored_artifact_is_taken_only_with_the_pins_sha256(tmp_path, monkey
 
 
 def _repo(folder):
-    run = lambda *a: subprocess.run(["git", "-C", str(folder), *a], check=True, capture_output=True, text=True)
+    def run(*a):
+        return subprocess.run(["git", "-C", str(folder), *a], check=True, capture_output=True, text=True)
+
     folder.mkdir()
     run("init", "-q")
     (folder / "src").mkdir()

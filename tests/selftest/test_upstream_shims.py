@@ -18,15 +18,25 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import pytest
 import torch
+import torch.distributed as dist
+import torchtitan.models.qwen3 as qwen3
 
+from harness.backends.titan_native import full_model_spec
 from harness.device.devices import CPU_SHIMS
+from harness.launch.run import RunSpec
 from harness.launch.run_cache import shared_folder
-from harness.registry import environment, known_issues
-from harness.upstream import probes, titan_api
+from harness.registry import environment, known_issues, paths
+from harness.upstream import dtensor_full_init, probes, titan_api
+from harness.upstream.gloo_all_to_all import _rows_all_to_all
+from harness.upstream.install import after_import
+from harness.upstream.titan_4b_theta import theta_from_assets
 
 
 class Probe(NamedTuple):
@@ -37,7 +47,8 @@ class Probe(NamedTuple):
 on_v0_3 = pytest.mark.skipif(titan_api.generation() != "v0_3",
                              reason="torchtitan 0.3.0 only (the v0_3 generation)")
 on_spring2026 = pytest.mark.skipif(titan_api.generation() != "spring2026",
-                                   reason="torchtitan spring-2026 main only (python3 scripts/get_upstream.py torchtitan-spring2026)")
+                                   reason="torchtitan spring-2026 main only "
+                                   "(python3 scripts/get_upstream.py torchtitan-spring2026)")
 
 
 DEVICE_TYPE = Probe("device_type", "import torchtitan.tools.utils as u; print(u.device_type)")
@@ -356,14 +367,6 @@ def test_gloo_all_to_all_still_needed(upstream):
 def test_gloo_all_to_all_sends_uneven_chunks_as_rows():
     """Each rank receives exactly the chunk every other rank addressed to it, whatever its
     size (two ranks as threads on raw gloo groups, standing in for ``dist``)."""
-    import threading
-    from datetime import timedelta
-    from types import SimpleNamespace
-
-    import torch.distributed as dist
-
-    from harness.upstream.gloo_all_to_all import _rows_all_to_all
-
     def all_to_all_single(out, inp, out_splits, in_splits, group):
         group.alltoall_base(out, inp, out_splits, in_splits, dist.AllToAllOptions()).wait()
 
@@ -388,15 +391,13 @@ def test_gloo_all_to_all_sends_uneven_chunks_as_rows():
 
 
 def test_post_import_patches_of_one_module_all_run_in_order(tmp_path, monkeypatch):
-    from harness.upstream.install import after_import
-
     (tmp_path / "harness_hooked_module.py").write_text("seen = []\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the hooks go with the test
     after_import("harness_hooked_module", lambda m: m.seen.append("first"))
     after_import("harness_hooked_module", lambda m: m.seen.append("second"))
     try:
-        import harness_hooked_module
+        import harness_hooked_module  # noqa: PLC0415  order: imported after the hooks registered above
     finally:
         sys.modules.pop("harness_hooked_module", None)
     assert harness_hooked_module.seen == ["first", "second"]
@@ -470,7 +471,8 @@ def test_hf_tied_fsdp_shards_tied_embeddings_together(upstream):
 @on_spring2026
 def test_hf_shape_from_config_still_needed(upstream):
     # the upstream defect this shim works around, recorded in the one registry
-    assert known_issues.issue('spring2026-hf_v5-flavor-overrides-config-json').workaround.rank_shim == 'hf_shape_from_config'
+    issue = known_issues.issue('spring2026-hf_v5-flavor-overrides-config-json')
+    assert issue.workaround.rank_shim == 'hf_shape_from_config'
     assert upstream(HF_SHAPE, KW_ONLY) == "False", (
         "the transformers backend builds config.json's shape itself: delete "
         "harness/upstream/hf_shape_from_config.py"
@@ -483,8 +485,6 @@ def test_hf_shape_from_config_builds_the_checkpoint_shape(upstream):
 
 
 def test_dtensor_full_init_still_needed():
-    from harness.upstream import dtensor_full_init
-
     assert known_issues.issue("torch-dtensor-random-init-identical-shards-on-cpu").workaround.rank_shim \
         == "dtensor_full_init"
     assert dtensor_full_init.needed_on("cpu"), (
@@ -503,12 +503,6 @@ REFERENCE_4B = "Qwen3-4B-Instruct-2507"
 
 
 def _thetas_of_the_full_titan_native_config(monkeypatch, patched: bool) -> set[float]:
-    import torchtitan.models.qwen3 as qwen3
-
-    from harness.backends.titan_native import full_model_spec
-    from harness.registry import paths
-    from harness.upstream.titan_4b_theta import theta_from_assets
-
     assets = str(paths.FIXTURES / "reference_configs" / REFERENCE_4B)
     monkeypatch.setenv(environment.FULL_ASSETS, assets)
     monkeypatch.setattr(qwen3, "model_registry", qwen3.model_registry)  # restored after the test
@@ -528,8 +522,6 @@ def test_titan_4b_theta_takes_the_assets_theta_for_every_layer(monkeypatch):
 
 
 def test_titan_4b_theta_is_applied_to_every_full_size_titan_native_run_only():
-    from harness.launch.run import RunSpec
-
     full = RunSpec("titan_native", size="full", init="pretrained", hf_assets_path="/assets")
     assert "titan_4b_theta" in full.all_workarounds and full.name.endswith("+titan_4b_theta")
     assert "titan_4b_theta" not in RunSpec("hf_v5", size="full", init="pretrained",

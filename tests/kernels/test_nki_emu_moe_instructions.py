@@ -1,8 +1,9 @@
-"""What the MoE kernels once needed bridges for (harness/ops/nki/emu_gaps.py, deleted: the NKI
-emulator implements all five), checked as behaviour of the emulator itself, each with the kernel
-that violates the rule and the kernel at its limit.
+"""The NKI emulator's instructions that the MoE kernels (harness/kernels/ops/nki/) use beyond the
+common subset: ``dma_transpose``, ``core_barrier``, ``silu_dx``, the out-of-bounds skipping DMA
+(``oob_skip``) and tiles pinned at an address. Each is checked as behaviour of the emulator
+itself, with the kernel that violates its rule and the kernel at the limit.
 
-Specification, per former gap:
+Specification, per instruction:
 - ``dma_transpose``: dst = src permuted (1, 0) / (3, 1, 2, 0); a dst of another size is refused
   (rule dma-size);
 - ``core_barrier``: the programs of a launch run interleaved at every barrier, so what one program
@@ -174,7 +175,8 @@ def test_a_tile_pinned_at_an_address_is_allocated(address):
     assert _pinned(address).peak_psum_bytes_per_partition == 4
 
 
-@pytest.mark.parametrize("address,shape", [((0, 16384), (128, 1)), ((1, 0), (128, 1))], ids=["past_the_bytes", "past_the_partitions"])
+@pytest.mark.parametrize("address,shape", [((0, 16384), (128, 1)), ((1, 0), (128, 1))],
+                         ids=["past_the_bytes", "past_the_partitions"])
 def test_a_pinned_tile_outside_the_memory_is_refused(address, shape):
     with pytest.raises(nki_emu.RuleViolation, match="pinned-address"):
         _pinned(address, shape)
