@@ -7,8 +7,10 @@ checks in tests/.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 
+import psutil
 import pytest
 
 from harness.rank import startup_gc
@@ -28,7 +30,9 @@ from harness.device.devices import (  # noqa: E402
     worker_threads,
     xdist_workers,
 )
+from harness.launch import prefetch, warm  # noqa: E402
 from harness.launch.children import leftover_processes  # noqa: E402
+from harness.launch.run import RunSpec, rank_environment  # noqa: E402
 from harness.launch.run_cache import RunCache, repeated_launches, session_root, unread_prefetches  # noqa: E402
 from harness.registry import dump_layout, environment, known_issues  # noqa: E402
 
@@ -79,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     share of the cores (harness.device.devices.worker_threads)."""
     threads = worker_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), os.cpu_count())
     if threads is not None:
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch; every pytest session loads conftest
 
         torch.set_num_threads(threads)
         os.environ[THREADS_ENV] = str(threads)
@@ -89,9 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tier tests whose device is missing, naming what is missing; skip the tests the
     installed torchtitan generation has not been ported to, naming why (harness/upstream/titan_api)."""
-    import fnmatch
-
-    from harness.upstream import titan_api
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; every pytest session loads conftest
 
     for pattern, why in titan_api.NOT_PORTED:
         skip = pytest.mark.skip(reason=f"not ported to torchtitan {titan_api.generation()}: {why}")
@@ -147,9 +149,6 @@ def _prestart_the_zygote(session: pytest.Session) -> None:
     except RuntimeError:  # a device not here: its tests say so themselves
         return
     if profile.warm_start:
-        from harness.launch import warm
-        from harness.launch.run import RunSpec, rank_environment
-
         warm.prestart(rank_environment(RunSpec("titan_native"), profile), profile.shims)
 
 
@@ -169,7 +168,6 @@ def _start_the_prefetcher(session: pytest.Session) -> None:
         return
     if not profile.prefetch:
         return
-    from harness.launch import prefetch
 
     specs = prefetch.needed_specs(session.items, profile.kind, config.getoption("--steps"),
                                   tuple(config.getoption("--workaround")))
@@ -183,7 +181,6 @@ _PREFETCHER = None
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.config.getoption("--trn2-runner") and session.testscollected == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    from harness.launch import warm
 
     if _PREFETCHER is not None:  # before the sweep: its run in flight is this session's
         _PREFETCHER.stop(at_once=exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED))
@@ -210,8 +207,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _kill_leftover_ranks(session: pytest.Session) -> list[str]:
     """Nothing this session launched may outlive it; nothing else is touched."""
-    import psutil
-
     found = []
     for proc in leftover_processes():
         try:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,8 +166,6 @@ def launches(basetemp: Path) -> None:
     """Every run a pytest session launched (its run cache ledger, harness/launch/run_cache.py): CPU and
     wall seconds of each launch's process tree, the worker that launched it, and how many
     times each distinct RunSpec launched."""
-    from collections import Counter
-
     entries = ledger_entries(basetemp)
     if not entries:
         raise SystemExit(f"no launch ledger under {basetemp} (run pytest with --basetemp={basetemp})")

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     chosen = [pins()[n] for n in (args.names or pins())]
     if args.list:
         for pin in chosen:
-            print(f"{pin.name:24} {'installed' if pin.installed() else 'missing  '}  {pin.repo} @ {pin.commit}  ({pin.kind})")
+            state = "installed" if pin.installed() else "missing  "
+            print(f"{pin.name:24} {state}  {pin.repo} @ {pin.commit}  ({pin.kind})")
         return 0
     if args.mirror is not None and not args.mirror.is_dir():
         parser.error(f"--mirror {args.mirror} is not a folder")

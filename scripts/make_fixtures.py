@@ -20,6 +20,8 @@ os.environ.update(RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLE
 
 import argparse
 import filecmp
+import gzip
+import io
 import json
 import math
 import random
@@ -193,9 +195,6 @@ Hub's 1024 (harness/backends/c4.py).
 
 def write_gzip_jsonl(path: Path, records: list[dict]) -> None:
     """Gzip with no name and mtime 0, so the bytes depend on the records only."""
-    import gzip
-    import io
-
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=9) as f:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode())
@@ -204,7 +203,7 @@ def write_gzip_jsonl(path: Path, records: list[dict]) -> None:
 
 def make_c4(out_dir: Path) -> None:
     sys.path.insert(0, str(REPO))
-    from harness.backends import c4
+    from harness.backends import c4  # noqa: PLC0415  order: after sys.path holds this tree
 
     names, towns = corpus_world(random.Random(CORPUS_SEED))
     rng = random.Random(C4_SEED)
@@ -257,7 +256,7 @@ def tokenizer_config() -> dict:
 
 def make_tokenizer(corpus_dir: Path, out_dir: Path) -> None:
     """Train a 2048-token byte-level BPE on the corpus (single-threaded: deterministic)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -330,8 +329,8 @@ RECORD_NOTES = (
 
 def build_model(name: str):
     """A freshly initialised float32 model; call after seeding torch."""
-    import torch
-    import transformers
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    import transformers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     cls_name, extra = MODELS[name]
     cls = getattr(transformers, cls_name)
@@ -343,8 +342,8 @@ def build_model(name: str):
 def pretraining_sequences(corpus_dir: Path, tokenizer_dir: Path):
     """Tokenize the non-held-out docs as torchtitan does (text + EOS, no BOS), concatenate and
     cut into ``seq_tokens``-long rows (model input and its shifted labels come from one row)."""
-    import torch
-    from tokenizers import Tokenizer
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    from tokenizers import Tokenizer  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     eos_id = tok.token_to_id(EOS)
@@ -369,7 +368,7 @@ def lr_factor(step: int) -> float:
 
 def pretrain(name: str, rows):
     """Plain AdamW training, seeded and deterministic; returns the model and per-step losses."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     torch.manual_seed(TRAIN["seed"])
     model = build_model(name).train()
@@ -399,7 +398,7 @@ def first_global_batch(corpus_dir: Path, tokenizer_dir: Path, dp: int, lbs: int,
     """The batch each dp rank gets first, from torchtitan's own tokenizer and dataloader as its
     trainer builds them (harness.parity.models ``dataloader_batches``; "c4" reads
     ``corpus_dir`` as a local C4 copy)."""
-    from harness.parity.models import dataloader_batches
+    from harness.parity.models import dataloader_batches  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     return dataloader_batches(tokenizer_dir, 1, dp, lbs, seq_len, dataset, corpus_dir)[0]
 
@@ -409,9 +408,9 @@ def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,
     """``{"document": {shape_key: loss}, "causal": {...}, "row_causal": {...}}`` for every
     RECORD_SHAPES (the masking names of harness/backends BackendSpec.attention), and with
     ``c4_dir`` every C4_RECORD_SHAPES read from it as torchtitan's "c4" dataset."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
-    from harness.checks.reference_forward import MASKINGS, first_step_loss
+    from harness.checks.reference_forward import MASKINGS, first_step_loss  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     recorded: dict[str, dict[str, float]] = {mask: {} for mask in MASKINGS}
     shapes = [(key, shape, corpus_dir, "c4_test") for key, shape in RECORD_SHAPES.items()]
@@ -426,9 +425,9 @@ def record_first_step_losses(model, corpus_dir: Path, tokenizer_dir: Path,
 
 def fixture_card(name: str, model, losses: list[float]) -> dict:
     """What the harness asserts against, plus enough provenance to tell why it might change."""
-    import tokenizers
-    import torch
-    import transformers
+    import tokenizers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    import transformers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     summary_keys = [k for k in dict.fromkeys((*COMMON_CONFIG, *MODELS[name][1])) if k != "rope_theta"]
     summary_keys.append("rope_parameters")  # where transformers 5 keeps rope_theta
@@ -454,8 +453,8 @@ def fixture_card(name: str, model, losses: list[float]) -> dict:
 
 def make_model_fixture(name: str, corpus_dir: Path, tokenizer_dir: Path, out_dir: Path) -> None:
     """Train, save as an HF snapshot (weights, config, tokenizer files) and write the card."""
-    import torch
-    import transformers
+    import torch  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    import transformers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -476,9 +475,9 @@ def record_losses(name: str, corpus_dir: Path, tokenizer_dir: Path, model_dir: P
     generation (its dataloader decides the batches), into ``out`` (recorded_losses.json);
     the other generations' sections are kept from ``previous``. Run it in each generation's
     environment (CI checks each section in its own)."""
-    import transformers
+    import transformers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
-    from harness.upstream.titan_api import generation
+    from harness.upstream.titan_api import generation  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     # Recorded with the model as saved and reloaded, i.e. exactly what a run will load.
     saved = getattr(transformers, MODELS[name][0]).from_pretrained(model_dir).eval()
@@ -500,8 +499,8 @@ def write_json(path: Path, obj) -> None:
 def generate(root: Path, parts: list[str], inputs: Path) -> None:
     """Generate ``parts`` under ``root``. Parts not regenerated are read from ``inputs``
     (so ``--only tiny_dense`` trains against the committed corpus and tokenizer)."""
-    import datasets
-    import transformers
+    import datasets  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
+    import transformers  # noqa: PLC0415  heavy: the corpus and tokenizer parts run without it
 
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()

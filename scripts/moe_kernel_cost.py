@@ -22,18 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.kernels.ops.nki import grouped_swiglu_cost as cost  # noqa: E402
+from harness.kernels.ops.nki import moe_cost_table  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", action="store_true", help="also trace the kernels on the emulator (shape only)")
-    parser.add_argument("--previous-rev", default="bc9d5d3", help="git revision of the kernel ours replaced ('' to skip)")
+    parser.add_argument("--previous-rev", default="bc9d5d3",
+                        help="git revision of the kernel ours replaced ('' to skip)")
     parser.add_argument("--markdown", type=Path, help="write the traced table here")
     args = parser.parse_args(argv)
     print(cost.report())
     if not args.trace:
         return 0
-    from harness.kernels.ops.nki import moe_cost_table
 
     rows = moe_cost_table.trace_rows(previous_rev=args.previous_rev or None)
     table = moe_cost_table.markdown(rows)

@@ -1,5 +1,5 @@
 """nki-library's own integration tests, run in their simulation mode on the harness's NKI
-emulator: the emulator's acceptance test (issue 29).
+emulator: the emulator's acceptance test.
 
     python3 scripts/nkilib_tests.py             # every file below, prints the table, exits 1 on a failure
     python3 scripts/nkilib_tests.py --whole     # the ten files kept whole; --core: the core files after them
@@ -44,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this tree's harness (its known issues), not an installed one
-from harness.registry import upstream  # noqa: E402  (this tree's, after the path insert)
+from harness.registry import known_issues, upstream  # noqa: E402  (this tree's, after the path insert)
 
 # The pinned tarballs, in extraction order: the first holds nki-library/ (src/, test/utils/, ten
 # test files); the second, every test file under core/ attention, mlp, qkv, output_projection,
@@ -233,8 +233,6 @@ def outcomes(junit: Path) -> list[tuple[str, str, str, str]]:
     """(file, test, outcome, detail) per case: outcome passed / failed / known / skipped; a failure
     that a known issue of nki-library (check ``nkilib_suite``) explains by its signature is
     ``known``, its detail the issue's name."""
-    from harness.registry import known_issues
-
     rows, seen = [], set()
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = _path_of(case)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,6 @@ def main(argv=None) -> int:
     if not found:
         print(f"no comparison in {[str(p) for p in args.report]} ran on {args.device}")
         return 1
-    import tomllib
 
     existing = tomllib.loads(args.output.read_text()) if args.output.is_file() else {}
     table = dict(existing.get(args.device, {}))

@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # Before torch loads (it autoloads torch_neuronx): LNC=2 for the runtime and the kernels, and a
@@ -42,8 +43,15 @@ os.environ.setdefault("NEURON_LOGICAL_NC_CONFIG", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.backends import BACKENDS  # noqa: E402
+from harness.checks.reference_forward import hf_forward  # noqa: E402
+from harness.device.devices import profile_for  # noqa: E402
 from harness.kernels.checks import trn2_session  # noqa: E402
+from harness.launch.run import launch  # noqa: E402
+from harness.launch.run_matrix import RunCase  # noqa: E402
 from harness.registry import environment  # noqa: E402
+from harness.registry.assets_twin import build_twin  # noqa: E402
+from harness.registry.expectations import ExpectationRegistry  # noqa: E402
 
 
 def _neff_bytes(folder: str | None) -> int:
@@ -53,10 +61,6 @@ def _neff_bytes(folder: str | None) -> int:
 def _run(case, profile, out: Path, assets_root: str | None, c4_path: str | None) -> tuple:
     """``case``'s run as the night launches it (``RunCase.run_spec``), one step, cold: its
     result and the facts the night's limits assume."""
-    from dataclasses import replace
-
-    from harness.launch.run import launch
-
     spec = replace(case.run_spec(1, assets_root, workdir=str(out / "derived"), data_path=c4_path),
                    start="cold", label="first-session")
     cache = profile.compile_cache_dir
@@ -82,13 +86,6 @@ def published_verdict(run_loss: float | None, forward: float | None, expectation
 
 
 def first_runs(out: Path, assets_root: str | None, c4_path: str | None) -> dict:
-    from harness.backends import BACKENDS
-    from harness.checks.reference_forward import hf_forward
-    from harness.device.devices import profile_for
-    from harness.launch.run_matrix import RunCase
-    from harness.registry.assets_twin import build_twin
-    from harness.registry.expectations import ExpectationRegistry
-
     profile = profile_for("neuron")  # trn2's, or its cpu stand-in (HARNESS_NEURON_STANDIN=cpu)
     default = BACKENDS["titan_native"].default_attention
     tiny = RunCase("neuron", "titan_native", "tiny", "pretrained", default)

@@ -1,6 +1,7 @@
 """An SFT data path (ignored labels) for the tiny native backend, through torchtitan's own
-chat dataset (identical in 0.3.0 and spring 2026) (``ChatDataLoader``: the chat template, prompt labels set to IGNORE_INDEX, greedy
-packing with EOS padding whose labels are IGNORE_INDEX, per-document positions).
+chat dataset (identical in 0.3.0 and spring 2026) (``ChatDataLoader``: the chat template, prompt
+labels set to IGNORE_INDEX, greedy packing with EOS padding whose labels are IGNORE_INDEX,
+per-document positions).
 
 The conversations come from the fixture corpus: each record's first sentence is the user turn,
 the next two sentences the assistant's (``corpus_to_chat``). Config functions mirror

@@ -56,7 +56,10 @@ from pathlib import Path
 import psutil
 
 from harness.device.devices import CPU_SHIMS
+from harness.launch.subjects import _native_attention
 from harness.registry import environment, paths
+from harness.upstream.flex_attention_cpu import build_block_masks_eagerly_on_cpu
+from harness.upstream.hf_rope_init import _recompute_inv_freq
 from harness.upstream.versions import package_versions
 
 GIB = 1024**3
@@ -104,8 +107,8 @@ SMALL_CASES = ("titan_native-tiny_dense", "hf_v5-tiny_dense", "titan_native-tiny
 def _trainer_config(name: str, seq_len: int):
     """The backend's own trainer config for this model (harness/model/build.py), with the run's
     sequence length."""
-    from harness.backends.native_qwen3 import model_spec_from_hf
-    from harness.model.build import backend_config
+    from harness.backends.native_qwen3 import model_spec_from_hf  # noqa: PLC0415  heavy: the parent side launches the child without it
+    from harness.model.build import backend_config  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     if name == f"titan_native-{QWEN3_4B}":
         config = backend_config("titan_native", "full", assets=REFERENCE / QWEN3_4B)  # the "4B" flavor
@@ -130,9 +133,7 @@ def _trainer_config(name: str, seq_len: int):
 def _eager_block_masks() -> None:
     """Build flex BlockMasks with the same function, uncompiled (saves an inductor compile):
     the CPU ranks' shim (harness/upstream/flex_attention_cpu.py)."""
-    from torchtitan.models.common import attention
-
-    from harness.upstream.flex_attention_cpu import build_block_masks_eagerly_on_cpu
+    from torchtitan.models.common import attention  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     build_block_masks_eagerly_on_cpu(attention)
 
@@ -146,9 +147,9 @@ class Streamer:
     """
 
     def __init__(self, model, kind: str) -> None:
-        import torch
+        import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
-        from harness.model.unit_walk import model_units
+        from harness.model.unit_walk import model_units  # noqa: PLC0415  heavy: the parent side launches the child without it
 
         self.torch = torch
         self.model = model
@@ -174,13 +175,12 @@ class Streamer:
                     # inv_freq after to_empty() is uninitialised memory (known defect
                     # hf_v5-rope-inv-freq-uninitialised); recompute it as the opt-in
                     # workaround does. No parameters, no RNG: the init order is unaffected.
-                    from harness.upstream.hf_rope_init import _recompute_inv_freq
 
                     _recompute_inv_freq(unit)
 
     def materialise(self, name: str) -> None:
         torch = self.torch
-        from harness.model.unit_walk import materialise
+        from harness.model.unit_walk import materialise  # noqa: PLC0415  heavy: the parent side launches the child without it
 
         unit = self.module[name]
         materialise(unit, "cpu")
@@ -203,7 +203,7 @@ class Streamer:
                 hf.tie_weights()  # what HFTransformerModel.init_states ends with
 
     def free(self, name: str) -> None:
-        from harness.model.unit_walk import free
+        from harness.model.unit_walk import free  # noqa: PLC0415  heavy: the parent side launches the child without it
 
         free(self.module[name])
 
@@ -221,7 +221,7 @@ class Streamer:
 
 
 def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
-    import torch
+    import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     # One document per row (random ids contain no EOS): positions 0..L-1, the masks the
     # trainer builds from them (native flex: causal + per-document; transformers backend:
@@ -229,8 +229,6 @@ def _positions_and_masks(model, kind: str, batch: int, seq_len: int):
     # mask: it is causal by itself.
     positions = torch.arange(seq_len).unsqueeze(0).expand(batch, seq_len)
     if kind == "native":
-        from harness.launch.subjects import _native_attention
-
         if _native_attention(model.config) == "sdpa":
             return positions, None
     if not hasattr(model, "get_attention_masks"):
@@ -248,7 +246,7 @@ class LossStats:
         self.ce = self.ce2 = self.label_avg = self.label_avg2 = self.logit_var = self.own = 0.0
 
     def add(self, logits, labels, inputs) -> None:
-        import torch
+        import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
         z = logits.float()  # torchtitan's cross_entropy_loss upcasts the logits
         lse = torch.logsumexp(z, dim=-1)
@@ -279,7 +277,7 @@ class LossStats:
 
 
 def _token_batch(vocab: int, batch: int, seq_len: int):
-    import torch
+    import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     generator = torch.Generator().manual_seed(TOKEN_SEED)
     ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=generator)
@@ -305,7 +303,7 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
     """Stream-initialise and run the model of case ``name``; return its loss statistics. The
     transformers backend's init is its patched ``_init_weights``, in force from the build
     (``on_meta``) through the unit-by-unit init that follows it: one block around both."""
-    from harness.model.build import transformers_backend_patches_restored
+    from harness.model.build import transformers_backend_patches_restored  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     with transformers_backend_patches_restored():
         return _streamed_first_step(name, batch, seq_len, compute_dtype, chunk, keep_weights)
@@ -313,15 +311,15 @@ def streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str,
 
 def _streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str, chunk: int,
                          keep_weights: bool) -> dict:
-    import torch
+    import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
-    from harness.backends.common import SEED
-    from harness.model.unit_walk import run_layer
+    from harness.backends.common import SEED  # noqa: PLC0415  heavy: the parent side launches the child without it
+    from harness.model.unit_walk import run_layer  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     timings = {}
     start = time.monotonic()
     config = _trainer_config(name, seq_len)
-    from harness.model.build import on_meta
+    from harness.model.build import on_meta  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
@@ -433,20 +431,19 @@ def _streamed_first_step(name: str, batch: int, seq_len: int, compute_dtype: str
 
 def whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
     """Reference for the small check: the whole model, init and forward as the trainer does."""
-    from harness.model.build import transformers_backend_patches_restored
+    from harness.model.build import transformers_backend_patches_restored  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     with transformers_backend_patches_restored():  # as streamed_first_step
         return _whole_model_first_step(name, batch, seq_len, chunk)
 
 
 def _whole_model_first_step(name: str, batch: int, seq_len: int, chunk: int) -> dict:
-    import torch
+    import torch  # noqa: PLC0415  heavy: the parent side launches the child without it
 
-    from harness.backends.common import SEED
-    from harness.upstream.hf_rope_init import _recompute_inv_freq
+    from harness.backends.common import SEED  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     config = _trainer_config(name, seq_len)
-    from harness.model.build import on_meta
+    from harness.model.build import on_meta  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     model = on_meta(config)
     kind = "native" if name.startswith(("titan_native", "nki_moe")) else "hf"
@@ -514,8 +511,8 @@ def random_init_problems(result: dict, backend: str, published) -> tuple[list[st
     std the backend is configured with, the loss vs ``ln V + s^2/2`` at that configured std
     (never the measured one: a wrong init scale must not move its own expectation), the
     sampled vs the label-averaged loss, and the published value. Returns (problems, summary)."""
-    from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std
-    from harness.registry.tolerances import INIT_STD_RTOL, loss_band
+    from harness.references.expected_loss import analytic_random_init_loss, configured_lm_head_std  # noqa: PLC0415  heavy: the parent side launches the child without it
+    from harness.registry.tolerances import INIT_STD_RTOL, loss_band  # noqa: PLC0415  heavy: the parent side launches the child without it
 
     tolerance = loss_band("analytic_random_init").value
     configured = configured_lm_head_std(backend, result["hidden_size"])

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from harness.diagnosis import rank_dump
+from harness.parity.conformance.native_to_hf import NotConvertible
 from harness.references.batch import Batch, load_batches
 from harness.references.expected_loss import expectation_of
 from harness.references.loss import LossParts, global_avg_loss, rank_ce_sum, valid_labels
@@ -43,7 +45,7 @@ MASKINGS = ("document", "causal", "row_causal")
 
 def hf_model(weights_dir: str | Path):
     """The HF model of a checkpoint folder, float32, in eval mode."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415  heavy: transformers, for the HF forward alone
 
     return AutoModelForCausalLM.from_pretrained(str(weights_dir), dtype=torch.float32).eval()
 
@@ -125,9 +127,6 @@ def initial_weights_forward(run) -> tuple[float, str, LossBand] | None:
     (harness/rank/step0.py), with the run's masking. None where the run dumped no
     weights (over ``MAX_PARAMS``, neuron ranks) or its device has no measured band
     (harness/registry/tolerances.py ``initial_weights_forward_band``)."""
-    from harness.diagnosis import rank_dump
-    from harness.parity.conformance.native_to_hf import NotConvertible
-
     spec = run.spec
     if spec.init != "random" or run.run_dir is None:
         return None
@@ -165,7 +164,7 @@ def model_masking(run) -> str:
     the rest of its step 1."""
     if run.spec.backend != "hf_v5" or run.spec.mask != "causal":
         return run.spec.mask
-    from harness.upstream import titan_api
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; the CLI lists checks without it
 
     return titan_api.transformers_backend().masking
 

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
+import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness.checks.reference_forward import expectation_for_run
+from harness.diagnosis.diagnose import diagnose
+from harness.launch.run import remove_checkpoints
+from harness.rank import step0 as rank_step0
 from harness.references.batch import load_batches
 from harness.registry import dump_layout, environment, known_issues
 from harness.registry.expectations import ExpectationRegistry, MissingExpectation
@@ -80,7 +89,6 @@ def _diagnosed(run: RunResult, outcome: Outcome) -> Outcome:
     the hints whose signature fits. They join the problem and ``observed["diagnosis"]``."""
     if outcome.problem is None:
         return outcome
-    from harness.diagnosis.diagnose import diagnose
 
     found = diagnose(run, outcome.observed.get("observed"), outcome.observed.get("deviation"))
     if found is None:
@@ -102,12 +110,7 @@ def hf_checkpoint_complete(run: RunResult, steps: int) -> Outcome:
 def _reload_problems(checkpoint: Path, model_dir: Path) -> Outcome:
     """Load ``checkpoint`` the way a user would: its safetensors beside the model's
     config.json in one folder, ``from_pretrained`` on that folder."""
-    import shutil
-    import tempfile
-    import warnings
-
-    import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415  heavy: transformers, for the reload check alone
 
     with tempfile.TemporaryDirectory(prefix="hf_reload_") as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -140,8 +143,6 @@ def shards_distinct(run: RunResult, steps: int) -> Outcome:
     biases are constant by design). A random init must draw each shard apart; a pretrained
     run's loader must give each rank its own slice of the checkpoint. A single-rank run, or
     one whose parameters are all replicated, has nothing to compare and passes."""
-    from harness.rank import step0 as rank_step0
-
     by_rank = dump_layout.read_fingerprints(run.run_dir)
     if by_rank is None:
         return Outcome(f"no shard fingerprints under {dump_layout.dump_folder(run.run_dir) / dump_layout.SHARDS} "
@@ -305,10 +306,6 @@ def release_checkpoints(run: RunResult, readers_done: bool = False) -> bool:
     its verdict, or the session is over (``readers_done``), unless ``HARNESS_KEEP_CHECKPOINTS``
     is set: at most one full-size export is on disk at a time, whatever order the checks run
     in. True when they were deleted."""
-    import os
-
-    from harness.launch.run import remove_checkpoints
-
     done = readers_done or all(dump_layout.verdict_file(run.run_dir, check).is_file()
                                for check in CHECKPOINT_READERS)
     if run.spec.size != "full" or not done or os.environ.get(environment.KEEP_CHECKPOINTS):

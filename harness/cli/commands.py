@@ -20,6 +20,7 @@ from harness.backends import BACKENDS, INITS, SIZES
 from harness.checks import run_checks as checks
 from harness.device.devices import KINDS, detect
 from harness.launch.run import RunSpec, launch
+from harness.launch.run_matrix import RunCase
 from harness.launch.subjects import Subject, SubjectError, infer, lint
 from harness.registry import dump_layout, known_issues
 from harness.registry.tolerances import parity_tolerance
@@ -93,8 +94,6 @@ def _specs(args: argparse.Namespace, subjects: list[Subject], folders, device: s
     """The runs to launch: a user's config functions, or the registered backends built exactly
     as the run template builds them (``RunCase.run_spec``: a full size's own assets folder
     under ``--assets-dir``, its data, save map and timeouts)."""
-    from harness.launch.run_matrix import RunCase
-
     common = dict(steps=args.steps, save_hf=True, workarounds=tuple(args.workaround))
     if subjects:
         return [RunSpec.for_subject(infer(s), pythonpath=folders, **common) for s in subjects]
@@ -118,7 +117,8 @@ def compare_table(a, b) -> tuple[str, int | None]:
     band = parity_tolerance("torchrun_loss", regime).atol
     rows = [("step", a.spec.name, b.spec.name, "diff")]
     first = None
-    for sa, sb in zip(a.steps, b.steps):
+    # strict=False: a run that stopped early (its verdict fails) is compared on the steps both logged
+    for sa, sb in zip(a.steps, b.steps, strict=False):
         diff = sb.loss - sa.loss
         if first is None and not abs(diff) <= band:
             first = sa.step

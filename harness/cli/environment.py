@@ -15,6 +15,6 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     with -p registers after it, and pluggy calls the later registration first)."""
     problem = unsupported_stack()
     if problem is not None:
-        import pytest  # only where a session runs: the command lines need no pytest
+        import pytest  # noqa: PLC0415  only where a session runs: the command lines need no pytest
 
         raise pytest.UsageError(problem)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import platform
 
+from harness.device.devices import NEURON_AUTO_CAST
+
 CPU_VENDOR = "cpu vendor"
 CPU_CAPABILITY = "torch cpu capability"
 
@@ -38,7 +40,7 @@ def cpu_model() -> str | None:
 def cpu_identity() -> dict[str, str]:
     """This machine's CPU arithmetic: the vendor (its BLAS kernels) and the capability torch
     dispatches its own kernels for."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch, for this machine's identity alone
 
     vendor = _cpuinfo("vendor_id") or platform.processor() or "unknown CPU"
     return {CPU_VENDOR: vendor, CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability()}
@@ -51,13 +53,11 @@ def identity(kind: str = "cpu") -> dict[str, str]:
     if kind == "cpu":
         return cpu_identity()
     if kind == "cuda":
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch, for this machine's identity alone
 
         major, minor = torch.cuda.get_device_capability(0)
         return {"gpu": torch.cuda.get_device_name(0), "compute capability": f"{major}.{minor}"}
     if kind == "neuron":
-        from harness.device.devices import NEURON_AUTO_CAST
-
         try:
             with open("/sys/devices/virtual/dmi/id/product_name") as product:
                 instance = product.read().strip()

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.utils.deterministic
 
 
 @contextlib.contextmanager
@@ -26,8 +27,6 @@ def poisoned_uninitialised_memory() -> Iterator[None]:
 
     Non-deterministic ops only warn here (``warn_only``): the block is about what memory
     holds, not about refusing ops."""
-    import torch.utils.deterministic
-
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from harness.device.package_probe import probe_module
+from harness.device.package_probe import nki_available, probe_module
 from harness.registry import environment
 
 KINDS = ("neuron", "cuda", "cpu")
@@ -164,7 +164,7 @@ def neuron_status() -> tuple[bool, str]:
     importable, reason = probe_module("torch_neuronx")
     if not importable:
         return False, f"{reason}; {NEURON_FIX}"
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; conftest and the launcher import this module
 
     if torch._C._get_privateuse1_backend_name() != "neuron":
         return False, "torch-neuronx imported but no 'neuron' PrivateUse1 device is registered"
@@ -175,7 +175,7 @@ def neuron_status() -> tuple[bool, str]:
 
 
 def cuda_status() -> tuple[bool, str]:
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; conftest and the launcher import this module
 
     if not torch.cuda.is_available():
         return False, "torch.cuda.is_available() is False (no CUDA GPU or driver)"
@@ -194,8 +194,6 @@ def device_status(kind: str) -> tuple[bool, str]:
     if kind == "cpu":
         return True, f"{os.cpu_count()} CPU cores"
     if kind == "nki-sim":
-        from harness.device.package_probe import nki_available
-
         ok, reason = nki_available()
         return ok, reason if ok else f"NKI simulator unavailable: {reason}"
     if kind == "nki-emu":
@@ -261,12 +259,12 @@ def profile_for(kind: str) -> DeviceProfile:
     if not available:
         raise RuntimeError(f"device {kind!r} is not available here: {reason}")
     if kind == "neuron":
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch; conftest and the launcher import this module
 
         count = torch.neuron.device_count()  # type: ignore[attr-defined]
         return neuron_profile(count, dict(os.environ))
     if kind == "cuda":
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch; conftest and the launcher import this module
 
         count = torch.cuda.device_count()
         return DeviceProfile(

@@ -10,10 +10,14 @@ from that source, and raise what it raises:
 
 | call (torch API)                          | ProcessGroupNeuron refuses                        |
 |-------------------------------------------|---------------------------------------------------|
-| ``all_to_all_single`` (c10d ``alltoall_base``; the functional and autograd forms reach the same backend method) | split sizes other than None, empty, or all 1s; a split list whose length is not the group's size (``NotImplementedError``, output sizes checked before input sizes) |
+| ``all_to_all_single`` (1)                 | split sizes other than None, empty, or all 1s (2) |
 | ``all_to_all`` (``alltoall``)             | a group whose size does not divide the world size (``ValueError``) |
 | ``barrier`` on a group                    | any group but the default one (``NotImplementedError``) |
 | ``reduce_scatter`` coalesced              | always (``NotImplementedError``)                  |
+
+(1) c10d ``alltoall_base``; the functional and autograd forms reach the same backend method.
+(2) Also a split list whose length is not the group's size (``NotImplementedError``, output
+sizes checked before input sizes).
 
 Its own test suite holds the first (tests: ``test_invalid_split_sizes_error`` expects
 "Only even split sizes are supported" for ``[2, 1]`` on 2 ranks). The refusals are checked
@@ -64,8 +68,8 @@ def barrier_refusal(world_size: int, group_size: int) -> str | None:
 def _group_size(group) -> int:
     """The size of a c10d group given as torch's collectives take it: None (the world), a
     ProcessGroup, a 1-D DeviceMesh or a group name."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
+    import torch.distributed as dist  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
+    from torch.distributed import distributed_c10d as c10d  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     if group is None:
         return dist.get_world_size()
@@ -95,7 +99,7 @@ def _sizes(value):
 def refuse_in_c10d(c10d: ModuleType) -> None:
     """``all_to_all_single``, ``all_to_all``, ``barrier`` and the coalesced reduce-scatter of
     torch.distributed refuse what ProcessGroupNeuron refuses."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     single, lists, barrier = c10d.all_to_all_single, c10d.all_to_all, c10d.barrier
 

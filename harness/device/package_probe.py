@@ -27,7 +27,8 @@ def probe_module(name: str) -> tuple[bool, str]:
         importlib.import_module(name)
     except ImportError as error:
         if PLACEHOLDER_MARKER in str(error):
-            return False, f"{name} is the PyPI placeholder package (import raises 'WRONG PACKAGE'), not the Neuron SDK's"
+            return False, (f"{name} is the PyPI placeholder package (import raises 'WRONG PACKAGE'), "
+                           "not the Neuron SDK's")
         return False, f"{name} failed to import: {type(error).__name__}: {error}"
     except Exception as error:  # a broken install must not break harness.kernels.ops
         return False, f"{name} failed to import: {type(error).__name__}: {error}"

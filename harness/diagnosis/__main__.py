@@ -10,10 +10,10 @@ import json
 import sys
 from pathlib import Path
 
+from harness.diagnosis import localize, subject
+
 
 def localize_request(req: dict) -> dict:
-    from harness.diagnosis import localize, subject
-
     try:
         built, stack = subject.build(
             req["backend"], req["attention"], Path(req["model_dir"]),

@@ -8,12 +8,14 @@ harness process, and a full-size model's memory is the child's own. Hints need n
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.diagnosis import hints
 from harness.registry import dump_layout, environment, known_issues, paths
 
 TIMEOUT_S = 900
@@ -89,8 +91,6 @@ def known_explanation(run, deviation: float | None) -> str | None:
 
 def first_nonfinite_after_step_1(run) -> int | None:
     """A ``finite`` failure past step 1 (NaN/inf from a bad backward or update): the step."""
-    import math
-
     for step in getattr(run, "steps", ()):
         if step.step > 1 and not (math.isfinite(step.loss) and math.isfinite(step.grad_norm)):
             return step.step
@@ -136,11 +136,9 @@ def diagnose(run, observed: float | None = None, deviation: float | None = None)
 
 
 def _diagnose(run, observed, deviation) -> Diagnosis:
-    from harness.diagnosis import hints
-
     start = time.monotonic()
     diagnosis = Diagnosis()
-    from harness.diagnosis.subject import NATIVE_BUILDS
+    from harness.diagnosis.subject import NATIVE_BUILDS  # noqa: PLC0415  heavy: torch; budget.py reads this module's limits without it
 
     try:
         req = request(run)

@@ -12,6 +12,7 @@ Each hint carries the numbers behind it; no signature that fits, no hint.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from harness.registry import known_issues
@@ -22,8 +23,8 @@ CHECK = "first_step_loss"
 
 def random_init_hint(observed: float, vocab: int, hidden: int, lm_head_std: float,
                      read_from: str | Path) -> str | None:
-    from harness.references.expected_loss import analytic_random_init_loss
-    from harness.registry.tolerances import loss_band
+    from harness.references.expected_loss import analytic_random_init_loss  # noqa: PLC0415  heavy: torch; budget.py reads diagnose's limits without it
+    from harness.registry.tolerances import loss_band  # noqa: PLC0415  heavy: torch; budget.py reads diagnose's limits without it
 
     analytic = analytic_random_init_loss(vocab, hidden, lm_head_std)
     band = loss_band("analytic_random_init").value
@@ -51,8 +52,6 @@ def known_issue_hints(deviation: float, context: dict[str, str]) -> list[str]:
 
 
 def _where(where) -> str:
-    from dataclasses import fields
-
     parts = []
     for f in fields(where):
         value = getattr(where, f.name)
@@ -66,7 +65,7 @@ def hints_for(run, observed: float, deviation: float | None) -> list[str]:
     spec = run.spec
     if spec.init != "pretrained":
         return []
-    from harness.references.expected_loss import configured_lm_head_std
+    from harness.references.expected_loss import configured_lm_head_std  # noqa: PLC0415  heavy: torch; budget.py reads diagnose's limits without it
 
     arch = Qwen3Arch.from_dir(spec.model_dir())
     hints = []

@@ -36,7 +36,7 @@ class LiveBytes:
     def now(self, among=None) -> int:
         """Bytes of the tracked tensors alive (``among``: only those; default every one)."""
         alive = [r() for r in self._refs]
-        self._refs = [r for r, t in zip(self._refs, alive) if t is not None]
+        self._refs = [r for r, t in zip(self._refs, alive, strict=True) if t is not None]
         tensors = [t for t in alive if t is not None] if among is None else list(among)
         storages = {}
         for t in tensors:

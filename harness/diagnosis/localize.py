@@ -149,7 +149,7 @@ HF_LAYER_MODULES = {
 def hf_modules(hf_causal_lm: nn.Module, arch: Qwen3Arch) -> dict[str, tuple[str, tuple[nn.Module, ...]]]:
     """{trace name: (transformers' module name, its modules)} for an HF Qwen3 ForCausalLM, on
     the layers that harness/parity/models.py ``_hf_activation_modules`` finds."""
-    from harness.parity.models import _hf_activation_modules
+    from harness.parity.models import _hf_activation_modules  # noqa: PLC0415  heavy: torchtitan (parity.models), for the HF modules alone
 
     mods, _ = _hf_activation_modules(hf_causal_lm.model, hf_causal_lm.lm_head, arch)
     out = {"tok_embeddings": ("model.embed_tokens", (mods["embed"],)),
@@ -224,7 +224,7 @@ def _compare(name: str, got: list[torch.Tensor], want, regime: str) -> TensorDif
         return TensorDiff(name, False, float("inf"), float("nan"), float("nan"), None, 1, 1,
                           note=f"{len(got)} outputs vs the reference's {len(want)}")
     diffs = [diff_tensors(name, g, w.reshape(g.shape) if g.numel() == w.numel() else w, tol)
-             for g, w in zip(got, want)]
+             for g, w in zip(got, want, strict=True)]
     bad = [d for d in diffs if not d.ok]
     return bad[0] if bad else max(diffs, key=lambda d: d.max_abs)
 
@@ -396,7 +396,7 @@ class Walk:
             mine = [got_grads[name][k] for k in sorted(got_grads[name])]
             theirs = [t.grad for t in _output_tensors(want) if t.retains_grad and t.grad is not None]
             if len(mine) == len(theirs):
-                items += [(f"{name} (output)", m, t) for m, t in zip(mine, theirs)]
+                items += [(f"{name} (output)", m, t) for m, t in zip(mine, theirs, strict=True)]
         keys = sorted(k for k in set(self.model_grads) & set(self.reference_grads)
                       if module_of_weight(k) == name)
         items += [(f"{name} ({key})", self.model_grads.pop(key), self.reference_grads.pop(key))

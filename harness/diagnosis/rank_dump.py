@@ -13,6 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from safetensors.torch import save_file
+
+from harness.parity.conformance.native_to_hf import hf_state_from_native
 from harness.registry import dump_layout
 
 
@@ -20,10 +23,6 @@ def hf_weights_from_dump(folder: Path, model_dir: Path) -> Path:
     """The dumped native state in ``folder`` (``dump_layout.initial_weights_dir``) as an HF
     checkpoint folder (the model's config.json beside it), written once into
     ``dump_layout.initial_hf_dir(folder)``."""
-    from safetensors.torch import save_file
-
-    from harness.parity.conformance.native_to_hf import hf_state_from_native
-
     out = dump_layout.initial_hf_dir(folder)
     if (out / "model.safetensors").is_file():
         return out

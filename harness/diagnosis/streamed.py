@@ -31,7 +31,10 @@ import torch
 from torch import nn
 
 from harness.diagnosis.errors import NotDiagnosable
+from harness.diagnosis.localize import Recorder
+from harness.model import build
 from harness.model.unit_walk import free, live_parameter_bytes, materialise, model_units, parameter_bytes, run_layer
+from harness.references.loss import avg_loss
 from harness.references.model import WeightSource
 
 EMBED = "model.embed_tokens.weight"
@@ -40,10 +43,9 @@ EMBED = "model.embed_tokens.weight"
 def native_on_meta(model_dir: Path, *, custom_ops: bool, attention: str):
     """torchtitan's native Qwen3 on the meta device as the trainer builds it (the config of
     harness/parity/models.py ``build_native``), and the trainer's HF state-dict adapter."""
-    from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry
+    from torchtitan.models.qwen3 import Qwen3StateDictAdapter, model_registry  # noqa: PLC0415  heavy: torchtitan, for building a model alone
 
-    from harness.model import build
-    from harness.parity.models import native_model_config, prepare_in_process
+    from harness.parity.models import native_model_config, prepare_in_process  # noqa: PLC0415  heavy: torchtitan, for building a model alone
 
     prepare_in_process()
     config = native_model_config(model_dir, custom_ops=custom_ops, attention=attention)
@@ -77,8 +79,6 @@ class _Streamed:
         """The forward, one unit in memory at a time; after each unit, ``visit(reference unit
         name, {trace name: output tensors})`` with its modules' outputs (a visit that raises
         stops the walk)."""
-        from harness.diagnosis.localize import Recorder
-
         with Recorder(modules) as recorder, torch.no_grad():
             self._forward(lambda name: visit(self.reference_unit.get(name, name), recorder.take()))
 
@@ -88,9 +88,6 @@ class _Streamed:
         {HF name: parameter gradient}, the gradient w.r.t. the unit's input or None)``. A tied
         weight's gradient is visited once per use (the lm_head's, then the embedding's): the
         two sum to the model's."""
-        from harness.diagnosis.localize import Recorder
-        from harness.references.loss import avg_loss
-
         grad = None
         for name, unit in reversed(self.walk.units):
             if name in self.not_rerun:
@@ -123,7 +120,7 @@ class StreamedNative(_Streamed):
 
     def __init__(self, model: nn.Module, adapter, weights: WeightSource, batch, *,
                  device: str = "cpu", fill=None, gap_grads=None) -> None:
-        from torchtitan.models.common.attention import ScaledDotProductAttention
+        from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: PLC0415  heavy: torchtitan, for building a model alone
 
         self.model, self.adapter, self.weights, self.device = model, adapter, weights, device
         self.walk = model_units(model, "native")
@@ -190,7 +187,7 @@ class StreamedNative(_Streamed):
         return x, self._run(name, unit, x)
 
     def _hf_grads(self, name: str, unit: nn.Module) -> dict[str, torch.Tensor]:
-        from harness.parity.models import with_grads_as_params
+        from harness.parity.models import with_grads_as_params  # noqa: PLC0415  heavy: torchtitan, for building a model alone
 
         # the unit's own state-dict hooks (fused QKV split) apply to gradients as to weights
         state = {f"{name}.{k}": v.detach()
@@ -209,8 +206,7 @@ def known_gaps_report(model: nn.Module, adapter):
 def hf_backend_on_meta(model_dir: Path, configure=None):
     """torchtitan's transformers-backend model on the meta device, as the trainer builds it
     (the config and patches of harness/parity/models.py ``build_hf_backend``)."""
-    from harness.model import build
-    from harness.parity.models import hf_backend_config
+    from harness.parity.models import hf_backend_config  # noqa: PLC0415  heavy: torchtitan, for building a model alone
 
     trainer_config, _api = hf_backend_config(model_dir, configure)
     model = build.on_meta(trainer_config, updated=True)

@@ -19,11 +19,17 @@ from pathlib import Path
 
 import torch
 
-from harness.diagnosis import rank_dump
+from harness.diagnosis import rank_dump, streamed
 from harness.diagnosis.errors import NotDiagnosable
+from harness.diagnosis.localize import hf_modules
+from harness.parity.compare import native_keys_not_loaded_kinds
+from harness.plants import planted
+from harness.references.batch import load_batches
 from harness.references.model import WeightSource
 from harness.registry import dump_layout, known_issues
 from harness.registry.hf_config import Qwen3Arch
+from harness.upstream import workarounds as W
+from harness.upstream.hf_rope_init import _recompute_inv_freq
 
 # The backends whose model the diagnosis can rebuild in-process, and how: torchtitan's native
 # Qwen3 (with the harness's custom operators for nki_moe), or its transformers backend.
@@ -51,8 +57,7 @@ class Subject:
 
 
 def _first_batch(run_dir: Path, tokenizer_dir: Path, nproc: int):
-    from harness.parity.models import dataloader_batches
-    from harness.references.batch import load_batches
+    from harness.parity.models import dataloader_batches  # noqa: PLC0415  heavy: torchtitan; diagnose reads NATIVE_BUILDS without it
 
     try:
         return load_batches(run_dir)[0], "rank 0's dump"
@@ -72,8 +77,6 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
     if backend not in NATIVE_BUILDS:
         raise NotDiagnosable(f"backend {backend!r}: the diagnosis rebuilds only "
                              f"{sorted(NATIVE_BUILDS)} in-process")
-    from harness.parity.compare import native_keys_not_loaded_kinds
-    from harness.plants import planted
 
     stack = contextlib.ExitStack()
     stack.enter_context(planted(*plants))
@@ -97,7 +100,7 @@ def build(backend: str, attention: str, model_dir: Path, weights_dir: Path | Non
                                                      weights_from, batch_from)
             return subject, stack
         if native:
-            from harness.parity.models import build_native
+            from harness.parity.models import build_native  # noqa: PLC0415  heavy: torchtitan; diagnose reads NATIVE_BUILDS without it
 
             parity = build_native(source, attention=attention, **NATIVE_BUILDS[backend])
             kinds = gaps = native_keys_not_loaded_kinds(parity)
@@ -131,9 +134,6 @@ def _streamed_native(backend: str, attention: str, source: Path, model_dir: Path
     """torchtitan's native Qwen3 on the meta device, streamed one unit at a time
     (harness/diagnosis/streamed.py), at every size: the CPU tier's tiny runs walk the path the
     full-size runs walk."""
-    from harness.diagnosis import streamed
-    from harness.parity.compare import native_keys_not_loaded_kinds
-
     model, adapter = streamed.native_on_meta(source, custom_ops=NATIVE_BUILDS[backend]["custom_ops"],
                                              attention=attention)
     weights = WeightSource(source)
@@ -177,9 +177,7 @@ def _transformers_backend(source: Path, workarounds: tuple[str, ...]):
     known defects that the run did not work around are named; the mask one is compared like for
     like (the reference masked as the run masked); the uninitialised RoPE is recomputed after
     it is named, since the run's RoPE table is whatever memory held and cannot be rebuilt."""
-    from harness.diagnosis.localize import hf_modules
-    from harness.parity.models import build_hf_backend
-    from harness.upstream import workarounds as W
+    from harness.parity.models import build_hf_backend  # noqa: PLC0415  heavy: torchtitan; diagnose reads NATIVE_BUILDS without it
 
     applied = set(workarounds)
     parity = build_hf_backend(source, configure=W.hf_backend_configure(applied))
@@ -196,7 +194,7 @@ def _hf_known_issues(applied: set[str]) -> tuple[list[str], str]:
     mask its model applies). The uninitialised RoPE is recomputed after it is named, since the
     run's RoPE table is whatever memory held and cannot be rebuilt; the mask one is compared
     like for like (the reference masked as the run masked)."""
-    from harness.upstream import titan_api
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; diagnose reads NATIVE_BUILDS without it
 
     api = titan_api.transformers_backend()
     known = []
@@ -222,11 +220,6 @@ def _streamed_transformers_backend(source: Path, workarounds: tuple[str, ...], m
     """torchtitan's transformers backend on the meta device, built as the run built it (its
     config-level workarounds), streamed one unit at a time through its own forward
     (harness/diagnosis/streamed.py)."""
-    from harness.diagnosis import streamed
-    from harness.diagnosis.localize import hf_modules
-    from harness.upstream import workarounds as W
-    from harness.upstream.hf_rope_init import _recompute_inv_freq
-
     applied = set(workarounds)
     arch = Qwen3Arch.from_dir(model_dir)
     if arch.is_moe:
@@ -260,7 +253,7 @@ def known_load_gap_issues(kinds) -> list[str]:
     under the right names, so that the module walk looks past it for a further defect; any
     other gap is an error (the diagnosis cannot say which weights the model computes with).
     Returns one line per known issue."""
-    from harness.upstream import titan_api
+    from harness.upstream import titan_api  # noqa: PLC0415  heavy: torchtitan; diagnose reads NATIVE_BUILDS without it
 
     if not kinds:
         return []

@@ -15,10 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.backends import BACKENDS
+from harness.device.arithmetic import identity
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import RunCase
 from harness.registry import paths
 from harness.results import goldens
+from harness.upstream.versions import package_versions
 
 GOLDEN_STEPS = 100
 GOLDEN_BACKENDS = ("titan_native", "nki_moe")  # the tiny dense and MoE runs
@@ -64,9 +66,6 @@ def golden_cases(devices=GOLDEN_DEVICES) -> list[GoldenCase]:
 
 def here(device: str) -> dict:
     """What this machine would record as a golden's ``reproducible_by`` on ``device``."""
-    from harness.device.arithmetic import identity
-    from harness.upstream.versions import package_versions
-
     versions = package_versions()
     return {"torch": versions.get("torch"), "torchtitan": versions.get("torchtitan"),
             "arithmetic": identity(device)}

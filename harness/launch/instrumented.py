@@ -20,6 +20,8 @@ import importlib
 import os
 from dataclasses import replace
 
+from harness.backends import BACKENDS, backend, register, unregister
+from harness.launch.run import RunSpec
 from harness.registry import environment
 
 MODULE = __name__
@@ -50,8 +52,6 @@ def backend_name(base: str) -> str:
 @contextlib.contextmanager
 def instrumented_backend(base: str):
     """Register ``<base>_instrumented`` (module: this one) for the block; yields its name."""
-    from harness.backends import BACKENDS, backend, register, unregister
-
     name = backend_name(base)
     if name in BACKENDS:  # registered by an enclosing block
         yield name
@@ -72,7 +72,5 @@ def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str 
     """The one-step instrumented titan_native run (random init, HF save at step 1) of the slow
     tier's data-path checks (the flex variant, the plants); the default tier's reads the run
     template's titan_native random-init run."""
-    from harness.launch.run import RunSpec
-
     return RunSpec(name, steps=1, attention=attention, save_hf=True, plants=plants,
                    extra_env=env("harness.backends.titan_native"))

@@ -12,8 +12,9 @@ results are the run cache's, bit for bit what the worker would have launched (th
 
 Which runs: the tests' parameters that name a run of the run matrix (``NEEDS``: a parameter
 name and the spec its fixture launches for it), on this device, tiny, in tests not marked to
-skip (a user's ``--subject`` config is left to its test). Each spec is the fixture's own function of the case, so the two cannot drift; a run
-launched ahead and read by no test fails the session (``run_cache.unread_prefetches``).
+skip (a user's ``--subject`` config is left to its test). Each spec is the fixture's own
+function of the case, so the two cannot drift; a run launched ahead and read by no test fails
+the session (``run_cache.unread_prefetches``).
 
 ``start`` runs in one process of the session (the first pytest-xdist worker to claim it);
 ``stop`` at that process's end lets the run in flight finish (a test may be waiting for it)
@@ -32,6 +33,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from harness.device.devices import profile_for
+from harness.launch import warm
+from harness.launch.run_cache import RunCache
 from harness.registry import dump_layout, environment
 
 STOP_GRACE_S = 900.0  # the run in flight finishes (its own timeout bounds it)
@@ -127,16 +131,12 @@ def start(cache_root: Path, kind: str, specs: list) -> Prefetcher | None:
 def main(cache_root: str) -> int:
     """The prefetching process: launch each spec that nobody has launched, in order, until
     done or told to stop (SIGUSR1: after the run in flight; SIGTERM: now)."""
-    from harness.launch import warm
-    from harness.launch.run_cache import RunCache
-
     environment.act_for_parent()  # its runs are the session's: the session's end finds them
     stop = []
     signal.signal(signal.SIGUSR1, lambda *_: stop.append("usr1"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the launcher's finally ends the run
     root = Path(cache_root)
     kind, specs = pickle.loads(dump_layout.prefetch_specs(root).read_bytes())
-    from harness.device.devices import profile_for
 
     try:
         launched = prefetch_all(RunCache(profile_for(kind), root), specs, stop)

@@ -541,7 +541,7 @@ def launch(spec: RunSpec, profile: DeviceProfile, run_dir: Path, on_step=None) -
     logs = [open(dump_layout.launcher_log(run_dir, node, spec.nodes), "wb")
             for node in range(spec.nodes)]
     try:
-        for node_command, log in zip(commands, logs):
+        for node_command, log in zip(commands, logs, strict=True):
             procs.append(subprocess.Popen(
                 node_command,
                 cwd=run_dir,

@@ -234,8 +234,8 @@ def full_layouts(kind: str) -> list[str]:
 def _distinguishable(spec, size: str, attention: str) -> bool:
     """Whether the pretrained step-1 expectation of ``attention`` differs from the default
     variant's by more than its band (else a mask mix-up would pass the check anyway)."""
-    from harness.references.expected_loss import expected_loss
-    from harness.registry.expectations import MissingExpectation
+    from harness.references.expected_loss import expected_loss  # noqa: PLC0415  heavy: torch; the CLI and budget.py list runs without it
+    from harness.registry.expectations import MissingExpectation  # noqa: PLC0415  heavy: torch; the CLI and budget.py list runs without it
 
     model = spec.size(size).model
     try:

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from harness.backends import BACKENDS
+from harness.launch.preflight import PreflightError, check_run_inputs
 from harness.registry import known_issues, paths
 from harness.registry.hf_config import read_config_json
 from harness.registry.layouts import DEGREES
@@ -127,14 +128,14 @@ def _native_attention(model_config) -> str:
 
 
 def _uses_custom_ops(model_config) -> bool:
-    from harness.kernels.ops.modules import CustomOpCosSinRoPE
+    from harness.kernels.ops.modules import CustomOpCosSinRoPE  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
 
     return any(isinstance(layer.attention.rope, CustomOpCosSinRoPE.Config) for layer in model_config.layers)
 
 
 def _meta_parameters(config) -> int:
     """Parameters of the model the trainer builds from ``config`` (harness/model/build.py)."""
-    from harness.model.build import on_meta
+    from harness.model.build import on_meta  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
 
     return sum(p.numel() for p in on_meta(copy.deepcopy(config)).parameters())
 
@@ -142,8 +143,8 @@ def _meta_parameters(config) -> int:
 @cache
 def hf_parameters(model_dir: Path) -> int:
     """Parameters of the HF model a config.json describes (meta device: no memory)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
@@ -163,7 +164,7 @@ def _matches(directory: Path | None, shape: tuple, parameters: int) -> bool:
 def is_transformers_backend(config) -> bool:
     """harness/model/build.py's, imported where a subject is read: the launcher imports this
     module, and a process that only launches (the prefetcher) has no use for torch."""
-    from harness.model import build
+    from harness.model import build  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
 
     return build.is_transformers_backend(config)
 
@@ -206,7 +207,8 @@ def infer(subject: Subject, config=None) -> Facts:
     if model is None:
         notes.append(f"the model ({parameters:,} parameters) matches no config.json the harness "
                      f"knows ({', '.join(KNOWN_MODEL_DIRS)}) nor {assets}/config.json")
-    return Facts(module=subject.module, config=subject.config, kind=kind, model=model, model_dir=model_dir, assets_dir=assets,
+    return Facts(module=subject.module, config=subject.config, kind=kind, model=model, model_dir=model_dir,
+                 assets_dir=assets,
                  init="pretrained" if pretrained else "random", weights_dir=weights,
                  precision=config.training.mixed_precision_param, attention=attention, mask=mask,
                  parameters=parameters, notes=tuple(notes),
@@ -237,8 +239,6 @@ def lint(subject: Subject) -> LintReport:
     """Everything that can be checked about a config before any rank starts (seconds, CPU,
     meta device): the model spec against the config.json it loads, the assets dir, the
     parameter count, and what it will run with (attention, torchtitan)."""
-    from harness.launch.preflight import PreflightError, check_run_inputs
-
     report = LintReport(subject.name)
     try:
         config = subject.load()
@@ -265,7 +265,8 @@ def lint(subject: Subject) -> LintReport:
     if not hf_json.is_file():
         report.notes.append(f"{reference} has no config.json: nothing to lint the model against")
         return report
-    if facts.init == "random" and facts.model_dir is not None and facts.model_dir.resolve() != Path(reference).resolve():
+    if (facts.init == "random" and facts.model_dir is not None
+            and facts.model_dir.resolve() != Path(reference).resolve()):
         report.notes.append(f"random init: the model is {facts.model} ({facts.model_dir}/config.json); "
                             f"{hf_json} only supplies the tokenizer")
         hf_json = facts.model_dir / "config.json"
@@ -278,7 +279,7 @@ def lint(subject: Subject) -> LintReport:
             report.notes.append(f"the HF model class is built from {config.hf_model}/config.json, "
                                 f"the weights come with {hf_json}")
         return report
-    from harness.parity.conformance.config import config_violations
+    from harness.parity.conformance.config import config_violations  # noqa: PLC0415  heavy: torch; the launcher and prefetcher import this module without it
 
     conformance = config_violations(config.model_spec.model, read_config_json(hf_json.parent), subject.name)
     fields = {v.key for v in conformance.violations}

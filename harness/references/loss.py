@@ -69,7 +69,7 @@ class LossParts:
     @classmethod
     def of(cls, rank_ce_sums: list[torch.Tensor], labels: list[torch.Tensor]) -> LossParts:
         per_rank = [(float(ce), valid_labels([rank_labels]), rank_labels.numel())
-                    for ce, rank_labels in zip(rank_ce_sums, labels)]
+                    for ce, rank_labels in zip(rank_ce_sums, labels, strict=True)]
         return cls(sum(c for c, _, _ in per_rank), sum(v for _, v, _ in per_rank),
                    sum(t for _, _, t in per_rank), per_rank)
 

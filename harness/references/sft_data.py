@@ -33,7 +33,7 @@ def _render(messages, generation_prompt: bool = False) -> str:
 def sft_reference_batches(corpus_file: str | Path, tokenizer_dir: str | Path, to_chat, *,
                           seq_len: int, local_batch_size: int, dp_rank: int, dp_world: int,
                           n_batches: int = 1) -> list[Batch]:
-    records = [json.loads(l) for l in Path(corpus_file).read_text().splitlines() if l.strip()]
+    records = [json.loads(line) for line in Path(corpus_file).read_text().splitlines() if line.strip()]
     order = np.random.default_rng(42).permutation(len(records))
     mine = [records[int(order[i])] for i in shard(len(records), dp_rank, dp_world)]
     tok = TokenizerRef(tokenizer_dir)

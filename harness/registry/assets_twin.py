@@ -73,7 +73,7 @@ def _copy_present(src: Path, dst: Path, names) -> list[str]:
 
 def _shard_size_for(state_dict, shards: int) -> int:
     """The smallest max_shard_size that splits ``state_dict`` into at most ``shards`` files."""
-    from huggingface_hub import split_torch_state_dict_into_shards
+    from huggingface_hub import split_torch_state_dict_into_shards  # noqa: PLC0415  heavy: the registry imports nothing heavy
 
     total = sum(t.numel() * t.element_size() for t in state_dict.values())
     size = -(-total // shards)
@@ -87,8 +87,8 @@ def hf_download_layout(model_dir: str | Path, out: str | Path, shards: int = TWI
     """``out`` laid out as ``hf download`` lays out a sharded model, from ``model_dir``'s
     config, tokenizer and single ``model.safetensors`` (split with huggingface_hub's own
     sharding, the one ``save_pretrained`` uses)."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import load_file, save_file
+    from huggingface_hub import split_torch_state_dict_into_shards  # noqa: PLC0415  heavy: the registry imports nothing heavy
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415  heavy: the registry imports nothing heavy
 
     model_dir, out = Path(model_dir), Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,9 +33,11 @@ KINDS: tuple[CheckKind, ...] = (
               (E2E + "test_runs.py::test_run",
                E2E + "test_assets_twin.py::test_twin_is_laid_out_as_the_hf_download",
                E2E + "test_random_init_expectation.py::test_weights_the_run_did_not_start_from_fail",
-               E2E + "test_user_config.py::test_a_config_of_a_shape_the_harness_does_not_know_is_checked_against_its_own_assets"),
+               E2E + "test_user_config.py::"
+                     "test_a_config_of_a_shape_the_harness_does_not_know_is_checked_against_its_own_assets"),
               (E2E + "test_backend_registry.py::test_a_registered_backend_launches_and_is_checked",
-               E2E + "test_random_init_expectation.py::test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it",
+               E2E + "test_random_init_expectation.py::"
+                     "test_a_planted_forward_fails_where_the_analytic_value_cannot_see_it",
                E2E + "test_full_size_random_init_cpu.py::test_random_init_first_step_loss",
                E2E + "test_full_size_random_init_cpu.py::test_streamed_init_and_forward_equal_whole_model")),
     CheckKind("initialisation", "every rank starts step 1 from its own shard of every sharded, "
@@ -43,7 +45,8 @@ KINDS: tuple[CheckKind, ...] = (
               "its slice)",
               (E2E + "test_runs.py::test_run",
                SELF + "test_shard_fingerprints.py::test_the_known_issue_excuses_only_its_signature",
-               SELF + "test_shard_fingerprints.py::test_identical_shards_are_named_and_constant_or_replicated_ones_are_not_counted"),
+               SELF + "test_shard_fingerprints.py::"
+                      "test_identical_shards_are_named_and_constant_or_replicated_ones_are_not_counted"),
               (E2E + "test_shards_distinct.py::test_the_workaround_draws_distinct_shards_equal_to_a_one_rank_init",
                E2E + "test_shards_distinct.py::test_one_replicated_shard_is_caught_and_not_excused")),
     CheckKind("training_state", "state beyond the weights through a checkpoint: resume is the "
@@ -67,7 +70,8 @@ KINDS: tuple[CheckKind, ...] = (
               "compute what a cold start's do); a check that reads "
               "memory upstream leaves uninitialised reads poison, not leftovers",
               (TS + "test_seeded_rerun_is_bitwise_identical",
-               SELF + "test_warm_start.py::test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does",
+               SELF + "test_warm_start.py::"
+                      "test_the_forked_rank_runs_the_workers_command_on_its_streams_and_exits_as_it_does",
                SELF + "test_warm_start.py::test_a_rank_whose_imports_could_differ_starts_cold_and_says_why",
                SELF + "test_uninitialised_memory.py::test_uninitialised_memory_is_poisoned_whatever_was_freed_before",
                PARITY + "test_hf_backend_parity.py::test_backend_rope_frequencies_are_initialised"),
@@ -104,9 +108,11 @@ KINDS: tuple[CheckKind, ...] = (
                PARITY + "test_hf_backend_parity.py::test_backend_logits_match_reference",
                PARITY + "test_training_parity.py::test_three_steps_losses_grad_norms_and_lrs_match",
                PARITY + "test_torchrun_parity.py::test_native_run_follows_the_reference_trajectory",
-               SELF + "test_equivalence.py::test_backends_on_the_same_weights_agree_and_other_maskings_are_not_comparable",
+               SELF + "test_equivalence.py::"
+                      "test_backends_on_the_same_weights_agree_and_other_maskings_are_not_comparable",
                SELF + "test_equivalence.py::test_a_pair_outside_the_band_differs_and_fails_the_main_job",
-               SELF + "test_equivalence.py::test_hf_v5_against_titan_native_is_the_known_difference_within_its_signature",
+               SELF + "test_equivalence.py::"
+                      "test_hf_v5_against_titan_native_is_the_known_difference_within_its_signature",
                SELF + "test_equivalence.py::test_a_layout_run_is_held_to_the_fsdp_run_on_the_same_batches",
                SELF + "test_equivalence.py::test_the_registry_regime_of_each_tiny_model_is_its_architectures")),
     CheckKind("layouts", "every parallel layout (TP, CP, EP, GA, AC, compile, HSDP) trains the same "
@@ -127,12 +133,14 @@ KINDS: tuple[CheckKind, ...] = (
                E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught",
                E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit",
                E2E + "test_resharded_resume.py::test_resharded_resume_is_the_uninterrupted_run",
-               E2E + "test_resharded_resume.py::test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
+               E2E + "test_resharded_resume.py::"
+                     "test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
                E2E + "test_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state",
                PARITY + "test_layouts.py::test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch",
                PARITY + "test_layouts.py::test_a_per_microbatch_mean_is_caught_by_loss_and_gradients",
                PARITY + "test_layouts.py::test_full_ac_on_the_moe_equals_no_ac",
-               SELF + "test_layout_conditions.py::test_every_layout_names_its_condition_and_the_default_tier_case_reaching_it",
+               SELF + "test_layout_conditions.py::"
+                      "test_every_layout_names_its_condition_and_the_default_tier_case_reaching_it",
                SELF + "test_layout_conditions.py::test_a_layout_whose_cheap_form_does_not_reach_its_condition_fails",
                E2E + "test_layout_commands.py::test_a_compiling_layout_compiles_through_the_devices_backend",
                E2E + "test_layout_commands.py::test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin"),
@@ -159,19 +167,24 @@ KINDS: tuple[CheckKind, ...] = (
                KERNELS + "test_tooling.py::test_list_names_every_op_and_says_why_skipped",
                KERNELS + "test_neuron.py::test_nki_kernels_are_registered_for_the_neuron_device",
                KERNELS + "test_nki_emu.py::test_seam_installs_the_emulator_as_nki_and_restores_what_was_there",
-               KERNELS + "test_nki_emu_validation.py::test_nki_library_kernel_on_the_emulator_matches_its_own_reference",
+               KERNELS + "test_nki_emu_validation.py::"
+                         "test_nki_library_kernel_on_the_emulator_matches_its_own_reference",
                KERNELS + "test_nki_emu_semantics.py::test_same_dtype_copies_are_bit_exact_for_int32",
                KERNELS + "test_nki_emu_lnc.py::test_the_same_kernel_without_its_barrier_is_a_race",
                KERNELS + "test_nkilib_suite.py::test_the_cpu_simulator_package_holds_what_simulation_setup_imports",
                KERNELS + "test_moe_blockwise.py::test_layout_puts_every_row_in_a_block_of_its_expert",
                KERNELS + "test_moe_blockwise_cost.py::test_the_kernel_at_the_source_shape_keeps_every_bound",
                KERNELS + "test_moe_backward.py::test_nki_backward_on_the_emulator_matches_float64_and_torchtitan",
-               KERNELS + "test_emu_gaps.py::test_programs_meet_at_the_barrier_and_read_what_the_other_wrote",
-               KERNELS + "test_nki_emu_core_kernels.py::test_nki_object_dataclasses_take_plain_class_attributes_by_keyword",
+               KERNELS + "test_nki_emu_moe_instructions.py::"
+                         "test_programs_meet_at_the_barrier_and_read_what_the_other_wrote",
+               KERNELS + "test_nki_emu_core_kernels.py::"
+                         "test_nki_object_dataclasses_take_plain_class_attributes_by_keyword",
                KERNELS + "test_lnc2_split.py::test_rope_splits_its_tiles_across_the_two_programs",
-               KERNELS + "test_trn2_session.py::test_a_rehearsal_writes_the_report_with_every_kernel_compared_and_timed"),
+               KERNELS + "test_trn2_session.py::"
+                         "test_a_rehearsal_writes_the_report_with_every_kernel_compared_and_timed"),
               (KERNELS + "test_moe_backward.py::test_nki_backward_at_the_30b_a3b_cut_matches_float64_and_torchtitan",
-               KERNELS + "test_moe_blockwise_cost.py::test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf",
+               KERNELS + "test_moe_blockwise_cost.py::"
+                         "test_at_the_30b_a3b_cut_our_forward_beats_nki_librarys_on_flops_dma_and_sbuf",
                KERNELS + "test_trn2_session.py::test_the_script_rehearses_on_cpu_and_exits_zero",
                KERNELS + "test_nkilib_suite.py::test_nki_librarys_rope_hf_tests_pass_on_the_emulator")),
     CheckKind("known_issues", "the checks fail on broken results; a known issue excuses only its "
@@ -214,11 +227,13 @@ KINDS: tuple[CheckKind, ...] = (
                SELF + "test_prefetch.py::test_a_run_launched_ahead_that_no_test_reads_is_named",
                SELF + "test_import_graph.py::test_harness_has_no_import_cycle",
                SELF + "test_named_once.py::test_every_harness_variable_is_named_in_the_environment_module_only",
+               SELF + "test_lint.py::test_the_code_meets_the_projects_lint_rules",
                E2E + "test_assets_twin.py::test_fork_is_its_own_generation",
                SELF + "test_check_kinds.py::test_every_kind_has_a_default_tier_test",
                SELF + "test_doc_links.py::test_every_relative_link_in_the_readme_and_docs_resolves",
                SELF + "test_nightly.py::test_the_2_33_dlami_venv_is_found_by_its_own_name_newest_first",
-               SELF + "test_nightly_preflight.py::test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix",
+               SELF + "test_nightly_preflight.py::"
+                      "test_without_a_neuron_device_it_fails_naming_what_is_missing_with_each_fix",
                SELF + "test_own_process.py::test_marked_tests_run_each_in_a_child_and_report_as_it_saw_them",
                SELF + "test_supported_stack.py::test_a_session_or_command_on_torch_2_11_stops_with_that_line",
                SELF + "test_upstream_pins.py::test_a_mirrored_artifact_is_taken_only_with_the_pins_sha256"),
@@ -228,7 +243,8 @@ KINDS: tuple[CheckKind, ...] = (
               (SELF + "test_diagnosis.py::test_the_diagnosis_names_the_planted_module",
                SELF + "test_diagnosis.py::test_a_clean_model_has_no_divergent_module",
                SELF + "test_baseline.py::test_a_planted_run_is_matched_to_the_clean_run_and_its_module_named",
-               SELF + "test_run_report.py::test_the_report_holds_the_verdicts_the_tests_recorded_after_the_checkpoints_are_gone",
+               SELF + "test_run_report.py::"
+                      "test_the_report_holds_the_verdicts_the_tests_recorded_after_the_checkpoints_are_gone",
                E2E + "test_runs_vs_baseline.py::test_vs_baseline"),
               (SELF + "test_diagnosis.py::test_a_launched_run_with_a_plant_names_its_module_in_summary_md",
                E2E + "test_baseline_cli.py::test_two_clean_reports_flag_nothing",

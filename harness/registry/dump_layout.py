@@ -353,7 +353,7 @@ def hf_checkpoint_dirs(run_dir: str | Path) -> list[Path]:
 
 def saved_hf_tensors(run_dir: str | Path, step: int) -> dict:
     """Every tensor of the HF checkpoint the run saved at ``step``."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     folder = checkpoint_dir(run_dir, step)
     files = sorted(folder.glob("*.safetensors"))
@@ -384,7 +384,7 @@ def initial_weight_files(initial: str | Path) -> list[Path]:
 
 def initial_native_state(initial: str | Path) -> dict:
     """The dumped step-0 state, every unit's file together (torchtitan's names)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     native = {}
     for path in initial_weight_files(initial):
@@ -409,14 +409,14 @@ def rank_state_records(run_dir: str | Path) -> dict[int, dict]:
 
 def expert_bias_at(run_dir: str | Path, rank: int, phase: str) -> dict:
     """A rank's ``expert_bias`` buffers at ``phase`` (``part<i>.``-prefixed names)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     return torch.load(expert_bias_file(dump_folder(run_dir), rank, phase))
 
 
 def balance_records(run_dir: str | Path) -> dict[int, list[dict]]:
     """The ranks' load-balancing records: rank -> one record per optimizer step."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     files = by_rank(dump_folder(run_dir) / STATE, BALANCE_FILE)
     return {rank: torch.load(path) for rank, path in files.items()}
@@ -425,7 +425,7 @@ def balance_records(run_dir: str | Path) -> dict[int, list[dict]]:
 def resumed_state_records(run_dir: str | Path) -> dict[int, dict]:
     """The ranks' records of the state a resumed trainer holds after its load: rank -> key ->
     (local shard, global offset, global shape) or a plain value."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     files = by_rank(dump_folder(run_dir) / STATE, RESUMED_FILE)
     return {rank: torch.load(path, weights_only=False) for rank, path in files.items()}
@@ -433,7 +433,7 @@ def resumed_state_records(run_dir: str | Path) -> dict[int, dict]:
 
 def grad_records(run_dir: str | Path) -> dict[int, dict]:
     """The ranks' step-1 gradients: rank -> parameter -> (local shard, global offset, global shape)."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the registry imports nothing heavy
 
     files = by_rank(dump_folder(run_dir) / STATE, GRADS_FILE)
     return {rank: torch.load(path, weights_only=False) for rank, path in files.items()}

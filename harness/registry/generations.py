@@ -2,17 +2,23 @@
 which, and how to install each. No torchtitan import (harness/upstream/titan_api imports the installed
 one): the known-issue registry reads these too (a fork inherits its base's known issues).
 
-| generation   | torchtitan versions                    | where it comes from                      |
-|--------------|----------------------------------------|------------------------------------------|
-| ``v0_3``       | ``0.3.0``                                | PyPI (``pip install -e . -c constraints/cpu.txt``) |
-| ``spring2026`` | ``0.2.2+main.*``                          | torchtitan ``main`` of spring 2026: ``python3 scripts/get_upstream.py torchtitan-spring2026`` |
-| ``spring2026-neuron`` | ``0.2.2+neuron*``                  | TorchTitan Neuron 0.2.2+neuron.1 (Neuron SDK 2.33), a fork of that ``main`` |
+| generation            | torchtitan versions | where it comes from                                    |
+|-----------------------|---------------------|--------------------------------------------------------|
+| ``v0_3``              | ``0.3.0``           | PyPI (``pip install -e . -c constraints/cpu.txt``)     |
+| ``spring2026``        | ``0.2.2+main.*``    | torchtitan ``main`` of spring 2026 (1)                 |
+| ``spring2026-neuron`` | ``0.2.2+neuron*``   | TorchTitan Neuron 0.2.2+neuron.1 (Neuron SDK 2.33) (2) |
+
+(1) ``python3 scripts/get_upstream.py torchtitan-spring2026``.
+(2) A fork of that ``main``.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
 
 # generation -> (what it accepts, how to install it)
 SUPPORTED: dict[str, tuple[str, str]] = {
@@ -123,8 +129,6 @@ def require_supported_stack() -> None:
     """A command line's first call: on an unsupported stack, the one line and exit status 4."""
     problem = unsupported_stack()
     if problem is not None:
-        import sys
-
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(EXIT_UNSUPPORTED)
 
@@ -133,8 +137,6 @@ def unsupported_stack() -> str | None:
     """None where the installed (torch, torchtitan, transformers) is a supported combination;
     else one line: what is installed, what is needed, and the command that fixes it. Reads
     package metadata only (nothing is imported), so it answers where torchtitan cannot import."""
-    from packaging.specifiers import SpecifierSet
-
     versions = {name: installed(name) for name in ("torch", "torchtitan", "transformers")}
     problems = []
     titan = versions["torchtitan"]

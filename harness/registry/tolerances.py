@@ -15,7 +15,9 @@ Two numbers that must agree across kinds are one constant here (``BF16_EXPERTS_L
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -305,7 +307,8 @@ _PARITY: dict[tuple[str, str, str], ParityTolerance] = {
         why="|r - 1| per tensor, saved nki_moe (bf16 experts, expert-bias balancing) vs the "
             "fp32 reference (masked as the run) after 10 torchrun steps: measured |r - 1| "
             "worst 3.3e-2 (flex, q/k_norm) and 1.9e-2 (sdpa) on the head_dim 32 fixture, "
-            "9.5e-3 and 1.8e-2 on the head_dim 48 one; 3x margin. A frozen tensor is r = 0, a doubled update r ~ 2: this is "
+            "9.5e-3 and 1.8e-2 on the head_dim 48 one; 3x margin. A frozen tensor is r = 0, a "
+            "doubled update r ~ 2: this is "
             "the check torchrun_update's rtol 1.0 cannot make (a frozen tensor's error is "
             "exactly 1.0)."),
     ("update_cosine", "bf16_experts", "cpu"): ParityTolerance(
@@ -470,9 +473,6 @@ _device_bands_cache: dict = {}
 
 def device_bands() -> dict[tuple[str, str, str], ParityTolerance]:
     if "bands" not in _device_bands_cache:
-        import tomllib
-        from pathlib import Path
-
         path = Path(__file__).resolve().parents[2] / DEVICE_BANDS_FILE
         data = tomllib.loads(path.read_text()) if path.is_file() else {}
         _device_bands_cache["bands"] = {
@@ -728,7 +728,8 @@ KERNEL_MEASURED = {
     },
     ("routing", torch.float32): {
         "forward_c": (5.6, "router weights, near_ties"),
-        "arbitration": (15.1, "router grad_gate_weight, bf16_extremes (saturated softmax; float32 dot products of length 256)"),
+        "arbitration": (15.1, "router grad_gate_weight, bf16_extremes (saturated softmax; float32 dot "
+                             "products of length 256)"),
     },
     ("routing", torch.bfloat16): {
         "forward_c": (2.4, "router transformers weights, exact_ties"),

@@ -149,7 +149,7 @@ def _diagnosed_module(run: dict) -> str | None:
 
 
 def compare_run(name: str, tonight: dict, base: dict) -> RunComparison:
-    from harness.registry.tolerances import BASELINE_THRESHOLDS
+    from harness.registry.tolerances import BASELINE_THRESHOLDS  # noqa: PLC0415  heavy: torch; the pytest plugin imports this module
 
     c = RunComparison(name, module=_diagnosed_module(tonight))
     t_steps, b_steps = tonight.get("steps", []), base.get("steps", [])

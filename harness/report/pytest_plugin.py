@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.launch.run_cache import session_root, stored_results
+from harness.report import baseline
+from harness.report import baseline as baseline_module
 from harness.upstream.versions import code_commit, package_versions
 
 BASELINE_FIXTURE = "baseline_document"
@@ -33,8 +36,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--baseline")
     if path:
-        from harness.report import baseline
-
         try:
             config.stash[_BASELINE] = baseline.load(path)
         except baseline.BaselineError as error:
@@ -68,7 +69,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = session.config.getoption("--run-report")
     if not out or hasattr(session.config, "workerinput"):
         return
-    from harness.launch.run_cache import session_root, stored_results
 
     runs = stored_results(session_root(session.config._tmp_path_factory))
     if runs:
@@ -83,9 +83,8 @@ def write_session_report(runs, out: Path, steps: int, base: dict | None = None,
     ``record``), never judged again here: by now a full-size run's checkpoints are gone, and a
     check the session did not select has no verdict (the report says so). Then the session is
     over for every checkpoint too."""
-    from harness.checks import run_checks as checks
-    from harness.report import baseline as baseline_module
-    from harness.report.run_report import RunVerdict, results_document, write_report
+    from harness.checks import run_checks as checks  # noqa: PLC0415  heavy: torch; every pytest session loads this plugin
+    from harness.report.run_report import RunVerdict, results_document, write_report  # noqa: PLC0415  heavy: torch; every pytest session loads this plugin
 
     verdicts = [RunVerdict(run, checks.recorded(run)) for run in runs]
     head = {"device": ", ".join(sorted({_device(run) for run in runs})), "steps": str(steps),

@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.checks.run_checks import Outcome
 from harness.registry.known_issues import Verdict
 from harness.report import equivalence
+from harness.report.baseline import run_key
 from harness.results.run_result import RunResult
 
 
@@ -84,7 +85,7 @@ def table_rows(verdicts: list[RunVerdict], baseline=None) -> list[tuple[str, ...
 
 def format_table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _markdown_table(rows: list[tuple[str, ...]]) -> str:
@@ -96,13 +97,12 @@ def _markdown_table(rows: list[tuple[str, ...]]) -> str:
 def plot_losses(verdicts: list[RunVerdict], path: Path, baseline: dict | None = None) -> None:
     """Every run's loss curve; with ``baseline`` (its results.json), the baseline's curve of
     the same run beside it, dashed, in the same colour."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  heavy: matplotlib, for the plots alone
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  order: after matplotlib.use selects Agg
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    from harness.report.baseline import run_key
 
     before = {run_key(r["name"]): r for r in (baseline or {}).get("runs", [])}
     for v in verdicts:

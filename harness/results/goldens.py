@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.device.arithmetic import describe
 from harness.registry import paths
 
 # What decides whether a curve reproduces bit for bit: the sidecar's "reproducible_by" keys.
@@ -110,7 +111,7 @@ def shared_steps(lrs, golden_lrs) -> int:
     length after its warmup; the loss of step k comes from the updates of steps 1..k-1, so this
     is one step short of all it could claim)."""
     shared = 0
-    for a, b in zip(lrs, golden_lrs):
+    for a, b in zip(lrs, golden_lrs, strict=False):  # runs of different lengths: the shared prefix
         if a is None or a != b:
             break
         shared += 1
@@ -130,8 +131,6 @@ def differences(recorded: dict, here: dict) -> list[str]:
 
 def _said(value) -> str:
     if isinstance(value, dict):
-        from harness.device.arithmetic import describe
-
         return describe(value)
     return str(value)
 
@@ -172,7 +171,8 @@ def compare(run: str, observed, golden, band: float = 0.0) -> CurveComparison:
     """Every step of ``observed`` against ``golden``: ``band`` 0 means the same float to the bit."""
     observed, golden = [float(x) for x in observed], [float(x) for x in golden]
     result = CurveComparison(run, observed, golden, band)
-    for i, (a, b) in enumerate(zip(observed, golden)):
+    # strict=False: a length difference is noted below, after the shared steps are compared
+    for i, (a, b) in enumerate(zip(observed, golden, strict=False)):
         diff = abs(a - b)
         result.worst = max(result.worst, diff if math.isfinite(diff) else math.inf)
         same = a == b if band == 0 else diff <= band
@@ -199,7 +199,7 @@ def policy(golden: Golden, here: dict, regime: str, device: str) -> Policy:
     arithmetic differs, within ``golden_curve_across_machines`` if the policy measured one for
     ``regime`` on ``device`` (harness/registry/tolerances.py); else not compared, naming what
     differs (a version change moves a curve by what no tolerance can bound: re-record)."""
-    from harness.registry.tolerances import parity_tolerance
+    from harness.registry.tolerances import parity_tolerance  # noqa: PLC0415  heavy: torch; reading a golden curve needs none
 
     differ = differences(golden.reproducible_by, here)
     if not differ:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class RunResult:
     asked, and through its methods the folders it read) and what came of it. ``ok`` is the
     process outcome; checks live in tests."""
 
-    spec: RunSpec  # harness/launch/run.py (a stage above this one: read, not imported)
+    spec: RunSpec  # noqa: F821  harness/launch/run.py's, a stage above this one: read, not imported
     device: str
     nproc: int  # every node's ranks
     # The layout whose degrees the ranks ran (harness/registry/layouts.py): the spec's, or on the
@@ -102,15 +103,14 @@ class RunResult:
         whose degrees it ran)."""
         spec = self.spec
         return {"backend": spec.backend, "size": spec.size, "init": spec.init, "device": self.device,
-                "attention": spec.attention, "layout": self.layout, "generation": self.versions.get("torchtitan-generation", ""),
+                "attention": spec.attention, "layout": self.layout,
+                "generation": self.versions.get("torchtitan-generation", ""),
                 "ranks": str(self.nproc), "collectives": self.versions.get("collectives", "")}
 
     def first_error(self) -> str | None:
         """The first exception line any rank logged ("SomeError: message"), if any; for a
         wrapper that names no cause (``CAUSE_WRAPPERS``), the first exception after it in that
         log, the cause it wraps, where there is one."""
-        import re
-
         pattern = re.compile(r"^(?:\[rank\d+\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
         for _, files in sorted(self.rank_logs.items()):
             for path in files:

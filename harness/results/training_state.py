@@ -5,15 +5,24 @@ harness/rank/hooks.py, read by harness/registry/dump_layout.py). What breaks tie
 load balancing and a resume in them is judged by harness/checks/training_state.py.
 
 A torchtitan checkpoint folder (``<dump>/checkpoint/step-N``, harness/registry/dump_layout.py
-``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` reads it as DCP's own ``dcp_to_torch_save`` does (in memory) and flattens the
-nested state (model, optimizer, lr scheduler, dataloader, train state) into dotted keys.
+``checkpoint_dir``) is a torch.distributed.checkpoint (DCP) directory; ``load_dcp`` reads it as
+DCP's own ``dcp_to_torch_save`` does (in memory) and flattens the nested state (model,
+optimizer, lr scheduler, dataloader, train state) into dotted keys.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from harness.registry import dump_layout
 
@@ -31,10 +40,6 @@ def flatten(obj, prefix: str, out: dict) -> None:
 
 def load_dcp(folder: str | Path) -> dict:
     """Every entry of a DCP checkpoint folder, flattened to dotted keys."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder}: not a DCP checkpoint (no .metadata)")
@@ -92,15 +97,6 @@ def write_whole_copy(folder: str | Path, out: str | Path) -> Path:
     of one rank holds it: the same keys, values and nesting (read with DCP's own reader, written
     with DCP's own writer, no process group), so loading it reshards nothing a run saved over
     several ranks. Written once (to a temporary sibling, then renamed); returns ``out``."""
-    import os
-    import shutil
-    import warnings
-
-    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-    from torch.distributed.checkpoint import save as dcp_save
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
     out = Path(out)
     if (out / ".metadata").is_file():
         return out
@@ -122,9 +118,6 @@ def write_whole_copy(folder: str | Path, out: str | Path) -> Path:
 
 def chunks_per_tensor(folder: str | Path) -> dict[str, tuple[tuple[int, ...], int]]:
     """Per tensor of a DCP checkpoint: (its global shape, the chunks it was saved in)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     meta = FileSystemReader(str(folder)).read_metadata()
     return {key: (tuple(m.size), len(m.chunks)) for key, m in meta.state_dict_metadata.items()
             if isinstance(m, TensorStorageMetadata)}
@@ -156,7 +149,7 @@ def assembled(records: dict[int, dict]) -> tuple[dict, list[str]]:
                 if key not in whole:
                     whole[key] = torch.zeros(shape, dtype=local.dtype)
                     covered[key] = torch.zeros(shape, dtype=torch.bool)
-                region = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+                region = tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))
                 held, seen = whole[key][region], covered[key][region]
                 if seen.any() and (seen & (held != local)).any():
                     problems.append(f"{key}: rank {rank} holds other values than a rank before it "

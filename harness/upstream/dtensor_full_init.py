@@ -35,7 +35,7 @@ MODULE = "torchtitan.protocols.module"
 
 def needed_on(device_type: str) -> bool:
     """Whether DTensor's RNG tracker is missing for meshes of ``device_type`` (the defect)."""
-    from torch.distributed.device_mesh import _get_device_handle
+    from torch.distributed.device_mesh import _get_device_handle  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     handle = _get_device_handle(device_type)
     return not (handle and hasattr(handle, "set_rng_state"))
@@ -43,8 +43,8 @@ def needed_on(device_type: str) -> bool:
 
 def init_whole_then_shard(name: str, param, init) -> None:
     """``init(param)`` as a whole-tensor draw, the rank keeping its ``Shard(0)`` slice."""
-    import torch
-    from torch.distributed.tensor import DTensor, Shard
+    import torch  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
+    from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     if not isinstance(param, DTensor):
         init(param)

@@ -42,7 +42,7 @@ def allow_cpu_backward(flex_module: ModuleType) -> None:
 
 
 def run_flex_eagerly(attention_module: ModuleType) -> None:
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     attention_module.FlexAttention._compiled_flex_attn = staticmethod(flex_attention)
 
@@ -52,7 +52,7 @@ def keep_flex_eager_under_determinism(dist_utils_module: ModuleType) -> None:
 
     def set_determinism(*args, **kwargs):
         result = original(*args, **kwargs)
-        from torchtitan.models.common import attention
+        from torchtitan.models.common import attention  # noqa: PLC0415  heavy: torchtitan; the rank's shims install before it loads
 
         run_flex_eagerly(attention)
         return result
@@ -62,7 +62,7 @@ def keep_flex_eager_under_determinism(dist_utils_module: ModuleType) -> None:
 
 
 def transformers_flex_eager_on_cpu(hf_flex_module: ModuleType) -> None:
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     original = hf_flex_module.compile_friendly_flex_attention
 
@@ -76,14 +76,14 @@ def transformers_flex_eager_on_cpu(hf_flex_module: ModuleType) -> None:
 
 
 def build_block_masks_eagerly_on_cpu(attention_module: ModuleType) -> None:
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     compiled = attention_module._compiled_create_block_mask
     if getattr(compiled, "shim", None) == SHIM_NAME:
         return  # installed already (torch.compile's own wrapper has a __wrapped__ too)
 
     def _create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, **kwargs):
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
         # create_block_mask's own default: the current accelerator, else the CPU
         where = device if device is not None else (torch.accelerator.current_accelerator() or "cpu")

@@ -24,7 +24,7 @@ def _uneven(tensors) -> bool:
 def _rows_all_to_all(dist, output_chunks, input_chunks, group):
     """``all_to_all`` of chunks that differ only in their first dimension, as one
     ``all_to_all_single`` over the concatenated rows."""
-    import torch
+    import torch  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     trailing = {tuple(t.shape[1:]) for t in (*output_chunks, *input_chunks)}
     if len(trailing) > 1:
@@ -33,14 +33,14 @@ def _rows_all_to_all(dist, output_chunks, input_chunks, group):
     flat_out = flat_in.new_empty((sum(t.shape[0] for t in output_chunks), *flat_in.shape[1:]))
     dist.all_to_all_single(flat_out, flat_in, [t.shape[0] for t in output_chunks],
                            [t.shape[0] for t in input_chunks], group=group)
-    for chunk, rows in zip(output_chunks, flat_out.split([t.shape[0] for t in output_chunks])):
+    for chunk, rows in zip(output_chunks, flat_out.split([t.shape[0] for t in output_chunks]), strict=True):
         chunk.copy_(rows)
 
 
 def send_uneven_chunks_as_rows(c10d: ModuleType) -> None:
     """Patch ``torch.distributed.distributed_c10d.all_to_all`` (and the ``torch.distributed``
     name callers use) for gloo groups."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
     original = c10d.all_to_all
 

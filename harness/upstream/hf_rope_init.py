@@ -17,7 +17,7 @@ SHIM_NAME = "hf_rope_init"
 
 
 def _recompute_inv_freq(model) -> int:
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415  heavy: transformers; the rank's shims install before it loads
 
     fixed = 0
     for module in model.modules():
@@ -42,7 +42,7 @@ def recompute_rope_after_init_states(backend_model_module: ModuleType) -> None:
 
     def init_states(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        import torch
+        import torch  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
         with torch.no_grad():
             _recompute_inv_freq(self.model)

@@ -42,7 +42,7 @@ def keep_config_json_shape(model_module: ModuleType) -> None:
 
     def update_from_config(self, *, config=None, **kwargs):
         result = original(self, config=config, **kwargs)
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # noqa: PLC0415  heavy: transformers; the rank's shims install before it loads
 
         hf = AutoConfig.from_pretrained(
             getattr(config, "hf_model", ""),

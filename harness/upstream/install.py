@@ -14,7 +14,21 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from harness.device import neuron_collectives
 from harness.registry import environment
+from harness.upstream import (
+    dtensor_full_init,
+    flex_attention_cpu,
+    gloo_all_to_all,
+    gloo_reduce_op,
+    hf_config_kw_only,
+    hf_rope_init,
+    hf_shape_from_config,
+    hf_tied_fsdp,
+    titan_4b_theta,
+    titan_sdpa_attention,
+)
+from harness.upstream.cpu_device import patch_torchtitan_tools_utils
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
@@ -62,53 +76,42 @@ def after_import(module_name: str, patch: Callable[[ModuleType], None]) -> None:
 
 
 def _install_cpu_device() -> None:
-    from harness.upstream.cpu_device import patch_torchtitan_tools_utils
-
     after_import("torchtitan.tools.utils", patch_torchtitan_tools_utils)
 
 
 def _install_flex_attention_cpu() -> None:
-    from harness.upstream import flex_attention_cpu as shim
-
-    after_import("torch.nn.attention.flex_attention", shim.allow_cpu_backward)
-    after_import("torchtitan.models.common.attention", shim.run_flex_eagerly)
-    after_import("torchtitan.models.common.attention", shim.build_block_masks_eagerly_on_cpu)
-    after_import("torchtitan.distributed.utils", shim.keep_flex_eager_under_determinism)
-    after_import("transformers.integrations.flex_attention", shim.transformers_flex_eager_on_cpu)
+    after_import("torch.nn.attention.flex_attention", flex_attention_cpu.allow_cpu_backward)
+    after_import("torchtitan.models.common.attention", flex_attention_cpu.run_flex_eagerly)
+    after_import("torchtitan.models.common.attention", flex_attention_cpu.build_block_masks_eagerly_on_cpu)
+    after_import("torchtitan.distributed.utils", flex_attention_cpu.keep_flex_eager_under_determinism)
+    after_import("transformers.integrations.flex_attention", flex_attention_cpu.transformers_flex_eager_on_cpu)
 
 
 def _install_gloo_reduce_op() -> None:
-    from harness.upstream import gloo_reduce_op as shim
-
     after_import(
         "torch.distributed.fsdp._fully_shard._fsdp_collectives",
-        shim.force_sum_reduction_on_cpu,
+        gloo_reduce_op.force_sum_reduction_on_cpu,
     )
 
 
 def _install_gloo_all_to_all() -> None:
-    from harness.upstream import gloo_all_to_all as shim
-    after_import("torch.distributed.distributed_c10d", shim.send_uneven_chunks_as_rows)
+    after_import("torch.distributed.distributed_c10d", gloo_all_to_all.send_uneven_chunks_as_rows)
 
 
 def _install_neuron_collectives() -> None:
-    from harness.device import neuron_collectives as refusals
-
-    after_import("torch.distributed.distributed_c10d", refusals.refuse_in_c10d)
-    after_import("torch.distributed._functional_collectives", refusals.refuse_in_functional)
+    after_import("torch.distributed.distributed_c10d", neuron_collectives.refuse_in_c10d)
+    after_import("torch.distributed._functional_collectives", neuron_collectives.refuse_in_functional)
 
 
 def _install_hf_rope_init() -> None:
-    from harness.upstream import hf_rope_init as shim
-
     after_import(
         "torchtitan.experiments.transformers_modeling_backend.model",
-        shim.recompute_rope_after_init_states,
+        hf_rope_init.recompute_rope_after_init_states,
     )
 
 
 def _install_jsonl_metrics_sink() -> None:
-    from harness.upstream.metrics_sink import use_jsonl_sink
+    from harness.upstream.metrics_sink import use_jsonl_sink  # noqa: PLC0415  order: loads torchtitan, hooks first
 
     after_import("torchtitan.trainer", use_jsonl_sink)
 
@@ -119,38 +122,26 @@ def _install_patches(module) -> None:
 
 
 def _install_titan_sdpa_attention() -> None:
-    from harness.upstream import titan_sdpa_attention
-
     _install_patches(titan_sdpa_attention)
 
 
 def _install_hf_config_kw_only() -> None:
-    from harness.upstream import hf_config_kw_only
-
     _install_patches(hf_config_kw_only)
 
 
 def _install_hf_shape_from_config() -> None:
-    from harness.upstream import hf_shape_from_config
-
     _install_patches(hf_shape_from_config)
 
 
 def _install_dtensor_full_init() -> None:
-    from harness.upstream import dtensor_full_init
-
     _install_patches(dtensor_full_init)
 
 
 def _install_titan_4b_theta() -> None:
-    from harness.upstream import titan_4b_theta
-
     _install_patches(titan_4b_theta)
 
 
 def _install_hf_tied_fsdp() -> None:
-    from harness.upstream import hf_tied_fsdp
-
     _install_patches(hf_tied_fsdp)
 
 

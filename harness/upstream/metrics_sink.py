@@ -12,6 +12,7 @@ names the step, instead of training on for N more steps of NaN.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -83,8 +84,6 @@ def use_jsonl_sink(trainer_module) -> None:
     """Rank-side hook (shim ``jsonl_metrics_sink``) for configs the harness did not write: a
     user's config function keeps torchtitan's own ``MetricsProcessor.Config``; the trainer gets
     the same settings in a ``JsonlMetricsProcessor.Config``, so the harness reads its steps."""
-    import dataclasses
-
     cls = trainer_module.Trainer
     original = cls.__init__
     if getattr(original, "_harness_jsonl_sink", False):

@@ -22,6 +22,9 @@ import functools
 import os
 from types import ModuleType
 
+from harness.registry import environment
+from harness.registry.hf_config import read_config_json
+
 FLAVOR = "4B"
 
 
@@ -34,9 +37,7 @@ def theta_from_assets(qwen3_module: ModuleType) -> None:
     def model_registry(flavor: str, *args, **kwargs):
         spec = original(flavor, *args, **kwargs)
         if flavor == FLAVOR:
-            from harness.registry import environment
-            from harness.registry.hf_config import read_config_json
-            from harness.upstream.workarounds import theta_from_hf
+            from harness.upstream.workarounds import theta_from_hf  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
             assets = os.environ.get(environment.FULL_ASSETS)
             if not assets:

@@ -40,7 +40,7 @@ def accept_sdpa(module: ModuleType) -> None:
 
     def get_attention_config(backend: str, *args, **kwargs):
         if backend == "sdpa":
-            from torchtitan.models.common.attention import ScaledDotProductAttention
+            from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: PLC0415  heavy: torchtitan; the rank's shims install before it loads
 
             return ScaledDotProductAttention.Config()
         return original(backend, *args, **kwargs)
@@ -51,7 +51,7 @@ def accept_sdpa(module: ModuleType) -> None:
 
 
 def _uses_sdpa(model_config) -> bool:
-    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: PLC0415  heavy: torchtitan; the rank's shims install before it loads
 
     first = getattr(model_config, "first_attention", None)
     inner = getattr(first, "inner_attention", None)
@@ -68,7 +68,7 @@ def causal_positions_for_sdpa(trainer_module: ModuleType) -> None:
     def post_dataloading_process(self, input_dict, labels):
         positions = input_dict.get("positions")
         if positions is not None and _uses_sdpa(self.model_config):
-            import torch
+            import torch  # noqa: PLC0415  heavy: torch; the rank's shims install before torch loads
 
             inputs = input_dict["input"]
             input_dict = dict(input_dict)

@@ -1,5 +1,6 @@
 """The versions every result records: the packages under test, the torchtitan API
-generation (harness/upstream/titan_api) and the harness's own commit. Read by the launcher, the lint and the reports alike."""
+generation (harness/upstream/titan_api) and the harness's own commit. Read by the launcher,
+the lint and the reports alike."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ import torch
 
 from harness.registry import known_issues
 from harness.registry.hf_config import rope_theta
+from harness.upstream.hf_rope_init import _recompute_inv_freq
 
 
 def in_process(name: str) -> Callable:
@@ -65,8 +66,6 @@ def hf_backend_after_init(parity_model, workarounds) -> int:
 def hf_rope_init(hf_transformer_model) -> int:
     """``hf_rope_init``: recompute every rotary ``inv_freq`` of a built ``HFTransformerModel``
     (the same code the rank shim runs after ``init_states``)."""
-    from harness.upstream.hf_rope_init import _recompute_inv_freq
-
     with torch.no_grad():
         return _recompute_inv_freq(hf_transformer_model.model)
 

@@ -27,6 +27,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.device.devices import NEURON_TIMEOUTS_S
+from harness.diagnosis.diagnose import TIMEOUT_S, WALKS_PER_SESSION
+from harness.launch.own_process import CHILD_TIMEOUT_PER_TEST_S
+from harness.launch.run_matrix import cases, layout_cases
+
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_ALLOWANCE_S = 30 * 60
 REPORT_ALLOWANCE_S = 10 * 60
@@ -50,7 +55,7 @@ def neuron_kernel_tests() -> int:
     """The in-process tests of the 'neuron' device a trn2 session runs: every kernel
     conformance cell on neuron (op x implementation x case x dtype, tests/kernels/
     test_conformance.py) and every test of tests/kernels/test_neuron.py."""
-    from harness.kernels.checks.registry import OPS
+    from harness.kernels.checks.registry import OPS  # noqa: PLC0415  heavy: torch, torchtitan, for the kernel count alone
 
     cells = sum(len(case.dtypes) for op in OPS.values() for impl in op.implementations
                 if "neuron" in impl.devices for case in op.cases if impl.runs_case("neuron", case.name))
@@ -60,11 +65,6 @@ def neuron_kernel_tests() -> int:
 
 
 def items() -> list[Item]:
-    from harness.device.devices import NEURON_TIMEOUTS_S
-    from harness.diagnosis.diagnose import TIMEOUT_S, WALKS_PER_SESSION
-    from harness.launch.own_process import CHILD_TIMEOUT_PER_TEST_S
-    from harness.launch.run_matrix import cases, layout_cases
-
     neuron = [c for c in cases(("neuron",))]
     # the size of every launched run: the tier's cases, and its tiny layouts (NEURON_LAYOUTS)
     sizes = [c.size for c in neuron] + ["tiny" for _ in layout_cases(("neuron",))]

@@ -28,11 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.backends import c4
+from harness.device.devices import profile_for
+from harness.registry.assets_twin import DENSE_ASSETS, download_command, missing_dense_assets
+
 
 def ranks() -> int:
     """The world size of a full-size neuron run here (its stand-in's in the rehearsal)."""
-    from harness.device.devices import profile_for
-
     return profile_for("neuron").ranks_per_node
 
 
@@ -44,8 +46,6 @@ def fetch(command: str, what: str) -> None:
 
 
 def fetch_model(assets: Path) -> None:
-    from harness.registry.assets_twin import DENSE_ASSETS, download_command, missing_dense_assets
-
     missing = missing_dense_assets(assets)
     if not missing:
         print(f"{assets / DENSE_ASSETS}: present")
@@ -57,8 +57,6 @@ def fetch_model(assets: Path) -> None:
 
 
 def fetch_c4(folder: Path, world: int) -> None:
-    from harness.backends import c4
-
     missing = c4.missing_files(folder, world)
     if missing:
         fetch(c4.download_command(folder, world), f"C4 for {world} ranks ({len(missing)} file(s))")
@@ -71,9 +69,7 @@ def fetch_c4(folder: Path, world: int) -> None:
 
 def first_document(folder: Path, world: int) -> str:
     """Rank 0's first document, read as a trn2 rank reads it."""
-    from datasets.distributed import split_dataset_by_node
-
-    from harness.backends import c4
+    from datasets.distributed import split_dataset_by_node  # noqa: PLC0415  heavy: datasets, for the first document alone
 
     dataset = split_dataset_by_node(c4.load_as_torchtitan_does(folder), rank=0, world_size=world)
     return next(iter(dataset))["text"]

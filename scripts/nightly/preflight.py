@@ -27,6 +27,7 @@ GH_TOKEN (artifact access), HF_ENDPOINT, HARNESS_NEURON_STANDIN (the rehearsal).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import shutil
@@ -109,8 +110,6 @@ def expand(value: str) -> Path:
 
 
 def runner_user() -> Row:
-    import getpass
-
     user, uid = getpass.getuser(), os.getuid()
     if uid == 0:
         return Row("runner user", f"{user} (uid 0)", False,
@@ -451,7 +450,7 @@ def collective_rows(python: str, env: dict[str, str]) -> list[Row]:
         text = "timed out"
     finally:
         os.unlink(f.name)
-    line = next((l for l in text.splitlines() if l.startswith("PROBE ")), None)
+    line = next((found for found in text.splitlines() if found.startswith("PROBE ")), None)
     if line is None:
         return [Row("collectives probe (2 ranks)", f"did not run: {text.strip()[-300:]}", False,
                     "check that 2 ranks can start: `torchrun --nproc-per-node=2` with the neuron "

@@ -42,7 +42,7 @@ def packages() -> dict[str, str]:
 
 def device() -> str:
     try:
-        from harness.device.devices import tier_status
+        from harness.device.devices import tier_status  # noqa: PLC0415  optional: a failed install leaves no harness
 
         return tier_status("neuron")[1]
     except Exception as error:  # recorded, not fatal: the tests report it too

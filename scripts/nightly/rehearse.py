@@ -91,7 +91,8 @@ DIFFERENCES = (
      "after", "this machine's python lives under /root"),
     ("torchtitan", "TorchTitan Neuron 0.2.2+neuron.1 (aws-neuron/torchtitan-neuron), installed "
      "once by the documented provisioning step (scripts/nightly/provision.py) into the runner's "
-     "venv", f"the same step, as the runner user, installing spring-2026 main (the pinned wheel, scripts/get_upstream.py) "
+     "venv", "the same step, as the runner user, installing spring-2026 main (the pinned wheel, "
+     f"scripts/get_upstream.py) "
      f"repacked as {FORK_VERSION} (--no-deps: the image venv already holds its requirements)",
      "the fork is not reachable here; its public base is, with every defect the base has"),
     ("torch stack", "torch 2.14.0 + torch-neuronx 2.14.3.x + nki + neuronx-cc in the venv",
@@ -481,8 +482,8 @@ def provision(root: Path, user: Runner | None, wheel: Path) -> dict[str, str]:
     venv with the fork (scripts/nightly/provision.py, run as the runner user). No repository
     variable is set: the night's folders are its defaults under $HOME."""
     sys.path.insert(0, str(REPO))
-    from harness.registry import paths
-    from harness.registry.assets_twin import MOE_ASSETS, derived_assets
+    from harness.registry import paths  # noqa: PLC0415  order: after sys.path holds this tree
+    from harness.registry.assets_twin import MOE_ASSETS, derived_assets  # noqa: PLC0415  order: after sys.path holds this tree
 
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
@@ -629,8 +630,6 @@ def report_problems(workspace: Path) -> list[str]:
     """A night whose tests passed has a run report that says so: every verdict in it is the one
     a test computed (a report that judged again after the clean-up would find the full-size
     checkpoints gone)."""
-    import json
-
     results = workspace / "reports" / "run-report" / "results.json"
     if not results.is_file():
         return [f"no run report at {results}"]
@@ -671,8 +670,8 @@ def profile_problems() -> list[str]:
     DIFFERENCES (its process group and compile backend), and it schedules as trn2 does (cold
     ranks, no prefetch, the neuron process group's refusals)."""
     sys.path.insert(0, str(REPO))
-    from harness.device import devices
-    from harness.registry import environment
+    from harness.device import devices  # noqa: PLC0415  order: after sys.path holds this tree
+    from harness.registry import environment  # noqa: PLC0415  order: after sys.path holds this tree
 
     saved = os.environ.get(environment.NEURON_STANDIN)
     os.environ[environment.NEURON_STANDIN] = "cpu"
@@ -700,8 +699,6 @@ def profile_problems() -> list[str]:
 
 def second_night_problems(night: Night) -> list[str]:
     """What the second night must show: it read the first night's report as its baseline."""
-    import json
-
     problems = []
     if "--baseline" not in night.env.get("BASELINE_ARGS", ""):
         problems.append(f"night {night.number} found no baseline (BASELINE_ARGS="

@@ -53,7 +53,8 @@ NKILIB_BWD_EA_GRAD_RACE = KnownIssue(
              "EA grad store), blockwise_mm_bwd at LNC=2",
     summary="a cross-core write-write race: each program zeroes the flat slices [e*T, (e+1)*T) of "
             "expert_affinities_masked_grad ([T*E, 1]) for its half of the EXPERTS (shard_E = E // 2; "
-            "with odd E the last expert's slice is zeroed by nobody; with E == 1 every program zeroes it all), while the EA grad stores split "
+            "with odd E the last expert's slice is zeroed by nobody; with E == 1 every program zeroes it "
+            "all), while the EA grad stores split "
             "the BLOCKS between the programs, with no core_barrier between the zeroing and the "
             "stores: one program's zeroing can clobber the other's EA grad (on hardware the zeroing "
             "usually runs first and wins the race by timing). harness::grouped_swiglu_backward "

@@ -36,6 +36,8 @@ from functools import cache
 from importlib import metadata
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+
 from harness.registry.generations import base_of
 
 WHERE_FIELDS = ("backend", "size", "init", "device", "attention", "layout", "generation", "subject",
@@ -179,8 +181,6 @@ class Verdict:
 
 
 def _version_matches(package: str, specifier: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-
     version = installed_version(package)
     return version is not None and SpecifierSet(specifier).contains(version, prereleases=True)
 
@@ -286,7 +286,7 @@ def settle(verdict: Verdict, problem: str | None, details: str = "") -> None:
     naming the known issue(s) (and whether the fork inherits them) when it is "known", and
     fails with the verdict's message (then ``details``) when it is "fail". ``problem`` is
     what the check observed, shown in the xfail."""
-    import pytest
+    import pytest  # noqa: PLC0415  heavy: pytest; the registry loads without it (the CLI)
 
     if verdict.status == "known":
         kind = f"inherited from {verdict.inherited_from}: " if verdict.inherited_from else ""

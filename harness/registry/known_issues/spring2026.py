@@ -84,7 +84,8 @@ SPRING_MOE_ADAPTER_EXPERTS = KnownIssue(
             "named w1_EFD/w2_EDF/w3_EFD; the load is non-strict, so the routed experts silently "
             "keep their random init when HF weights are loaded.",
     evidence="tiny_moe (32 experts, top-4) pretrained step 1, sdpa: 2.4701 vs recorded 1.2691: "
-             "+1.20 (the 8-expert top-2 fixture gave +0.96 sdpa, +1.01 flex). The HF save (to_hf) drops the experts the same way: "
+             "+1.20 (the 8-expert top-2 fixture gave +0.96 sdpa, +1.01 flex). The HF save (to_hf) "
+             "drops the experts the same way: "
              "the saved checkpoint lacks every mlp.experts.gate_up_proj / down_proj. The "
              "2-rank CPU pretrained run's shard fingerprints: the routed experts of both layers "
              "(6 of 27 sharded parameters) identical on both ranks, the unloaded random init; "

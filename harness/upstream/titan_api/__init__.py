@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+from torch.func import functional_call
+
 # The names every generation module defines (checked at import, so a generation module that
 # forgets one fails here, not in the middle of a run).
 API = (
@@ -98,9 +101,6 @@ def grouped_experts_compute(module, x_RD, num_tokens_per_expert_E, weights: dict
     """``module``'s SwiGLU on already-dispatched tokens (its ``GROUPED_EXPERTS_COMPUTE_METHOD``),
     with ``weights`` (``{"w1_EFD": ..., "w2_EDF": ..., "w3_EFD": ...}``) standing in for its
     parameters when given, differentiably (``torch.func.functional_call``)."""
-    import torch
-    from torch.func import functional_call
-
     class ExpertsCompute(torch.nn.Module):
         def __init__(self, experts):
             super().__init__()

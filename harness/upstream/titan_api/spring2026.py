@@ -68,11 +68,11 @@ def transformers_backend() -> SimpleNamespace:
     for shim in (hf_config_kw_only, hf_shape_from_config, hf_tied_fsdp):  # idempotent
         for module_name, patch in shim.PATCHES:
             patch(importlib.import_module(module_name))
-    from torchtitan.experiments.transformers_modeling_backend import model_registry
-    from torchtitan.experiments.transformers_modeling_backend.configs import (
+    from torchtitan.experiments.transformers_modeling_backend import model_registry  # noqa: PLC0415  order: after the shims above patch their modules
+    from torchtitan.experiments.transformers_modeling_backend.configs import (  # noqa: PLC0415  order: after the shims above patch their modules
         TransformersBackendConfig,
     )
-    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel  # noqa: PLC0415  order: after the shims above patch their modules
 
     return SimpleNamespace(
         TransformersBackendConfig=TransformersBackendConfig,
@@ -113,7 +113,7 @@ def grouped_experts_config(config_cls, *, dim: int, hidden_dim: int, num_experts
     """A ``GroupedExperts.Config`` (or a subclass's) for the experts' compute alone. Spring's
     config also takes the token dispatcher, which only ``forward`` (dispatch and combine)
     uses; the compute method never calls it, so its top_k is immaterial."""
-    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+    from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher  # noqa: PLC0415  generation: a spring-2026 torchtitan module
 
     return config_cls(dim=dim, hidden_dim=hidden_dim, num_experts=num_experts,
                       token_dispatcher=LocalTokenDispatcher.Config(num_experts=num_experts, top_k=1))

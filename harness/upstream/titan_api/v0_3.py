@@ -65,12 +65,12 @@ def qwen3_lm_head_init(dim: int) -> dict:
 
 def transformers_backend() -> SimpleNamespace:
     """torchtitan's transformers modeling backend (imports cleanly on 0.3.0)."""
-    from torchtitan.experiments.transformers_modeling_backend import model_registry
-    from torchtitan.experiments.transformers_modeling_backend.configs import (
+    from torchtitan.experiments.transformers_modeling_backend import model_registry  # noqa: PLC0415  heavy: transformers, for the HF backend alone
+    from torchtitan.experiments.transformers_modeling_backend.configs import (  # noqa: PLC0415  heavy: transformers, for the HF backend alone
         TransformersBackendConfig,
     )
-    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
-    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel  # noqa: PLC0415  heavy: transformers, for the HF backend alone
+    from torchtitan.experiments.transformers_modeling_backend.state_dict_adapter import (  # noqa: PLC0415  heavy: transformers, for the HF backend alone
         HFTransformerStateDictAdapter,
     )
 
