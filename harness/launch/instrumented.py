@@ -68,6 +68,20 @@ def env(target: str, *, dump_steps: int = 1) -> tuple:
     return ((environment.INSTRUMENT_TARGET, target), (environment.DUMP_STEPS, str(dump_steps)))
 
 
+# Every SFT run accumulates 2 microbatches of 1 row per rank (the same 2 rows per rank as local
+# batch 2): one launch serves the batch checks, the normalisation across ranks and microbatches.
+SFT_LAYOUT = "ga=2"
+
+
+def sft_spec(name: str, *, plants: tuple[str, ...] = (), layout: str = SFT_LAYOUT) -> RunSpec:
+    """The one-step instrumented SFT run (pretrained weights, harness/backends/sft_config.py's
+    prompt-masked, padded rows) of instrumented backend ``name``: the ignored-label checks
+    (tests/e2e/test_ignored_labels.py) and the gradient-accumulation layout's cheap form
+    (tests/parity/test_layouts.py) read it."""
+    return RunSpec(name, init="pretrained", steps=1, plants=tuple(plants),
+                   extra_env=env("harness.backends.sft_config"), layout=layout)
+
+
 def native_feed_spec(name: str, *, plants: tuple[str, ...] = (), attention: str | None = None):
     """The one-step instrumented titan_native run (random init, HF save at step 1) of the slow
     tier's data-path checks (the flex variant, the plants); the default tier's reads the run

@@ -85,6 +85,7 @@ TRAINING_STATE_DEVICES = ("cpu",)
 TRAINING_STATE_BACKEND = "nki_moe"
 TRAINING_STATE_STEPS = 3
 TRAINING_STATE_INTERVAL = 1
+TRAINING_STATE_LAST_FULL = TRAINING_STATE_STEPS - 1  # the last step whose checkpoint is full
 TRAINING_STATE_OVERRIDES = ("--checkpoint.enable", "--checkpoint.interval", str(TRAINING_STATE_INTERVAL))
 
 
@@ -442,3 +443,11 @@ RESHARD_CASES = (
 )
 # The rank count of the default tier's planted run: the uneven one, where a row can be lost.
 RESHARD_UNEVEN_RANKS = 3
+
+
+def template_spec(backend: str, steps: int, workarounds=(), plants=()) -> RunSpec:
+    """The run template's CPU tiny random-init run of ``backend`` (the same RunSpec as the
+    template's: one launch serves its checks and the training-state ones), ``plants`` put in."""
+    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
+    spec = case.suite_spec(steps, workarounds=workarounds)
+    return replace(spec, plants=tuple(plants)) if plants else spec

@@ -93,3 +93,10 @@ def load_batches(run_dir: str | Path, step: int = 1) -> list[Batch]:
         raise FileNotFoundError(f"{dump_layout.dump_folder(run_dir) / dump_layout.BATCHES}: "
                                 f"no batch dumps of step {step}")
     return [Batch.from_dump(torch.load(path, weights_only=True)) for path in files.values()]
+
+
+def microbatches(run_dir: str | Path, rows: int, step: int = 1) -> list[Batch]:
+    """Every rank's ``step`` microbatches of ``rows`` rows each, rank by rank (a ``ga=k`` run's
+    dump holds the rows of all k, in feeding order)."""
+    return [b.apply(lambda t, i=i: t[i:i + rows])
+            for b in load_batches(run_dir, step) for i in range(0, len(b.fed.labels), rows)]

@@ -26,10 +26,9 @@ from harness.backends import sft_config
 from harness.backends.common import TINY
 from harness.checks.reference_forward import hf_loss_parts
 from harness.launch import instrumented
-from harness.launch.run import RunSpec
 from harness.plants import planted
 from harness.references import data as ref
-from harness.references.batch import Batch, load_batches
+from harness.references.batch import Batch, load_batches, microbatches
 from harness.references.loss import IGNORE_INDEX
 from harness.references.sft_data import sft_reference_batches
 from harness.registry import paths
@@ -83,18 +82,15 @@ def sft_backend():
         yield name
 
 
-# Every SFT run accumulates 2 microbatches of 1 row per rank (the same 2 rows per rank as local
-# batch 2): one launch serves the batch checks, the normalisation across ranks and microbatches.
-SFT_LAYOUT = "ga=2"
-
-
-def sft_run(backend_runs, name, plants=(), layout=SFT_LAYOUT):
-    spec = RunSpec(name, init="pretrained", steps=1, plants=plants, extra_env=instrumented.env(TARGET),
-                   layout=layout)
-    result = backend_runs.get(spec)
+def sft_run(backend_runs, name, plants=()):
+    result = backend_runs.get(instrumented.sft_spec(name, plants=plants))
     assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
     assert len(result.steps) == 1
     return result
+
+
+def microbatches_of(result) -> list[Batch]:
+    return microbatches(result.run_dir, result.spec.layout_spec.local_batch_size)
 
 
 def check(result):
@@ -105,14 +101,6 @@ def check(result):
         assert 0.1 < ignored < 0.9, f"ignored-label fraction {ignored:.2f}: not an SFT batch"
     parts = hf_loss_parts(paths.TINY_DENSE, batches)
     return result.steps[0].loss, parts
-
-
-def microbatches(result) -> list[Batch]:
-    """Every rank's step-1 microbatches, rank by rank (a ``ga=k`` run's dump holds the rows of
-    all k, in feeding order)."""
-    rows = result.spec.layout_spec.local_batch_size
-    return [b.apply(lambda t, i=i: t[i:i + rows])
-            for b in load_batches(result.run_dir) for i in range(0, len(b.fed.labels), rows)]
 
 
 def test_sft_batches_hold_prompt_and_padding_labels(backend_runs, sft_backend):
@@ -153,7 +141,7 @@ def test_gradient_accumulation_normalises_over_the_steps_valid_tokens(backend_ru
     weighs the sparser microbatch's tokens more, and the band tells the two apart."""
     result = sft_run(backend_runs, sft_backend)
     loss, parts = check(result)
-    per_microbatch = hf_loss_parts(paths.TINY_DENSE, microbatches(result))
+    per_microbatch = hf_loss_parts(paths.TINY_DENSE, microbatches_of(result))
     counts = [v for _, v, _ in per_microbatch.per_rank]
     assert len(counts) == 4 and len(set(counts)) > 1, (
         f"valid labels per microbatch {counts}: not spread unevenly, the check would see nothing")
@@ -168,7 +156,7 @@ def test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught(backen
     loss, parts = check(result)
     assert abs(loss - parts.global_avg) > TOLERANCE, "a per-microbatch mean went unnoticed"
     # and it is exactly the planted one
-    assert abs(loss - hf_loss_parts(paths.TINY_DENSE, microbatches(result)).mean_of_rank_means) <= TOLERANCE
+    assert abs(loss - hf_loss_parts(paths.TINY_DENSE, microbatches_of(result)).mean_of_rank_means) <= TOLERANCE
 
 
 @pytest.mark.slow

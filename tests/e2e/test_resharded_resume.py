@@ -52,14 +52,19 @@ from harness.launch.run_matrix import (
     RESHARD_CASES,
     RESHARD_UNEVEN_RANKS,
     TRAINING_STATE_BACKEND,
+    TRAINING_STATE_INTERVAL,
+    TRAINING_STATE_LAST_FULL,
+    TRAINING_STATE_STEPS,
     ReshardCase,
+    template_spec,
     training_state_spec,
 )
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as ts
-from tests.e2e.test_training_state import QUICK_FULL, QUICK_K, QUICK_STEPS, _ok, template_run_spec
 
 RESHARD = "resharded resume"
+# the template's training-state run (harness/launch/run_matrix.py), resumed after step QUICK_K
+QUICK_K, QUICK_STEPS, QUICK_FULL = TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS, TRAINING_STATE_LAST_FULL
 # torchtitan's dataloader state is per data-parallel rank and refuses another degree.
 WITHOUT_DATALOADER = ("--checkpoint.exclude_from_loading", "dataloader")
 
@@ -91,6 +96,11 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
     assert not copy_differs, f"the whole-tensor copy of {saved} differs: {copy_differs[:5]}"
     assert whole_and_sharded(saved, whole), f"{saved} holds no tensor in shards, or its copy does"
     return first, uninterrupted, resumed
+
+
+def _ok(result):
+    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    return result
 
 
 def resumed_ok(result):
@@ -179,7 +189,7 @@ def test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split(d
     """The saving run's step-1 checkpoint holds sharded tensors whose first dimension (the one
     FSDP shards) does not divide by the uneven case's ranks: the token embedding and the output
     projection (vocab 2048), the hidden size's (128) and the routed experts' (32)."""
-    first = _ok(device_runs("cpu").get(template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)))
+    first = _ok(device_runs("cpu").get(template_spec(TRAINING_STATE_BACKEND, steps, workarounds)))
     uneven = ts.uneven_tensors(dump_layout.checkpoint_dir(first.run_dir, QUICK_K), RESHARD_UNEVEN_RANKS)
     rows = set(uneven.values())
     assert {2048, 128, 32} <= rows, (f"over {RESHARD_UNEVEN_RANKS} ranks the uneven first dimensions "

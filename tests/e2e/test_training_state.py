@@ -36,16 +36,16 @@ from dataclasses import replace
 
 import pytest
 
-from harness.backends import BACKENDS
 from harness.checks import training_state as ts
 from harness.launch import instrumented
 from harness.launch.run import RunSpec
 from harness.launch.run_matrix import (
     TRAINING_STATE_BACKEND,
     TRAINING_STATE_INTERVAL,
+    TRAINING_STATE_LAST_FULL,
     TRAINING_STATE_STEPS,
-    RunCase,
     cases,
+    template_spec,
 )
 from harness.registry import dump_layout, known_issues
 from harness.results import training_state as state
@@ -67,8 +67,7 @@ def _ok(result):
 
 # The default tier's form: the template's training-state run (harness/launch/run_matrix.py), its
 # full checkpoints after steps 1 and 2 (QUICK_FULL: the last both runs save fully).
-QUICK_K, QUICK_STEPS = TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS
-QUICK_FULL = QUICK_STEPS - 1
+QUICK_K, QUICK_STEPS, QUICK_FULL = TRAINING_STATE_INTERVAL, TRAINING_STATE_STEPS, TRAINING_STATE_LAST_FULL
 
 
 def checkpointing(k: int) -> tuple[str, ...]:
@@ -93,14 +92,6 @@ def resume_pair(backend_runs, names, base, plants=(), k=K, steps=STEPS, first_pl
     return first, second
 
 
-def template_run_spec(backend: str, steps: int, workarounds, plants=()) -> RunSpec:
-    """The run template's CPU random-init run of ``backend`` (the same RunSpec: one launch
-    serves the template's checks and these), with ``plants`` put in."""
-    case = RunCase("cpu", backend, "tiny", "random", BACKENDS[backend].default_attention)
-    spec = case.suite_spec(steps, workarounds=workarounds)
-    return replace(spec, plants=tuple(plants)) if plants else spec
-
-
 def resumed_spec(first: RunSpec, first_dir, k: int, plants=()) -> RunSpec:
     """``first`` resumed from its step-``k`` checkpoint: model, optimizer, lr schedule,
     dataloader and train state (``RunSpec.resume_from``)."""
@@ -111,7 +102,7 @@ def resumed_spec(first: RunSpec, first_dir, k: int, plants=()) -> RunSpec:
 def quick_pair(device_runs, steps, workarounds, plants=(), first_plants=()):
     """(the template's training-state run, that run resumed from its step-1 checkpoint);
     ``first_plants`` break the first run, ``plants`` the resumed one."""
-    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds, first_plants)
+    spec = template_spec(TRAINING_STATE_BACKEND, steps, workarounds, first_plants)
     runs = device_runs("cpu")
     first = _ok(runs.get(spec))
     return first, _ok(runs.get(resumed_spec(spec, first.run_dir, QUICK_K, plants)))
@@ -174,7 +165,7 @@ def test_seeded_rerun_is_bitwise_identical(device_runs, steps, workarounds):
     for bit. The template's run started its ranks warm (forked from a zygote that had imported
     torch, harness/rank/warm_start.py) and the rerun starts them cold (plain torchrun workers),
     so this is also the proof that a warm start computes what a cold one does."""
-    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds)
+    spec = template_spec(TRAINING_STATE_BACKEND, steps, workarounds)
     first = _ok(device_runs("cpu").get(spec))
     rerun = _ok(device_runs("cpu").get(replace(spec, start="cold")))
     assert (first.started.get("warm"), rerun.started.get("cold")) == (first.nproc, rerun.nproc), (
@@ -204,7 +195,7 @@ BALANCE_PLANTS = ("moe_balance_hook_dropped", "moe_bias_update_sign_flipped", "m
 def test_load_balancing_check_catches_planted_defect(device_runs, steps, workarounds, plant):
     """What test_moe_load_balancing_through_a_checkpoint reads from the first run catches a
     broken balancing update or routing (the plant breaks the template's run)."""
-    spec = template_run_spec(TRAINING_STATE_BACKEND, steps, workarounds, (plant,))
+    spec = template_spec(TRAINING_STATE_BACKEND, steps, workarounds, (plant,))
     first = _ok(device_runs("cpu").get(spec))
     assert ts.balance_findings(dump_layout.balance_records(first.run_dir)), f"planted {plant} went unnoticed"
 
@@ -229,7 +220,7 @@ def test_checks_catch_expert_bias_lost_on_resume(backend_runs, instrumented_name
 
 def tied_run(device_runs, steps, workarounds, plants=()):
     """The template's titan_native random-init run (tiny_dense is tied)."""
-    spec = template_run_spec("titan_native", steps, workarounds, plants)
+    spec = template_spec("titan_native", steps, workarounds, plants)
     return _ok(device_runs("cpu").get(spec)), spec.steps
 
 
@@ -269,4 +260,4 @@ def test_the_default_tier_reads_the_templates_own_runs(steps, workarounds):
     template = {case.suite_spec(steps, workarounds=workarounds) for case in cases(("cpu",))
                 if not case.twin}
     for backend in (TRAINING_STATE_BACKEND, "titan_native"):
-        assert template_run_spec(backend, steps, workarounds) in template, backend
+        assert template_spec(backend, steps, workarounds) in template, backend

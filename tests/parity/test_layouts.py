@@ -39,7 +39,7 @@ from harness.launch import instrumented
 from harness.launch.run_matrix import LayoutCase
 from harness.parity import curves
 from harness.parity import models as M
-from harness.references.batch import load_batches
+from harness.references.batch import load_batches, microbatches
 from harness.references.loss import valid_labels
 from harness.references.model import load_hf_tensors
 from harness.registry import dump_layout, known_issues
@@ -47,7 +47,6 @@ from harness.registry.layouts import FSDP
 from harness.registry.tolerances import parity_regime_for, parity_tolerance
 from harness.results import training_state as ts
 from harness.upstream import titan_api
-from tests.e2e.test_ignored_labels import microbatches, sft_run
 
 # The template's checks a layout's run gets as they are; its first step is held to the
 # reference on its own batch (the recorded first-step loss is the FSDP run's batch's).
@@ -245,7 +244,11 @@ def test_routing_counts_added_twice_are_caught(layout_run, steps):
 def sft_ga_pair(backend_runs, plants=()):
     """(the SFT run under ``ga=2``, ``plants`` put in; the single-batch SFT run on its rows)."""
     with instrumented.instrumented_backend("titan_native") as name:
-        return sft_run(backend_runs, name, plants), sft_run(backend_runs, name, layout=FSDP)
+        pair = (backend_runs.get(instrumented.sft_spec(name, plants=plants)),
+                backend_runs.get(instrumented.sft_spec(name, layout=FSDP)))
+    for run in pair:
+        assert run.ok and len(run.steps) == 1, f"{run.spec.name} failed: see {run.run_dir}"
+    return pair
 
 
 def ga_findings(ga, single) -> tuple[list[str], dict]:
@@ -258,7 +261,8 @@ def ga_findings(ga, single) -> tuple[list[str], dict]:
         for key in ("inputs", "labels"):
             if not torch.equal(getattr(a.fed, key), getattr(b.fed, key)):
                 found.append(f"rank {rank}: the runs were fed other {key}")
-    counts = [valid_labels([mb.fed.labels]) for mb in microbatches(ga)]
+    rows = ga.spec.layout_spec.local_batch_size
+    counts = [valid_labels([mb.fed.labels]) for mb in microbatches(ga.run_dir, rows)]
     if len(set(counts)) < 2:
         found.append(f"valid labels per microbatch {counts}: even, the condition is not reached")
     loss_band = parity_tolerance("layout_loss", "float32").atol
