@@ -117,14 +117,22 @@ def compare_table(a, b) -> tuple[str, int | None]:
     band = parity_tolerance("torchrun_loss", regime).atol
     rows = [("step", a.spec.name, b.spec.name, "diff")]
     first = None
-    # strict=False: a run that stopped early (its verdict fails) is compared on the steps both logged
+    # strict=False: the steps both logged are compared; a step only one logged diverges (below)
     for sa, sb in zip(a.steps, b.steps, strict=False):
         diff = sb.loss - sa.loss
         if first is None and not abs(diff) <= band:
             first = sa.step
         rows.append((str(sa.step), f"{sa.loss:.6f}", f"{sb.loss:.6f}", f"{diff:+.2e}"))
+    longer, shorter = (a, b) if len(a.steps) > len(b.steps) else (b, a)
+    for extra in longer.steps[len(shorter.steps):]:
+        first = extra.step if first is None else first
+        row = [str(extra.step), "-", "-", "only one run"]
+        row[1 if longer is a else 2] = f"{extra.loss:.6f}"
+        rows.append(tuple(row))
     verdict = (f"first divergent step: {first} (|diff| > {band:g}, torchrun_loss {regime})"
-               if first else f"no step differs by more than {band:g} (torchrun_loss {regime})")
+               if first is not None else f"no step differs by more than {band:g} (torchrun_loss {regime})")
+    if len(a.steps) != len(b.steps):
+        verdict += f"; {a.spec.name} logged {len(a.steps)} steps, {b.spec.name} {len(b.steps)}"
     return format_table(rows) + "\n" + verdict, first
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from harness.backends import BACKENDS
-from harness.cli.commands import exit_status
+from harness.cli.commands import compare_table, exit_status
 from harness.device.devices import detect
-from harness.launch.run import build_command
+from harness.launch.run import RunSpec, build_command
 from harness.launch.run_matrix import LayoutCase, RunCase
 from harness.parity.models import Qwen3Arch
 from harness.registry.assets_twin import build_twin
@@ -187,3 +187,20 @@ def test_a_full_size_layout_on_the_fsdp_runs_rows_from_a_random_init_is_not_comp
     compared."""
     pair = twin_pair("nki_moe", "random", "ep64")
     assert pair.status == "not comparable" and "random init" in pair.message, pair.line()
+
+
+def _logged(name: str, losses) -> RunResult:
+    spec = RunSpec(name, steps=len(losses))
+    return RunResult(spec=spec, device="cpu", nproc=2, layout="fsdp", degrees=spec.parallel_degrees(2),
+                     command=[], returncode=0, timed_out=False, duration_s=1.0, run_dir=Path("."),
+                     steps=[StepRecord(i, loss, 1.0, 1.0, 1.0, 0.0) for i, loss in enumerate(losses, 1)])
+
+
+def test_run_compare_names_a_step_only_one_run_logged_as_the_first_divergent():
+    """``harness run --compare``: a run that stopped early is not "no step differs"."""
+    same, _ = compare_table(_logged("titan_native", [2.0, 1.5]), _logged("hf_v5", [2.0, 1.5]))
+    assert "no step differs" in same and "logged" not in same, same
+    longer, shorter = _logged("titan_native", [2.0, 1.5, 1.2]), _logged("hf_v5", [2.0, 1.5])
+    text, first = compare_table(longer, shorter)
+    assert first == 3 and "only one run" in text, text
+    assert f"{longer.spec.name} logged 3 steps, {shorter.spec.name} 2" in text, text
