@@ -179,12 +179,18 @@ def test_the_registry_returns_data_and_calls_no_stage_above_it():
     assert not found, "harness/registry reaches a stage above it:\n  " + "\n  ".join(found)
 
 
-def test_a_registry_callback_or_upward_import_is_reported(tmp_path):
+def fake_package(tmp_path, *folders: str):
+    """A package ``pkg`` under ``tmp_path`` with empty subpackages ``folders``."""
     package = tmp_path / "pkg"
-    for folder in ("registry", "checks"):
+    for folder in folders:
         (package / folder).mkdir(parents=True)
         (package / folder / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
+    return package
+
+
+def test_a_registry_callback_or_upward_import_is_reported(tmp_path):
+    package = fake_package(tmp_path, "registry", "checks")
     (package / "checks" / "forward.py").write_text("def forward(run):\n    return 1.0\n")
     (package / "registry" / "data.py").write_text("from pkg.registry import other\n")
     (package / "registry" / "other.py").write_text("X = 1\n")
@@ -204,11 +210,7 @@ def test_every_exception_is_still_an_import_against_the_order():
 
 
 def test_an_import_against_the_order_is_reported_with_its_line(tmp_path):
-    package = tmp_path / "pkg"
-    for folder in ("low", "high"):
-        (package / folder).mkdir(parents=True)
-        (package / folder / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
+    package = fake_package(tmp_path, "low", "high")
     (package / "high" / "a.py").write_text("from pkg.low import b\n")
     (package / "low" / "b.py").write_text("import os\n\n\ndef f():\n    from pkg.high import a\n")
     assert upward_imports(package, ("low", "high")) == [
