@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.registry import paths
+from harness.registry import known_issues, paths
 from harness.registry.generations import api_generation_of, installed_generation
 from harness.registry.hf_config import read_config_json
 from harness.registry.tolerances import LossBand, loss_band
@@ -38,7 +38,10 @@ class ExpectationRule:
     (``value``: a published number or a recorded loss, with ``source``; ``lm_head_std``: the
     analytic random-init loss at that init std rule; ``hf_forward``: the run's HF weights on its
     own step-1 batches), the entry's band, and whether a run that dumped its step-0 weights is
-    held to their forward first (``initial_weights_forward``)."""
+    held to their forward first (``initial_weights_forward``). ``analytic_unless_tied`` names the
+    known issue under which ln V + s^2/2 is not the random-init loss of a model whose output
+    layer is its embedding (harness/registry/known_issues/): such a run is held to its step-0
+    weights' forward alone."""
 
     key: tuple[str, ...]  # the entry's (backend, model, init, device, mask, generation)
     band: LossBand
@@ -47,6 +50,7 @@ class ExpectationRule:
     lm_head_std: str | None = None
     hf_forward: bool = False
     initial_weights_forward: bool = False
+    analytic_unless_tied: str | None = None
 
     def expectation(self, value: float, source: str) -> Expectation:
         """``value`` (from ``source``) held to in this rule's band."""
@@ -142,6 +146,19 @@ def model_config(model: str, model_dir: str | Path | None = None) -> dict:
     raise FileNotFoundError(f"no config.json for model {model!r} under {paths.FIXTURES}")
 
 
+def _known_issue_name(name: str | None, key: tuple[str, ...], path: Path) -> str | None:
+    """``name`` if it names a registered known issue (an entry's ``unless_tied``), else an error
+    naming the entry."""
+    if name is None:
+        return None
+    try:
+        known_issues.issue(name)
+    except KeyError:
+        raise ValueError(f"expectation {key} in {path}: unless_tied = {name!r} is not a known issue "
+                         f"in harness/registry/known_issues/") from None
+    return name
+
+
 def _api_generation(generation: str | None) -> str:
     """Expectations are the API's: a fork (TorchTitan Neuron) shares its base's init rules and
     dataloader, so its expected numbers (harness/upstream/titan_api API_OF)."""
@@ -216,7 +233,10 @@ class ExpectationRegistry:
             value, source = _recorded_loss(model, entry["recorded"], dp, generation)
             return replace(rule, value=value, source=source)
         if "analytic_random_init" in entry:
-            return replace(rule, lm_head_std=str(entry["analytic_random_init"]["lm_head_std"]))
+            analytic = entry["analytic_random_init"]
+            return replace(rule, lm_head_std=str(analytic["lm_head_std"]),
+                           analytic_unless_tied=_known_issue_name(analytic.get("unless_tied"), key,
+                                                                  self.path))
         if entry.get("hf_forward"):
             return replace(rule, hf_forward=True)
         raise ValueError(f"expectation {key} in {self.path} gives no value source")
