@@ -114,7 +114,7 @@ def instrumented_native():
 def trainer_run(backend_runs, name, attention=None, plants=()):
     result = backend_runs.get(instrumented.native_feed_spec(name, plants=plants,
                                                             attention=attention))
-    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    assert result.ok, result.describe()
     return result
 
 
@@ -146,7 +146,7 @@ def test_trainer_feeds_reference_batches(device_runs, steps, workarounds):
     batches equal the reference on both ranks; the model gets them with row positions 0..255."""
     case = RunCase("cpu", "titan_native", "tiny", "random", BACKENDS["titan_native"].default_attention)
     result = device_runs("cpu").get(case.suite_spec(steps, workarounds=workarounds))
-    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    assert result.ok, result.describe()
     found = check_trainer_feed(result, BACKENDS["titan_native"].default_attention)
     assert not found, "\n".join(found)
 

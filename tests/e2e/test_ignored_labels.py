@@ -84,7 +84,7 @@ def sft_backend():
 
 def sft_run(backend_runs, name, plants=()):
     result = backend_runs.get(instrumented.sft_spec(name, plants=plants))
-    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    assert result.ok, result.describe()
     assert len(result.steps) == 1
     return result
 

@@ -99,7 +99,7 @@ def reshard_runs(device_runs, steps, workarounds, case: ReshardCase, plants=()):
 
 
 def _ok(result):
-    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    assert result.ok, result.describe()
     return result
 
 

@@ -36,12 +36,12 @@ def _verdict(run):
 @pytest.mark.parametrize("backend", ["titan_native", "nki_moe"])
 def test_the_workaround_draws_distinct_shards_equal_to_a_one_rank_init(backend_runs, backend):
     run = backend_runs.get(RunSpec(backend, init="random", steps=STEPS, workarounds=(WORKAROUND,)))
-    assert run.ok, f"{run.spec.name} failed: see {run.run_dir}"
+    assert run.ok, run.describe()
     verdict, outcome = _verdict(run)
     assert verdict.status == "pass", verdict.message
     assert outcome.observed["checked"] >= 11  # tiny_dense: 11 sharded non-constant parameters, tiny_moe 14
     single = backend_runs.get(RunSpec(backend, init="random", steps=STEPS, nproc=1))
-    assert single.ok, f"{single.spec.name} failed: see {single.run_dir}"
+    assert single.ok, single.describe()
     dumped = dump_layout.initial_weights_dir(run.run_dir)
     assert dumped, f"{run.spec.name} dumped no step-0 weights"
     for path in dump_layout.initial_weight_files(dumped):
@@ -55,7 +55,7 @@ def test_the_workaround_draws_distinct_shards_equal_to_a_one_rank_init(backend_r
 def test_one_replicated_shard_is_caught_and_not_excused(backend_runs, init, workarounds):
     run = backend_runs.get(RunSpec("titan_native", init=init, steps=STEPS, workarounds=workarounds,
                                    plants=("replicate_one_shard",)))
-    assert run.ok, f"{run.spec.name} failed: see {run.run_dir}"
+    assert run.ok, run.describe()
     verdict, outcome = _verdict(run)
     assert verdict.status == "fail", verdict.message
     (name,) = outcome.observed["identical"]

@@ -61,7 +61,7 @@ def instrumented_names():
 
 
 def _ok(result):
-    assert result.ok, f"{result.spec.name} failed: see {result.run_dir}"
+    assert result.ok, result.describe()
     return result
 
 

@@ -247,7 +247,7 @@ def sft_ga_pair(backend_runs, plants=()):
         pair = (backend_runs.get(instrumented.sft_spec(name, plants=plants)),
                 backend_runs.get(instrumented.sft_spec(name, layout=FSDP)))
     for run in pair:
-        assert run.ok and len(run.steps) == 1, f"{run.spec.name} failed: see {run.run_dir}"
+        assert run.ok and len(run.steps) == 1, run.describe()
     return pair
 
 
