@@ -5,7 +5,7 @@ a resumed run against the uninterrupted one (``resume_findings``) and the state 
 trainer holds against the saved checkpoint (``resumed_state_findings``). Each returns its
 findings, empty when nothing is broken; a finding of the load-balancing and resume checks starts
 with its ``[kind]`` (``finding_kinds``), the observation a known defect is judged by.
-Used by tests/e2e/test_training_state.py and tests/e2e/test_resharded_resume.py.
+Used by tests/e2e/test_training_state.py and tests/parity/test_layout_resharded_resume.py.
 """
 
 from __future__ import annotations

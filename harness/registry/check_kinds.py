@@ -27,6 +27,7 @@ class CheckKind:
 
 E2E, PARITY, SELF, KERNELS = "tests/e2e/", "tests/parity/", "tests/selftest/", "tests/kernels/"
 TS = E2E + "test_training_state.py::"
+RESUME = PARITY + "test_layout_resharded_resume.py::"
 
 KINDS: tuple[CheckKind, ...] = (
     CheckKind("run", "a launched run completes, finite, its first-step loss as registered",
@@ -132,21 +133,20 @@ KINDS: tuple[CheckKind, ...] = (
                E2E + "test_ignored_labels.py::test_gradient_accumulation_normalises_over_the_steps_valid_tokens",
                E2E + "test_ignored_labels.py::test_a_per_microbatch_loss_mean_under_gradient_accumulation_is_caught",
                E2E + "test_multinode.py::test_two_nodes_of_one_rank_are_the_two_rank_run_bit_for_bit",
-               E2E + "test_resharded_resume.py::test_resharded_resume_is_the_uninterrupted_run",
-               E2E + "test_resharded_resume.py::"
-                     "test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
-               E2E + "test_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state",
+               RESUME + "test_resharded_resume_is_the_uninterrupted_run",
+               RESUME + "test_the_uneven_world_size_reshards_tensors_whose_dimension_does_not_split",
+               RESUME + "test_the_resumed_trainer_holds_the_saved_state",
                PARITY + "test_layouts.py::test_gradient_accumulation_over_uneven_valid_tokens_is_the_single_batch",
                PARITY + "test_layouts.py::test_a_per_microbatch_mean_is_caught_by_loss_and_gradients",
                PARITY + "test_layouts.py::test_full_ac_on_the_moe_equals_no_ac",
-               SELF + "test_layout_conditions.py::"
+               PARITY + "test_layout_conditions.py::"
                       "test_every_layout_names_its_condition_and_the_default_tier_case_reaching_it",
-               SELF + "test_layout_conditions.py::test_a_layout_whose_cheap_form_does_not_reach_its_condition_fails",
-               E2E + "test_layout_commands.py::test_a_compiling_layout_compiles_through_the_devices_backend",
-               E2E + "test_layout_commands.py::test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin"),
+               PARITY + "test_layout_conditions.py::test_a_layout_whose_cheap_form_does_not_reach_its_condition_fails",
+               PARITY + "test_layout_commands.py::test_a_compiling_layout_compiles_through_the_devices_backend",
+               PARITY + "test_layout_commands.py::test_a_full_size_layout_runs_its_twins_degrees_on_the_assets_twin"),
               (E2E + "test_multinode.py::test_hsdp_over_two_nodes_equals_the_one_node_hsdp_run",
-               E2E + "test_resharded_resume.py::test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught",
-               E2E + "test_resharded_resume.py::test_a_load_that_loses_a_row_in_both_runs_is_caught_by_the_state_alone",
+               RESUME + "test_a_reshard_that_drops_a_row_of_an_uneven_dimension_is_caught",
+               RESUME + "test_a_load_that_loses_a_row_in_both_runs_is_caught_by_the_state_alone",
                PARITY + "test_layouts.py::test_a_per_microbatch_normalised_backward_is_caught_by_the_gradients_alone",
                PARITY + "test_layouts.py::test_a_moe_forward_that_reads_its_counts_on_recompute_is_caught")),
     CheckKind("config_conformance", "native configs against the HF config.json they load",

@@ -69,7 +69,7 @@ class Layout:
     # (the twin's 2 KV heads split at most 2 ways; its 2 ranks hold an EP degree of 2).
     twin: str = ""
     # The condition its class of bug needs (one of ``CONDITIONS``), and the test that reaches
-    # it in the default tier: a pytest node id (tests/selftest/test_layout_conditions.py holds
+    # it in the default tier: a pytest node id (tests/parity/test_layout_conditions.py holds
     # every layout to it). Only a layout without a cheap form (``slow`` or ``full_size``) may
     # leave ``reached_by`` empty: its condition is then reached in the slow or neuron tier.
     condition: str = ""
@@ -144,7 +144,7 @@ def resolved_degrees(degrees: dict[str, int], ranks: int) -> dict[str, int]:
 LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (
     Layout(FSDP, "FSDP over every rank (the source's configurations)", ranks=2,
            condition=UNEVEN_SPLIT,
-           reached_by="tests/e2e/test_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state[2-to-3]"),
+           reached_by="tests/parity/test_layout_resharded_resume.py::test_the_resumed_trainer_holds_the_saved_state[2-to-3]"),
     Layout("tp", "tensor parallel 2", ranks=2, tp=2, condition=PARTIAL_SUMS,
            reached_by="tests/parity/test_layouts.py::test_layout_follows_the_reference_trajectory"
                       "[cpu-titan_native-tiny-pretrained@tp]"),

@@ -130,7 +130,7 @@ def test_every_condition_is_reached_in_the_default_tier():
 
 @pytest.mark.parametrize("broken, why", [
     # the default tier's resume before: 1 rank divides every dimension
-    (replace(LAYOUTS["fsdp"], reached_by="tests/e2e/test_resharded_resume.py::"
+    (replace(LAYOUTS["fsdp"], reached_by="tests/parity/test_layout_resharded_resume.py::"
                                          "test_resharded_resume_is_the_uninterrupted_run[2-to-1]"), "slow tier"),
     # ga=2 on packed rows: every microbatch holds the same number of valid labels
     (replace(LAYOUTS["ga=2"], reached_by="tests/parity/test_layouts.py::test_layout_equals_the_fsdp_run"
