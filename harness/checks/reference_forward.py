@@ -178,7 +178,8 @@ def expectation_for_run(run) -> Expectation:
     """The expected first-step loss of a launched run: the rule the registry states for its key,
     computed. A random-init run that dumped its step-0 weights is held to their forward
     (``initial_weights_forward``), and that forward to ln V + s^2/2 in the draw band (``init``;
-    harness/registry/tolerances.py RANDOM_INIT_DRAW)."""
+    harness/registry/tolerances.py RANDOM_INIT_DRAW), except a tied config under the rule's
+    ``analytic_unless_tied``: its forward alone."""
     spec = run.spec
     if spec.model is None:
         raise MissingExpectation(f"{spec.name}: the model it trains is not one the harness "
@@ -190,27 +191,22 @@ def expectation_for_run(run) -> Expectation:
     if rule.hf_forward:
         return rule.expectation(*hf_forward(run))
     forward = initial_weights_forward(run) if rule.initial_weights_forward else None
+    init, why = None, ""
     if rule.analytic_unless_tied and model_config(spec.model, model_dir).get("tie_word_embeddings"):
-        return _forward_alone(rule, spec.name, forward)
-    expected = expectation_of(rule, spec.model, model_dir)
-    if forward is None:
-        return expected
+        # ln V + s^2/2 assumes logits independent of the input token; under this known issue a
+        # tied output layer's init predicts each position's own input token at a depth and
+        # width the harness does not know: the run is held to its step-0 weights' forward alone
+        why = (f"; ln V + s^2/2 is not held: the config ties its output layer to the embedding, "
+               f"and known issue {rule.analytic_unless_tied} makes such an init predict each "
+               f"position's own input token (harness/registry/known_issues/)")
+        if forward is None:
+            raise MissingExpectation(f"{spec.name}{why}, and the run dumped no step-0 weights to "
+                                     f"hold it to instead")
+    else:
+        expected = expectation_of(rule, spec.model, model_dir)
+        if forward is None:
+            return expected
+        init = replace(expected, tolerance=RANDOM_INIT_DRAW.value, tolerance_name=RANDOM_INIT_DRAW.name,
+                       what="step-0 weights' forward")
     value, source, band = forward
-    init = replace(expected, tolerance=RANDOM_INIT_DRAW.value, tolerance_name=RANDOM_INIT_DRAW.name,
-                   what="step-0 weights' forward")
-    return Expectation(rule.key, value, band.value, band.name, source, init=init)
-
-
-def _forward_alone(rule, name: str, forward) -> Expectation:
-    """A tied model under ``rule.analytic_unless_tied``: ln V + s^2/2 assumes logits independent
-    of the input token, and that known issue makes a tied output layer's init predict each
-    position's own input token at a depth and width the harness does not know; the run is held
-    to the forward of its own step-0 weights, and its init scale is not judged."""
-    why = (f"ln V + s^2/2 is not held: the config ties its output layer to the embedding, "
-           f"and known issue {rule.analytic_unless_tied} makes such an init predict each "
-           f"position's own input token (harness/registry/known_issues/)")
-    if forward is None:
-        raise MissingExpectation(f"{name}: {why}, and the run dumped no step-0 weights to hold "
-                                 f"it to instead")
-    value, source, band = forward
-    return Expectation(rule.key, value, band.value, band.name, f"{source}; {why}")
+    return Expectation(rule.key, value, band.value, band.name, source + why, init=init)

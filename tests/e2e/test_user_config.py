@@ -191,6 +191,9 @@ def test_compare_native_flex_and_the_transformers_backend_with_its_workaround(us
     assert "no step differs" in text, text
 
 
+SPRING_TIED_INIT = "spring2026-titan-tied-output-init-dim-scale"
+
+
 def _other_shape_assets(folder, **overrides):
     """A Qwen3 config.json (and tokenizer) of a shape the harness does not know, in ``folder``."""
     folder.mkdir()
@@ -220,16 +223,15 @@ def test_a_config_of_a_shape_the_harness_does_not_know_is_checked_against_its_ow
     assert step_1["status"] == "pass" and "dumped step-0 weights" in step_1["how"], step_1
     if generation() == "spring2026":
         # tied (tiny_dense's config): held to its step-0 weights' forward alone, and says why
-        assert "not held" in step_1["how"] and TIED_INIT[True] in step_1["how"], step_1
+        assert "not held" in step_1["how"] and SPRING_TIED_INIT in step_1["how"], step_1
     else:
         assert "hidden=64" in step_1["how"], step_1
     assert reload["status"] == "pass" and str(assets / "config.json") in reload["how"], reload
 
 
-# The known issue under which ln V + s^2/2 is not a tied config's random-init loss, by
-# (tied, backend, generation): None where the analytic rule holds.
-TIED_INIT = {True: "spring2026-titan-tied-output-init-dim-scale"}
-UNLESS_TIED = [("titan_native", "spring2026", True, TIED_INIT[True]),
+# (backend, generation, tied, the known issue under which ln V + s^2/2 is not the config's
+# random-init loss: None where the analytic rule holds)
+UNLESS_TIED = [("titan_native", "spring2026", True, SPRING_TIED_INIT),
                ("titan_native", "spring2026", False, None),
                ("titan_native", "v0_3", True, None),  # 0.3.0's tied output: N(0, 0.02)
                ("hf_v5", "v0_3", True, "hf_v5-tied-embedding-init-scale"),
@@ -261,7 +263,7 @@ def test_a_tied_config_of_another_shape_is_held_to_its_step0_forward_where_the_a
 
 def test_an_unless_tied_that_names_no_known_issue_is_refused(tmp_path):
     text = EXPECTATIONS_FILE.read_text().replace(
-        f'unless_tied = "{TIED_INIT[True]}"', 'unless_tied = "no-such-issue"')
+        f'unless_tied = "{SPRING_TIED_INIT}"', 'unless_tied = "no-such-issue"')
     assert "no-such-issue" in text
     (tmp_path / "expectations.toml").write_text(text)
     with pytest.raises(ValueError, match="unless_tied = 'no-such-issue' is not a known issue"):
