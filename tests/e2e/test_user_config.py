@@ -261,6 +261,20 @@ def test_a_tied_config_of_another_shape_is_held_to_its_step0_forward_where_the_a
         assert expectation.init is None and issue in expectation.source, expectation
 
 
+def test_a_tied_run_without_a_dump_keeps_the_analytic_value_and_names_the_issue(tmp_path, monkeypatch):
+    """A run that dumped no step-0 weights (neuron, over MAX_PARAMS) keeps ln V + s^2/2, as
+    such runs do, and says the known issue may move it."""
+    assets = _other_shape_assets(tmp_path / "assets", tie_word_embeddings=True)
+    monkeypatch.setattr(reference_forward, "initial_weights_forward", lambda run: None)
+    spec = SimpleNamespace(name="other", backend="titan_native", model="assets", init="random",
+                           mask="causal", size="full", model_dir=lambda: assets)
+    run = SimpleNamespace(spec=spec, device="neuron", nproc=2, run_dir=tmp_path,
+                          versions={"torchtitan-generation": "spring2026"})
+    expectation = reference_forward.expectation_for_run(run)
+    assert expectation.init is None and "hidden=64" in expectation.source, expectation
+    assert "may not hold" in expectation.source and SPRING_TIED_INIT in expectation.source, expectation
+
+
 def test_an_unless_tied_that_names_no_known_issue_is_refused(tmp_path):
     text = EXPECTATIONS_FILE.read_text().replace(
         f'unless_tied = "{SPRING_TIED_INIT}"', 'unless_tied = "no-such-issue"')
